@@ -1,0 +1,170 @@
+"""Plain-JSON form of the domain records, as stored in ``jobs.spec`` and shown by the API.
+
+This is the trusted direction (our own records in and out); untrusted input goes through
+``core.validation`` first. Header values are kept here in clear because workers need them;
+``redacted`` is what every response and log line uses instead.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from core.model import (
+    Broker,
+    CronSchedule,
+    DstGap,
+    DstOverlap,
+    JobSpec,
+    Misfire,
+    OneOffSchedule,
+    Outcome,
+    QueueTarget,
+    RetryPolicy,
+    Run,
+    Schedule,
+    Target,
+    WebhookMethod,
+    WebhookTarget,
+)
+
+REDACTED = "<redacted>"
+
+
+def format_time(value: datetime) -> str:
+    """RFC 3339 in UTC with a ``Z``; fractions only when the instant has them."""
+    value = value.astimezone(UTC)
+    if value.microsecond:
+        text = value.strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0")
+    else:
+        text = value.strftime("%Y-%m-%dT%H:%M:%S")
+    return text + "Z"
+
+
+def parse_time(text: str) -> datetime:
+    """Inverse of ``format_time`` for our own stored values (any RFC 3339 offset)."""
+    value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if value.tzinfo is None:
+        raise ValueError(f"naive datetime in stored record: {text!r}")
+    return value.astimezone(UTC)
+
+
+def _opt_time(value: datetime | None) -> str | None:
+    return None if value is None else format_time(value)
+
+
+def target_to_json(target: Target, *, redact: bool = False) -> dict[str, Any]:
+    if isinstance(target, WebhookTarget):
+        headers = {k: (REDACTED if redact else v) for k, v in target.headers.items()}
+        return {
+            "type": "webhook",
+            "url": target.url,
+            "method": target.method.value,
+            "headers": headers,
+            "timeout_s": target.timeout_s,
+        }
+    return {"type": "queue", "broker": target.broker.value, "topic": target.topic}
+
+
+def target_from_json(data: dict[str, Any]) -> Target:
+    if data["type"] == "webhook":
+        return WebhookTarget(
+            url=data["url"],
+            method=WebhookMethod(data.get("method", "POST")),
+            headers=dict(data.get("headers") or {}),
+            timeout_s=int(data.get("timeout_s", 30)),
+        )
+    return QueueTarget(broker=Broker(data["broker"]), topic=data["topic"])
+
+
+def schedule_to_json(schedule: Schedule) -> dict[str, Any]:
+    if isinstance(schedule, OneOffSchedule):
+        return {"run_at": format_time(schedule.run_at)}
+    return {
+        "cron": schedule.cron,
+        "timezone": schedule.timezone,
+        "start_at": _opt_time(schedule.start_at),
+        "end_at": _opt_time(schedule.end_at),
+        "dst_gap": schedule.dst_gap.value,
+        "dst_overlap": schedule.dst_overlap.value,
+    }
+
+
+def schedule_from_json(data: dict[str, Any]) -> Schedule:
+    if "run_at" in data:
+        return OneOffSchedule(run_at=parse_time(data["run_at"]))
+    return CronSchedule(
+        cron=data["cron"],
+        timezone=data.get("timezone", "UTC"),
+        start_at=parse_time(data["start_at"]) if data.get("start_at") else None,
+        end_at=parse_time(data["end_at"]) if data.get("end_at") else None,
+        dst_gap=DstGap(data.get("dst_gap", "shift")),
+        dst_overlap=DstOverlap(data.get("dst_overlap", "first")),
+    )
+
+
+def retry_to_json(retry: RetryPolicy) -> dict[str, Any]:
+    return {
+        "max_attempts": retry.max_attempts,
+        "backoff_initial_s": retry.backoff_initial_s,
+        "backoff_max_s": retry.backoff_max_s,
+        "backoff_multiplier": retry.backoff_multiplier,
+    }
+
+
+def spec_to_json(spec: JobSpec, *, redact: bool = False) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "target": target_to_json(spec.target, redact=redact),
+        "payload": spec.payload,
+        "schedule": schedule_to_json(spec.schedule),
+        "retry": retry_to_json(spec.retry),
+        "misfire": spec.misfire.value,
+        "misfire_grace_s": spec.misfire_grace_s,
+        "jitter_s": spec.jitter_s,
+    }
+
+
+def spec_from_json(data: dict[str, Any]) -> JobSpec:
+    retry = data.get("retry") or {}
+    return JobSpec(
+        name=data.get("name"),
+        target=target_from_json(data["target"]),
+        payload=data.get("payload"),
+        schedule=schedule_from_json(data["schedule"]),
+        retry=RetryPolicy(
+            max_attempts=int(retry.get("max_attempts", 5)),
+            backoff_initial_s=float(retry.get("backoff_initial_s", 1.0)),
+            backoff_max_s=float(retry.get("backoff_max_s", 600.0)),
+            backoff_multiplier=float(retry.get("backoff_multiplier", 2.0)),
+        ),
+        misfire=Misfire(data.get("misfire", "run_once")),
+        misfire_grace_s=int(data.get("misfire_grace_s", 60)),
+        jitter_s=int(data.get("jitter_s", 0)),
+    )
+
+
+def run_to_json(run: Run) -> dict[str, Any]:
+    return {
+        "scheduled_for": format_time(run.scheduled_for),
+        "attempt": run.attempt,
+        "started_at": _opt_time(run.started_at),
+        "finished_at": _opt_time(run.finished_at),
+        "outcome": run.outcome.value,
+        "status_code": run.status_code,
+        "error": run.error,
+        "lateness_ms": run.lateness_ms,
+    }
+
+
+def run_from_json(data: dict[str, Any]) -> Run:
+    return Run(
+        scheduled_for=parse_time(data["scheduled_for"]),
+        attempt=int(data["attempt"]),
+        started_at=parse_time(data["started_at"]) if data.get("started_at") else None,
+        finished_at=parse_time(data["finished_at"]) if data.get("finished_at") else None,
+        outcome=Outcome(data["outcome"]),
+        status_code=data.get("status_code"),
+        error=data.get("error"),
+        lateness_ms=data.get("lateness_ms"),
+    )

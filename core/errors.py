@@ -1,0 +1,73 @@
+"""One error root for the whole product.
+
+Every error a user can cause carries a stable snake_case ``code``, a message that says what was
+wrong and how to fix it, and, where one field is at fault, its ``field`` path. The API maps the
+class to an HTTP status in one middleware; the CLI prints the message.
+"""
+
+from __future__ import annotations
+
+
+class DuetimeError(Exception):
+    """Root of every error Duetime raises on purpose."""
+
+    code = "internal_error"
+
+    def __init__(self, message: str, *, code: str | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.field = field
+
+
+class InvalidRequest(DuetimeError):
+    """Well-formed input with values we cannot accept (HTTP 422)."""
+
+    code = "invalid_value"
+
+
+class MalformedRequest(DuetimeError):
+    """Input we cannot even read: bad JSON, wrong types (HTTP 400)."""
+
+    code = "malformed_request"
+
+
+class NotFound(DuetimeError):
+    """No such thing for this owner. Carries the id so logs and messages can name it."""
+
+    code = "not_found"
+
+    def __init__(self, message: str, *, ident: str | None = None, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.ident = ident
+
+
+class Conflict(DuetimeError):
+    """The request is valid but the job's state does not allow it (HTTP 409)."""
+
+    code = "state_conflict"
+
+
+class Unauthorized(DuetimeError):
+    code = "unauthorized"
+
+
+class RateLimited(DuetimeError):
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class StorageUnavailable(DuetimeError):
+    """The database could not be reached or refused the write (HTTP 503); nothing was acknowledged."""
+
+    code = "storage_unavailable"
+
+
+class TargetNotAllowed(InvalidRequest):
+    """A webhook URL that resolves to an address the operator has not allowed (SSRF guard)."""
+
+    code = "target_not_allowed"

@@ -1,0 +1,161 @@
+"""The domain records of Duetime: frozen, validated once at the edge, shared by every layer.
+
+Nothing here imports asyncpg, aiohttp or prometheus: storage, engine, workers and API depend on
+this module, never the other way round. Datetimes are aware and in UTC everywhere; naive ones are
+refused by the validators in ``core.validation`` before they get this far.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+class JobState(enum.StrEnum):
+    """The lifecycle a job owner sees (``state`` in the API). See docs/state-machine.md."""
+
+    SCHEDULED = "scheduled"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    DEAD = "dead"
+
+
+class Phase(enum.StrEnum):
+    """Where the job's current run is in the run path; internal, never shown by the API.
+
+    Kept apart from ``JobState`` so that a pause or cancel can land while a call is in flight
+    without losing the in-flight run's history: the lease stays valid, only the lifecycle moves.
+    """
+
+    IDLE = "idle"  # waiting for its next_run_at; claimable when state is scheduled
+    CLAIMED = "claimed"  # leased by an engine, waiting in its wheel
+    RUNNING = "running"  # fenced by a worker, the call is (or may be) in flight
+
+
+class Misfire(enum.StrEnum):
+    RUN_ONCE = "run_once"
+    RUN_ALL = "run_all"
+    SKIP = "skip"
+
+
+class DstGap(enum.StrEnum):
+    SHIFT = "shift"
+    SKIP = "skip"
+
+
+class DstOverlap(enum.StrEnum):
+    FIRST = "first"
+    BOTH = "both"
+
+
+class Outcome(enum.StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    LEASE_EXPIRED = "lease_expired"
+    SKIPPED = "skipped"
+
+
+class WebhookMethod(enum.StrEnum):
+    POST = "POST"
+    PUT = "PUT"
+
+
+class Broker(enum.StrEnum):
+    NATS = "nats"
+    REDIS = "redis"
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookTarget:
+    url: str
+    method: WebhookMethod = WebhookMethod.POST
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_s: int = 30
+    type: str = "webhook"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTarget:
+    broker: Broker
+    topic: str
+    type: str = "queue"
+
+
+Target = WebhookTarget | QueueTarget
+
+
+@dataclass(frozen=True, slots=True)
+class OneOffSchedule:
+    run_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CronSchedule:
+    cron: str
+    timezone: str = "UTC"
+    start_at: datetime | None = None
+    end_at: datetime | None = None
+    dst_gap: DstGap = DstGap.SHIFT
+    dst_overlap: DstOverlap = DstOverlap.FIRST
+
+
+Schedule = OneOffSchedule | CronSchedule
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_attempts: int = 5
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 600.0
+    backoff_multiplier: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """Everything an owner says about a job: what POST takes, with every default filled in."""
+
+    target: Target
+    schedule: Schedule
+    name: str | None = None
+    payload: Any = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    misfire: Misfire = Misfire.RUN_ONCE
+    misfire_grace_s: int = 60
+    jitter_s: int = 0
+
+    @property
+    def recurring(self) -> bool:
+        return isinstance(self.schedule, CronSchedule)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One attempt of one occurrence, as the history keeps it."""
+
+    scheduled_for: datetime
+    attempt: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    outcome: Outcome
+    status_code: int | None = None
+    error: str | None = None
+    lateness_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job as the registry holds it and the API shows it."""
+
+    id: str
+    owner: str
+    spec: JobSpec
+    state: JobState
+    next_run_at: datetime | None
+    attempt: int
+    created_at: datetime
+    updated_at: datetime
+    last_run: Run | None = None

@@ -1,0 +1,133 @@
+"""The storage seam: verb-named methods, each naming its owner or shard.
+
+The API talks to a ``Registry``; the engine and workers talk to a ``RunStore``. Only ``storage/``
+imports asyncpg; database errors are translated to ``core.errors`` here, at the seam.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, Protocol, TypeVar
+
+from core.model import Job, JobSpec, JobState, Outcome, Run
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyRequest:
+    key: str
+    body_hash: bytes
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    items: list[T]
+    next_cursor: str | None
+
+
+class Registry(Protocol):
+    """What the API needs. Every call is scoped by owner: another owner's job is NotFound."""
+
+    async def create_job(
+        self, owner: str, spec: JobSpec, *, idempotency: IdempotencyRequest | None = None
+    ) -> tuple[Job, bool]:
+        """Returns (job, created). Same key + same body: the original job and False.
+        Same key + different body: ``InvalidRequest(code="idempotency_key_reused")``."""
+        ...
+
+    async def get_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
+
+    async def list_jobs(
+        self, owner: str, *, state: JobState | None, limit: int, cursor: str | None
+    ) -> Page[Job]:
+        """Stable order (by id); following next_cursor to the end lists every job once.
+        A cursor we did not issue raises ``InvalidRequest(code="invalid_cursor", field="cursor")``."""
+        ...
+
+    async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
+        """Replace the spec (the API merged the PATCH); recompute next_run_at on a schedule change.
+        Conflict on a cancelled or completed job."""
+        ...
+
+    async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
+
+    async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
+
+    async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
+
+    async def trigger_job(self, owner: str, job_id: uuid.UUID) -> None: ...
+
+    async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
+
+    async def list_runs(
+        self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None
+    ) -> Page[Run]: ...
+
+    async def owner_for_key(self, api_key: str) -> str | None: ...
+
+    async def create_api_key(self, owner: str) -> tuple[str, str]:
+        """Returns (api_key, signing_secret); makes the owner and its secret when new."""
+        ...
+
+    async def revoke_api_key(self, api_key_or_prefix: str) -> int: ...
+
+    async def signing_secret(self, owner: str) -> str | None: ...
+
+    async def ping(self) -> None:
+        """Raises StorageUnavailable when any database in the shard map cannot be reached."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRun:
+    """A row the engine leased; what the wheel needs to fire it, nothing more."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    due_at: datetime  # next_run_at: scheduled_for + jitter, or the retry time
+    scheduled_for: datetime
+    attempt: int  # attempts already made for this occurrence (the call will be attempt + 1)
+    run_kind: str
+    misfire: str
+    misfire_grace_s: int
+    spec: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class FencedRun:
+    """A run that passed the fence (claimed → running): the call may start."""
+
+    job_id: uuid.UUID
+    shard: int
+    owner: str
+    lease_token: int
+    scheduled_for: datetime
+    due_at: datetime
+    attempt: int  # this call's attempt number, 1-based
+    spec: dict[str, Any]
+    spec_version: int
+    run_kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The outcome of one attempt and what the row becomes, computed by the engine from the spec."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    spec_version: int
+    history: Run
+    fencing_token: int
+    # what the row becomes
+    state: JobState
+    next_run_at: datetime | None
+    scheduled_for: datetime | None
+    attempt: int
+    run_kind: str
+    outcome: Outcome

@@ -1,0 +1,73 @@
+"""Shared fixtures: a real PostgreSQL database per test run, created here and dropped at the end.
+
+Set DUETIME_TEST_PG (default ``postgresql://root@127.0.0.1:5432/postgres``) to point the suite at
+another server; the suite never touches databases it did not create.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+
+import asyncpg
+import pytest
+
+from storage.migrate import migrate
+
+ADMIN_DSN = os.environ.get("DUETIME_TEST_PG", "postgresql://root@127.0.0.1:5432/postgres")
+
+
+def _dsn_for(dbname: str) -> str:
+    base, _, _ = ADMIN_DSN.rpartition("/")
+    return f"{base}/{dbname}"
+
+
+async def _create_db(name: str) -> str:
+    conn = await asyncpg.connect(ADMIN_DSN)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    dsn = _dsn_for(name)
+    await migrate(dsn)
+    return dsn
+
+
+async def _drop_db(name: str) -> None:
+    conn = await asyncpg.connect(ADMIN_DSN)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def run_tag() -> str:
+    return f"{os.getpid()}_{secrets.token_hex(3)}"
+
+
+@pytest.fixture(scope="session")
+async def pg_dsn(run_tag: str) -> AsyncIterator[str]:
+    """One migrated database for the whole run."""
+    name = f"duetime_test_{run_tag}"
+    dsn = await _create_db(name)
+    yield dsn
+    await _drop_db(name)
+
+
+@pytest.fixture(scope="session")
+async def pg_dsn_pair(run_tag: str) -> AsyncIterator[tuple[str, str]]:
+    """Two migrated databases, for spreading the 16 shards over two primaries."""
+    names = [f"duetime_test_{run_tag}_a", f"duetime_test_{run_tag}_b"]
+    dsns = [await _create_db(n) for n in names]
+    yield dsns[0], dsns[1]
+    for n in names:
+        await _drop_db(n)
+
+
+@pytest.fixture
+def allow_private(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Loopback receivers in tests are private addresses: allow them for this test only."""
+    monkeypatch.setenv("DUETIME_WEBHOOK_ALLOW_PRIVATE", "1")
+    yield
