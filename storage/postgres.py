@@ -1,0 +1,845 @@
+"""PostgreSQL implementation of the storage seam: the registry the API uses and the run store the
+engine and workers use, over 16 logical shards on one or more primaries.
+
+Every run-path method works on batches (arrays of hundreds of rows, one statement each). What a
+row becomes after an event is decided by ``core.lifecycle`` from the row as it is under lock, in
+the same transaction as the write.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import logging
+import secrets
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from core import codec, jitter
+from core.errors import Conflict, InvalidRequest, NotFound, StorageUnavailable
+from core.ids import SHARDS, new_job_id, shard_of
+from core.lifecycle import OWNER_TRANSITIONS, RowPlan, after_attempt, initial_plan, start_manual
+from core.model import Job, JobSpec, JobState, Outcome, Run
+from storage.base import IdempotencyRequest, Page
+from storage.queries import Q
+from storage.shardmap import ShardMap
+
+log = logging.getLogger("duetime.storage")
+
+_MAX_UUID = uuid.UUID(int=(1 << 128) - 1)
+_NIL_UUID = uuid.UUID(int=0)
+_MAX_RUN_ID = (1 << 63) - 1
+NOTIFY_CHANNEL = "duetime_due"
+
+# SQLSTATE classes that mean "the database is not there or will not take writes now".
+_UNAVAILABLE_STATES = ("08", "57", "53", "25006", "40001", "40P01")
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    if isinstance(exc, (OSError, asyncpg.exceptions.InterfaceError, ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, asyncpg.PostgresError):
+        state = getattr(exc, "sqlstate", "") or ""
+        return state.startswith(_UNAVAILABLE_STATES)
+    return False
+
+
+@asynccontextmanager
+async def _translated() -> AsyncIterator[None]:
+    """Database failures become StorageUnavailable at the seam; nothing was acknowledged."""
+    try:
+        yield
+    except (asyncpg.PostgresError, OSError, asyncpg.exceptions.InterfaceError, TimeoutError) as exc:
+        if _is_unavailable(exc):
+            raise StorageUnavailable(
+                "the job database is unavailable right now; nothing was changed, try again"
+            ) from exc
+        raise
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec(
+        "jsonb",
+        encoder=lambda v: json.dumps(v, separators=(",", ":")),
+        decoder=json.loads,
+        schema="pg_catalog",
+    )
+
+
+def _hash_key(api_key: str) -> bytes:
+    return hashlib.sha256(api_key.encode()).digest()
+
+
+def _encode_cursor(value: bytes) -> str:
+    return base64.urlsafe_b64encode(value).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, size: int) -> bytes:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidRequest(
+            "cursor is not one this server issued; pass next_cursor from the previous page unchanged",
+            code="invalid_cursor",
+            field="cursor",
+        ) from exc
+    if len(raw) != size:
+        raise InvalidRequest(
+            "cursor is not one this server issued; pass next_cursor from the previous page unchanged",
+            code="invalid_cursor",
+            field="cursor",
+        )
+    return raw
+
+
+def _plan_of(row: asyncpg.Record) -> RowPlan:
+    return RowPlan(
+        state=JobState(row["state"]),
+        next_run_at=row["next_run_at"],
+        scheduled_for=row["scheduled_for"],
+        attempt=row["attempt"],
+        run_kind=row["run_kind"],
+        resume_at=row["resume_at"],
+        pending_triggers=tuple(sorted(row["pending_triggers"] or ())),
+    )
+
+
+def job_from_row(row: asyncpg.Record) -> Job:
+    last = row["last_run"]
+    return Job(
+        id=str(row["job_id"]),
+        owner=row["owner"],
+        spec=codec.spec_from_json(row["spec"]),
+        state=JobState(row["state"]),
+        next_run_at=row["next_run_at"] if row["state"] in ("scheduled", "paused") else None,
+        attempt=row["attempt"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        last_run=codec.run_from_json(last) if last else None,
+    )
+
+
+def _run_from_row(row: asyncpg.Record) -> Run:
+    return Run(
+        scheduled_for=row["scheduled_for"],
+        attempt=row["attempt"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        outcome=Outcome(row["outcome"]),
+        status_code=row["status_code"],
+        error=row["error"],
+        lateness_ms=row["lateness_ms"],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRow:
+    """A row leased into an engine's wheel. ``misfire_spec`` is set only when it is overdue past
+    its grace, so the engine can apply the misfire policy."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    due_at: datetime
+    scheduled_for: datetime
+    attempt: int
+    run_kind: str
+    misfire_spec: dict[str, Any] | None
+    db_now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class FencedRow:
+    """A run that passed the fence: it may be called, as attempt ``attempt``."""
+
+    job_id: uuid.UUID
+    shard: int
+    owner: str
+    lease_token: int
+    scheduled_for: datetime
+    due_at: datetime
+    attempt: int
+    spec: dict[str, Any]
+    spec_version: int
+    run_kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptReport:
+    """What a worker saw: one attempt's outcome, to be finished under the lease it ran with."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    spec_version: int
+    attempt: int
+    scheduled_for: datetime
+    due_at: datetime
+    started_at: datetime | None
+    finished_at: datetime
+    outcome: Outcome
+    retryable: bool
+    status_code: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MissedSkip:
+    """A claimed row whose missed occurrences the policy skips: record them, move on to ``next``."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    skipped: tuple[datetime, ...]
+    next_scheduled_for: datetime | None
+
+
+@dataclass(slots=True)
+class CompletionStats:
+    applied: int = 0
+    stale: int = 0
+    history: int = 0
+
+
+class PostgresStore:
+    """Registry + run store on asyncpg pools, one pool per distinct database in the shard map."""
+
+    def __init__(self, shard_map: ShardMap, pools: dict[str, asyncpg.Pool], notify_horizon_s: float) -> None:
+        self.shard_map = shard_map
+        self._pools = pools
+        self._notify_horizon = timedelta(seconds=notify_horizon_s)
+
+    @classmethod
+    async def open(
+        cls, shard_map: ShardMap, *, pool_size: int = 10, notify_horizon_s: float = 300.0
+    ) -> PostgresStore:
+        pools: dict[str, asyncpg.Pool] = {}
+        try:
+            async with _translated():
+                for dsn in shard_map.databases():
+                    pools[dsn] = await asyncpg.create_pool(
+                        dsn,
+                        min_size=1,
+                        max_size=pool_size,
+                        init=_init_connection,
+                        max_inactive_connection_lifetime=300,
+                    )
+        except BaseException:
+            for pool in pools.values():
+                await pool.close()
+            raise
+        return cls(shard_map, pools, notify_horizon_s)
+
+    async def close(self) -> None:
+        for pool in self._pools.values():
+            await pool.close()
+
+    def pool_for_shard(self, shard: int) -> asyncpg.Pool:
+        return self._pools[self.shard_map.dsn_for(shard)]
+
+    def pool_for_dsn(self, dsn: str) -> asyncpg.Pool:
+        return self._pools[dsn]
+
+    @property
+    def home_pool(self) -> asyncpg.Pool:
+        return self._pools[self.shard_map.home]
+
+    # ------------------------------------------------------------------ registry (API side)
+
+    async def create_job(
+        self, owner: str, spec: JobSpec, *, idempotency: IdempotencyRequest | None = None
+    ) -> tuple[Job, bool]:
+        now = _utcnow()
+        if idempotency is not None:
+            shard = zlib.crc32(f"{owner}\x00{idempotency.key}".encode()) % SHARDS
+            job_id = new_job_id(shard)
+        else:
+            job_id = new_job_id()
+            shard = shard_of(job_id)
+        plan = initial_plan(job_id, spec, now)
+        async with _translated(), self.pool_for_shard(shard).acquire() as conn, conn.transaction():
+            if idempotency is not None:
+                inserted = await conn.fetchval(
+                    Q["insert_idempotency_key"], owner, idempotency.key, idempotency.body_hash, job_id
+                )
+                if inserted is None:
+                    existing = await conn.fetchrow(Q["get_idempotency_key"], owner, idempotency.key)
+                    if existing["body_hash"] != idempotency.body_hash:
+                        raise InvalidRequest(
+                            "this Idempotency-Key was already used with a different body; use a new key "
+                            "for a different job, or resend the original body",
+                            code="idempotency_key_reused",
+                            field="Idempotency-Key",
+                        )
+                    row = await conn.fetchrow(Q["get_job"], existing["job_id"], owner)
+                    if row is None:  # pragma: no cover - keys and jobs are written together
+                        raise NotFound("the job this key created no longer exists", ident=str(job_id))
+                    return job_from_row(row), False
+            row = await conn.fetchrow(
+                Q["insert_job"],
+                job_id,
+                shard,
+                owner,
+                codec.spec_to_json(spec),
+                plan.state.value,
+                plan.next_run_at,
+                plan.scheduled_for,
+                plan.attempt,
+                now,
+            )
+            await self._maybe_notify(conn, shard, plan, now)
+        return job_from_row(row), True
+
+    async def _maybe_notify(self, conn: asyncpg.Connection, shard: int, plan: RowPlan, now: datetime) -> None:
+        """Wake the engines of this shard when the row is due inside their lookahead."""
+        if (
+            plan.state == JobState.SCHEDULED
+            and plan.next_run_at is not None
+            and plan.next_run_at <= now + self._notify_horizon
+        ):
+            await conn.execute(Q["notify_due"], str(shard))
+
+    async def get_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        async with _translated():
+            row = await self.pool_for_shard(shard_of(job_id)).fetchrow(Q["get_job"], job_id, owner)
+        if row is None:
+            raise NotFound(f"no job {job_id}", ident=str(job_id))
+        return job_from_row(row)
+
+    async def list_jobs(
+        self, owner: str, *, state: JobState | None, limit: int, cursor: str | None
+    ) -> Page[Job]:
+        after = uuid.UUID(bytes=_decode_cursor(cursor, 16)) if cursor else _NIL_UUID
+        rows: list[asyncpg.Record] = []
+        async with _translated():
+            for pool in self._pools.values():
+                if state is None:
+                    rows.extend(await pool.fetch(Q["list_jobs"], owner, after, limit + 1))
+                else:
+                    rows.extend(
+                        await pool.fetch(Q["list_jobs_by_state"], owner, state.value, after, limit + 1)
+                    )
+        rows.sort(key=lambda r: r["job_id"])
+        page = rows[:limit]
+        next_cursor = _encode_cursor(page[-1]["job_id"].bytes) if len(rows) > limit else None
+        return Page([job_from_row(r) for r in page], next_cursor)
+
+    @asynccontextmanager
+    async def _locked(
+        self, owner: str, job_id: uuid.UUID
+    ) -> AsyncIterator[tuple[asyncpg.Connection, asyncpg.Record]]:
+        async with _translated(), self.pool_for_shard(shard_of(job_id)).acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(Q["lock_job"], job_id, owner)
+            if row is None:
+                raise NotFound(f"no job {job_id}", ident=str(job_id))
+            yield conn, row
+
+    @staticmethod
+    def _require(action: str, row: asyncpg.Record) -> None:
+        state = JobState(row["state"])
+        if state not in OWNER_TRANSITIONS[action]:
+            raise Conflict(
+                f"cannot {action} a job that is {state.value}"
+                + {
+                    "completed": "; a completed job stays completed, create a new one",
+                    "cancelled": "; a cancelled job stays cancelled, create a new one",
+                    "dead": "; replay it first (POST /v1/jobs/{id}/replay)",
+                    "paused": "; resume it first (POST /v1/jobs/{id}/resume)",
+                    "scheduled": "",
+                }[state.value],
+                code=f"job_{state.value}",
+            )
+
+    async def _write(
+        self,
+        conn: asyncpg.Connection,
+        row: asyncpg.Record,
+        *,
+        spec: dict[str, Any] | None = None,
+        spec_version: int | None = None,
+        plan: RowPlan,
+        revoke: bool,
+    ) -> Job:
+        out = await conn.fetchrow(
+            Q["write_job"],
+            row["job_id"],
+            row["owner"],
+            spec if spec is not None else row["spec"],
+            spec_version if spec_version is not None else row["spec_version"],
+            plan.state.value,
+            plan.next_run_at,
+            plan.scheduled_for,
+            plan.attempt,
+            plan.run_kind,
+            plan.resume_at,
+            list(plan.pending_triggers),
+            revoke,
+        )
+        await self._maybe_notify(conn, row["shard"], plan, _utcnow())
+        return job_from_row(out)
+
+    async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
+        new_json = codec.spec_to_json(spec)
+        async with self._locked(owner, job_id) as (conn, row):
+            self._require("update", row)
+            old = row["spec"]
+            timing_changed = (
+                old["schedule"] != new_json["schedule"] or old["jitter_s"] != new_json["jitter_s"]
+            )
+            plan = _plan_of(row)
+            version = row["spec_version"]
+            if timing_changed:
+                version += 1
+                fresh = initial_plan(job_id, spec, _utcnow())
+                keep_state = JobState(row["state"])
+                plan = replace(fresh, pending_triggers=plan.pending_triggers)
+                if keep_state in (JobState.PAUSED, JobState.DEAD) and plan.state == JobState.SCHEDULED:
+                    plan = replace(plan, state=keep_state)
+            return await self._write(
+                conn, row, spec=new_json, spec_version=version, plan=plan, revoke=timing_changed
+            )
+
+    async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        async with self._locked(owner, job_id) as (conn, row):
+            if row["state"] == JobState.CANCELLED.value:
+                return job_from_row(row)
+            plan = replace(_plan_of(row), state=JobState.CANCELLED, next_run_at=None, pending_triggers=())
+            return await self._write(conn, row, plan=plan, revoke=True)
+
+    async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        async with self._locked(owner, job_id) as (conn, row):
+            self._require("pause", row)
+            if row["state"] == JobState.PAUSED.value:
+                return job_from_row(row)
+            plan = replace(_plan_of(row), state=JobState.PAUSED)
+            return await self._write(conn, row, plan=plan, revoke=True)
+
+    async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        async with self._locked(owner, job_id) as (conn, row):
+            self._require("resume", row)
+            if row["state"] == JobState.SCHEDULED.value:
+                return job_from_row(row)
+            # Occurrences missed while paused are left overdue on purpose: the claim applies the
+            # job's misfire policy to them, the same rule as after an outage.
+            plan = replace(_plan_of(row), state=JobState.SCHEDULED)
+            return await self._write(conn, row, plan=plan, revoke=False)
+
+    async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        now = _utcnow()
+        async with self._locked(owner, job_id) as (conn, row):
+            self._require("trigger", row)
+            plan = _plan_of(row)
+            if row["phase"] == "idle" and plan.attempt == 0 and plan.run_kind == "scheduled":
+                plan = start_manual(plan, now)
+                revoke = False
+            else:
+                # A run is in the wheel, in flight, or waiting for a retry: queue the trigger; it
+                # starts as soon as that run's occurrence is over.
+                plan = replace(plan, pending_triggers=(*plan.pending_triggers, now))
+                revoke = False
+            return await self._write(conn, row, plan=plan, revoke=revoke)
+
+    async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        now = _utcnow()
+        async with self._locked(owner, job_id) as (conn, row):
+            self._require("replay", row)
+            plan = replace(
+                _plan_of(row), state=JobState.SCHEDULED, attempt=0, next_run_at=now, run_kind="scheduled"
+            )
+            return await self._write(conn, row, plan=plan, revoke=False)
+
+    async def list_runs(self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None) -> Page[Run]:
+        before = int.from_bytes(_decode_cursor(cursor, 8), "big") if cursor else _MAX_RUN_ID
+        pool = self.pool_for_shard(shard_of(job_id))
+        async with _translated():
+            if await pool.fetchval(Q["job_exists"], job_id, owner) is None:
+                raise NotFound(f"no job {job_id}", ident=str(job_id))
+            rows = await pool.fetch(Q["list_runs"], job_id, before, limit + 1)
+        page = rows[:limit]
+        next_cursor = _encode_cursor(page[-1]["run_id"].to_bytes(8, "big")) if len(rows) > limit else None
+        return Page([_run_from_row(r) for r in page], next_cursor)
+
+    async def owner_for_key(self, api_key: str) -> str | None:
+        async with _translated():
+            owner: str | None = await self.home_pool.fetchval(Q["owner_for_key"], _hash_key(api_key))
+        return owner
+
+    async def create_api_key(self, owner: str) -> tuple[str, str]:
+        from workers.signing import new_signing_secret
+
+        api_key = "dt_" + secrets.token_urlsafe(24)  # 192 random bits
+        async with _translated(), self.home_pool.acquire() as conn, conn.transaction():
+            await conn.execute(Q["insert_owner"], owner, new_signing_secret())
+            await conn.execute(Q["insert_api_key"], _hash_key(api_key), api_key[:10], owner)
+            secret: str = await conn.fetchval(Q["signing_secret"], owner)
+        return api_key, secret
+
+    async def revoke_api_key(self, api_key_or_prefix: str) -> int:
+        async with _translated():
+            status: str = await self.home_pool.execute(
+                Q["revoke_api_key"], _hash_key(api_key_or_prefix), api_key_or_prefix
+            )
+        return int(status.rsplit(maxsplit=1)[-1])
+
+    async def signing_secret(self, owner: str) -> str | None:
+        async with _translated():
+            secret: str | None = await self.home_pool.fetchval(Q["signing_secret"], owner)
+        return secret
+
+    async def ping(self) -> None:
+        async with _translated():
+            for pool in self._pools.values():
+                await pool.fetchval(Q["db_now"])
+
+    # ------------------------------------------------------------------ run store (engine side)
+
+    async def claim_due(
+        self, shard: int, engine_id: str, *, lookahead_s: float, lease_s: float, limit: int
+    ) -> list[ClaimedRow]:
+        async with _translated():
+            rows = await self.pool_for_shard(shard).fetch(
+                Q["claim_due"], shard, engine_id, float(lookahead_s), limit, float(lease_s)
+            )
+        return [_claimed(r) for r in rows]
+
+    async def retake_claims(
+        self, engine_id: str, shards: Sequence[int], *, lease_s: float
+    ) -> list[ClaimedRow]:
+        out: list[ClaimedRow] = []
+        async with _translated():
+            for dsn, held in self.shard_map.databases().items():
+                mine = [s for s in held if s in shards]
+                if mine:
+                    rows = await self._pools[dsn].fetch(Q["retake_claims"], engine_id, mine, float(lease_s))
+                    out.extend(_claimed(r) for r in rows)
+        return out
+
+    def _by_db(self, shards_ids: Iterable[tuple[int, Any]]) -> dict[str, list[Any]]:
+        grouped: dict[str, list[Any]] = {}
+        for shard, item in shards_ids:
+            grouped.setdefault(self.shard_map.dsn_for(shard), []).append(item)
+        return grouped
+
+    async def fence_runs(
+        self, items: Sequence[tuple[uuid.UUID, int, int, datetime]], *, lease_s: float
+    ) -> list[FencedRow]:
+        """items: (job_id, shard, lease_token, scheduled_for). Returns those that may be called."""
+        out: list[FencedRow] = []
+        async with _translated():
+            for dsn, group in self._by_db((s, (j, t, sf)) for j, s, t, sf in items).items():
+                rows = await self._pools[dsn].fetch(
+                    Q["fence_runs"],
+                    [g[0] for g in group],
+                    [g[1] for g in group],
+                    float(lease_s),
+                    [g[2] for g in group],
+                )
+                out.extend(
+                    FencedRow(
+                        job_id=r["job_id"],
+                        shard=r["shard"],
+                        owner=r["owner"],
+                        lease_token=r["lease_token"],
+                        scheduled_for=r["scheduled_for"],
+                        due_at=r["next_run_at"],
+                        attempt=r["attempt"] + 1,
+                        spec=r["spec"],
+                        spec_version=r["spec_version"],
+                        run_kind=r["run_kind"],
+                    )
+                    for r in rows
+                )
+        return out
+
+    async def extend_leases(
+        self, items: Sequence[tuple[uuid.UUID, int, int]], *, lease_s: float
+    ) -> set[uuid.UUID]:
+        """items: (job_id, shard, lease_token). Returns the ids whose lease still holds."""
+        held: set[uuid.UUID] = set()
+        async with _translated():
+            for dsn, group in self._by_db((s, (j, t)) for j, s, t in items).items():
+                rows = await self._pools[dsn].fetch(
+                    Q["extend_leases"], [g[0] for g in group], [g[1] for g in group], float(lease_s)
+                )
+                held.update(r["job_id"] for r in rows)
+        return held
+
+    async def release_claims(self, items: Sequence[tuple[uuid.UUID, int, int]]) -> int:
+        released = 0
+        async with _translated():
+            for dsn, group in self._by_db((s, (j, t)) for j, s, t in items).items():
+                rows = await self._pools[dsn].fetch(
+                    Q["release_claims"], [g[0] for g in group], [g[1] for g in group]
+                )
+                released += len(rows)
+        return released
+
+    async def complete_runs(self, reports: Sequence[AttemptReport]) -> CompletionStats:
+        """Finish attempts under their leases, in one transaction per database.
+
+        A report whose token no longer matches (the lease lapsed and was taken over, or the
+        owner revoked it) changes nothing and is counted as stale.
+        """
+        stats = CompletionStats()
+        now = _utcnow()
+        async with _translated():
+            for dsn, group in self._by_db((r.shard, r) for r in reports).items():
+                async with self._pools[dsn].acquire() as conn, conn.transaction():
+                    rows = {
+                        r["job_id"]: r
+                        for r in await conn.fetch(Q["lock_for_completion"], [g.job_id for g in group])
+                    }
+                    writer = _BatchWriter()
+                    for rep in group:
+                        row = rows.get(rep.job_id)
+                        if (
+                            row is None
+                            or row["lease_token"] != rep.lease_token
+                            or row["phase"] == "idle"
+                            or rep.job_id in writer.seen
+                        ):
+                            stats.stale += 1
+                            continue
+                        writer.finish(row, rep, now)
+                    await writer.flush(conn)
+                    stats.applied += len(writer.seen)
+                    stats.history += writer.history_count
+        return stats
+
+    async def skip_missed(self, items: Sequence[MissedSkip]) -> CompletionStats:
+        """Record skipped occurrences and move claimed rows on to their next occurrence."""
+        stats = CompletionStats()
+        now = _utcnow()
+        async with _translated():
+            for dsn, group in self._by_db((m.shard, m) for m in items).items():
+                async with self._pools[dsn].acquire() as conn, conn.transaction():
+                    rows = {
+                        r["job_id"]: r
+                        for r in await conn.fetch(Q["lock_for_completion"], [g.job_id for g in group])
+                    }
+                    writer = _BatchWriter()
+                    for item in group:
+                        row = rows.get(item.job_id)
+                        if (
+                            row is None
+                            or row["lease_token"] != item.lease_token
+                            or row["phase"] != "claimed"
+                            or item.job_id in writer.seen
+                        ):
+                            stats.stale += 1
+                            continue
+                        writer.skip(row, item, now)
+                    await writer.flush(conn)
+                    stats.applied += len(writer.seen)
+                    stats.history += writer.history_count
+        return stats
+
+    async def rescue_expired(self, shard: int, *, limit: int) -> CompletionStats:
+        """The janitor: rows whose lease lapsed become due again. A claimed row that never fired
+        is released as it was; a running one had an attempt whose outcome nobody recorded, so it
+        is finished as ``lease_expired`` and retried under the job's policy."""
+        async with _translated(), self.pool_for_shard(shard).acquire() as conn, conn.transaction():
+            ids = [r["job_id"] for r in await conn.fetch(Q["expired_leases"], shard, limit)]
+            if not ids:
+                return CompletionStats()
+            return await self._expire(conn, ids)
+
+    async def expire_running_of(self, engine_id: str, shards: Sequence[int]) -> CompletionStats:
+        """On restart: calls this engine had in flight when it died have unknown outcomes."""
+        total = CompletionStats()
+        async with _translated():
+            for dsn, held in self.shard_map.databases().items():
+                mine = [s for s in held if s in shards]
+                if not mine:
+                    continue
+                async with self._pools[dsn].acquire() as conn, conn.transaction():
+                    ids = [r["job_id"] for r in await conn.fetch(Q["running_of_engine"], engine_id, mine)]
+                    if ids:
+                        stats = await self._expire(conn, ids)
+                        total.applied += stats.applied
+                        total.history += stats.history
+        return total
+
+    async def _expire(self, conn: asyncpg.Connection, ids: list[uuid.UUID]) -> CompletionStats:
+        now = _utcnow()
+        writer = _BatchWriter()
+        for row in await conn.fetch(Q["lock_for_completion"], ids):
+            if row["phase"] == "claimed":
+                writer.release(row)
+                continue
+            if row["phase"] != "running":
+                continue
+            rep = AttemptReport(
+                job_id=row["job_id"],
+                shard=row["shard"],
+                lease_token=row["lease_token"],
+                spec_version=row["spec_version"],
+                attempt=row["attempt"] + 1,
+                scheduled_for=row["scheduled_for"],
+                due_at=row["next_run_at"],
+                started_at=None,
+                finished_at=now,
+                outcome=Outcome.LEASE_EXPIRED,
+                retryable=True,
+                error="the lease lapsed before an outcome was recorded (worker or engine died or stalled)",
+            )
+            writer.finish(row, rep, now)
+        await writer.flush(conn)
+        return CompletionStats(applied=len(writer.seen), history=writer.history_count)
+
+    async def db_now(self, shard: int = 0) -> datetime:
+        async with _translated():
+            now: datetime = await self.pool_for_shard(shard).fetchval(Q["db_now"])
+        return now
+
+    async def purge_idempotency_keys(self, older_than_s: float) -> None:
+        async with _translated():
+            for pool in self._pools.values():
+                await pool.execute(Q["purge_idempotency_keys"], float(older_than_s))
+
+
+def _claimed(r: asyncpg.Record) -> ClaimedRow:
+    return ClaimedRow(
+        job_id=r["job_id"],
+        shard=r["shard"],
+        lease_token=r["lease_token"],
+        due_at=r["next_run_at"],
+        scheduled_for=r["scheduled_for"],
+        attempt=r["attempt"],
+        run_kind=r["run_kind"],
+        misfire_spec=r["misfire_spec"],
+        db_now=r["db_now"],
+    )
+
+
+class _BatchWriter:
+    """Collects the row updates and history of one transaction and writes each as one statement."""
+
+    def __init__(self) -> None:
+        self.seen: set[uuid.UUID] = set()
+        self.plans: list[tuple[uuid.UUID, RowPlan, datetime | None, dict[str, Any] | None]] = []
+        self.runs: list[tuple[Any, ...]] = []
+        self.history_count = 0
+
+    def _history(self, row: asyncpg.Record, run: Run, fencing_token: int) -> dict[str, Any]:
+        self.runs.append(
+            (
+                row["job_id"],
+                row["shard"],
+                run.scheduled_for,
+                run.attempt,
+                run.started_at,
+                run.finished_at,
+                run.outcome.value,
+                run.status_code,
+                run.error,
+                run.lateness_ms,
+                fencing_token,
+            )
+        )
+        self.history_count += 1
+        return codec.run_to_json(run)
+
+    def finish(self, row: asyncpg.Record, rep: AttemptReport, now: datetime) -> None:
+        self.seen.add(rep.job_id)
+        spec = codec.spec_from_json(row["spec"])
+        lateness = None
+        if rep.started_at is not None:
+            nominal_due = jitter.due_at(rep.job_id, rep.scheduled_for, spec.jitter_s)
+            lateness = int((rep.started_at - nominal_due).total_seconds() * 1000)
+        run = Run(
+            scheduled_for=rep.scheduled_for,
+            attempt=rep.attempt,
+            started_at=rep.started_at,
+            finished_at=rep.finished_at,
+            outcome=rep.outcome,
+            status_code=rep.status_code,
+            error=rep.error,
+            lateness_ms=lateness,
+        )
+        last = self._history(row, run, rep.lease_token)
+        current = _plan_of(row)
+        if row["spec_version"] != rep.spec_version:
+            # The schedule was replaced while this attempt ran: the owner's new plan stands.
+            self.plans.append((rep.job_id, current, None, last))
+            return
+        plan = after_attempt(
+            rep.job_id,
+            spec,
+            current,
+            attempt=rep.attempt,
+            outcome=rep.outcome,
+            retryable=rep.retryable,
+            now=now,
+        )
+        consumed = None
+        if len(plan.pending_triggers) < len(current.pending_triggers):
+            consumed = current.pending_triggers[0]
+        self.plans.append((rep.job_id, plan, consumed, last))
+
+    def skip(self, row: asyncpg.Record, item: MissedSkip, now: datetime) -> None:
+        self.seen.add(item.job_id)
+        last = None
+        for occurrence in item.skipped:
+            last = self._history(
+                row,
+                Run(
+                    scheduled_for=occurrence,
+                    attempt=0,
+                    started_at=None,
+                    finished_at=now,
+                    outcome=Outcome.SKIPPED,
+                    error="missed while the system was down or the job paused; "
+                    "skipped by the job's misfire policy",
+                ),
+                row["lease_token"],
+            )
+        spec = codec.spec_from_json(row["spec"])
+        current = _plan_of(row)
+        if item.next_scheduled_for is None:
+            plan = replace(current, state=JobState.COMPLETED, next_run_at=None, attempt=0)
+        else:
+            plan = replace(
+                current,
+                next_run_at=jitter.due_at(item.job_id, item.next_scheduled_for, spec.jitter_s),
+                scheduled_for=item.next_scheduled_for,
+                attempt=0,
+            )
+        self.plans.append((item.job_id, plan, None, last))
+
+    def release(self, row: asyncpg.Record) -> None:
+        self.seen.add(row["job_id"])
+        self.plans.append((row["job_id"], _plan_of(row), None, None))
+
+    async def flush(self, conn: asyncpg.Connection) -> None:
+        if self.plans:
+            p = self.plans
+            await conn.execute(
+                Q["apply_plans"],
+                [x[0] for x in p],
+                [x[1].state.value for x in p],
+                [x[1].next_run_at for x in p],
+                [x[1].scheduled_for for x in p],
+                [x[1].attempt for x in p],
+                [x[1].run_kind for x in p],
+                [x[1].resume_at for x in p],
+                [x[2] is not None for x in p],
+                [x[2] for x in p],
+                [x[3] for x in p],
+            )
+        if self.runs:
+            cols = list(zip(*self.runs, strict=True))
+            await conn.execute(Q["insert_runs"], *[list(c) for c in cols])

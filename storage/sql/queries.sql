@@ -1,0 +1,189 @@
+-- Every statement Duetime runs, by name. Loaded by storage/queries.py; prepared by asyncpg on
+-- first use per connection. A statement that runs once per job is a bug at 16,000 jobs a second:
+-- the run path below works on arrays of hundreds of rows at a time.
+
+-- name: insert_job
+INSERT INTO jobs (job_id, shard, owner, spec, state, next_run_at, scheduled_for, attempt, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+RETURNING *;
+
+-- name: insert_idempotency_key
+INSERT INTO idempotency_keys (owner, key, body_hash, job_id)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (owner, key) DO NOTHING
+RETURNING job_id;
+
+-- name: get_idempotency_key
+SELECT body_hash, job_id FROM idempotency_keys WHERE owner = $1 AND key = $2;
+
+-- name: get_job
+SELECT * FROM jobs WHERE job_id = $1 AND owner = $2;
+
+-- name: lock_job
+SELECT * FROM jobs WHERE job_id = $1 AND owner = $2 FOR UPDATE;
+
+-- name: list_jobs
+SELECT * FROM jobs
+WHERE owner = $1 AND job_id > $2
+ORDER BY job_id
+LIMIT $3;
+
+-- name: list_jobs_by_state
+SELECT * FROM jobs
+WHERE owner = $1 AND state = $2 AND job_id > $3
+ORDER BY job_id
+LIMIT $4;
+
+-- name: write_job
+-- One owner action's result: the lifecycle, the plan, and (when revoke) the lease given back.
+UPDATE jobs SET
+    spec = $3, spec_version = $4, state = $5, next_run_at = $6, scheduled_for = $7,
+    attempt = $8, run_kind = $9, resume_at = $10, pending_triggers = $11,
+    phase = CASE WHEN $12::bool AND phase = 'claimed' THEN 'idle' ELSE phase END,
+    claimed_by = CASE WHEN $12::bool AND phase = 'claimed' THEN NULL ELSE claimed_by END,
+    leased_until = CASE WHEN $12::bool AND phase = 'claimed' THEN NULL ELSE leased_until END,
+    updated_at = now()
+WHERE job_id = $1 AND owner = $2
+RETURNING *;
+
+-- name: job_exists
+SELECT 1 FROM jobs WHERE job_id = $1 AND owner = $2;
+
+-- name: list_runs
+SELECT * FROM runs WHERE job_id = $1 AND run_id < $2 ORDER BY run_id DESC LIMIT $3;
+
+-- name: insert_owner
+INSERT INTO owners (owner, signing_secret) VALUES ($1, $2) ON CONFLICT (owner) DO NOTHING;
+
+-- name: insert_api_key
+INSERT INTO api_keys (key_hash, key_prefix, owner) VALUES ($1, $2, $3);
+
+-- name: owner_for_key
+SELECT owner FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL;
+
+-- name: revoke_api_key
+UPDATE api_keys SET revoked_at = now()
+WHERE (key_hash = $1 OR key_prefix = $2) AND revoked_at IS NULL;
+
+-- name: signing_secret
+SELECT signing_secret FROM owners WHERE owner = $1;
+
+-- name: notify_due
+SELECT pg_notify('duetime_due', $1::text);
+
+-- name: claim_due
+-- The claim: the next batch of idle rows due within the lookahead on one shard, skipping rows
+-- another engine holds. A new lease token (the fencing token: it only grows), the claimer's id
+-- and a lease that runs until the row is due plus the lease length, in one statement. The
+-- misfired rows also carry their spec, so the engine can apply the job's misfire policy.
+WITH due AS (
+    SELECT job_id FROM jobs
+    WHERE shard = $1 AND state = 'scheduled' AND phase = 'idle'
+      AND next_run_at <= now() + make_interval(secs => $3)
+    ORDER BY next_run_at
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j SET
+    phase = 'claimed',
+    lease_token = j.lease_token + 1,
+    claimed_by = $2,
+    leased_until = greatest(j.next_run_at, now()) + make_interval(secs => $5)
+FROM due
+WHERE j.job_id = due.job_id
+RETURNING j.job_id, j.shard, j.lease_token, j.next_run_at, j.scheduled_for, j.attempt, j.run_kind,
+    CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0
+              AND j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
+         THEN j.spec END AS misfire_spec,
+    now() AS db_now;
+
+-- name: retake_claims
+-- An engine restarting under the same id takes back what it had claimed: a new token fences
+-- whatever the old process may still hold.
+UPDATE jobs j SET
+    lease_token = j.lease_token + 1,
+    leased_until = greatest(j.next_run_at, now()) + make_interval(secs => $3)
+WHERE j.claimed_by = $1 AND j.phase = 'claimed' AND j.shard = ANY($2::smallint[])
+RETURNING j.job_id, j.shard, j.lease_token, j.next_run_at, j.scheduled_for, j.attempt, j.run_kind,
+    CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0
+              AND j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
+         THEN j.spec END AS misfire_spec,
+    now() AS db_now;
+
+-- name: fence_runs
+-- The fence before a call: claimed → running only where the token still matches and the owner
+-- has not paused, cancelled or rescheduled the job. What it returns may be called; what it does
+-- not return must not be. It also returns the spec as it is now, so an update is honoured.
+UPDATE jobs j SET
+    phase = 'running',
+    scheduled_for = u.scheduled_for,
+    leased_until = now() + make_interval(secs => $3)
+FROM unnest($1::uuid[], $2::bigint[], $4::timestamptz[]) AS u(job_id, token, scheduled_for)
+WHERE j.job_id = u.job_id AND j.lease_token = u.token
+  AND j.phase = 'claimed' AND j.state = 'scheduled'
+RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.scheduled_for, j.next_run_at, j.attempt,
+    j.spec, j.spec_version, j.run_kind;
+
+-- name: extend_leases
+UPDATE jobs j SET leased_until = now() + make_interval(secs => $3)
+FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+WHERE j.job_id = u.job_id AND j.lease_token = u.token AND j.phase <> 'idle'
+RETURNING j.job_id;
+
+-- name: release_claims
+-- Give back rows that were claimed but not fired (shutdown): they become claimable at once.
+UPDATE jobs j SET phase = 'idle', claimed_by = NULL, leased_until = NULL
+FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+WHERE j.job_id = u.job_id AND j.lease_token = u.token AND j.phase = 'claimed'
+RETURNING j.job_id;
+
+-- name: lock_for_completion
+-- Completion reads the rows it is about to finish under lock, in the same transaction as the
+-- write, so "what comes next" is computed from the row as it is (a pause, cancel or PATCH that
+-- landed while the call was in flight is seen).
+SELECT job_id, shard, owner, spec, spec_version, state, phase, lease_token, scheduled_for,
+       next_run_at, attempt, run_kind, resume_at, pending_triggers
+FROM jobs WHERE job_id = ANY($1::uuid[])
+ORDER BY job_id
+FOR UPDATE;
+
+-- name: apply_plans
+UPDATE jobs j SET
+    state = u.state, next_run_at = u.next_run_at, scheduled_for = u.scheduled_for,
+    attempt = u.attempt, run_kind = u.run_kind, resume_at = u.resume_at,
+    pending_triggers = CASE WHEN u.triggers_changed THEN
+        COALESCE((SELECT array_agg(t ORDER BY t) FROM unnest(j.pending_triggers) t
+                  WHERE t > u.consumed_trigger_at), '{}') ELSE j.pending_triggers END,
+    phase = 'idle', claimed_by = NULL, leased_until = NULL,
+    last_run = COALESCE(u.last_run, j.last_run),
+    updated_at = now()
+FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::int[], $6::text[],
+            $7::timestamptz[], $8::bool[], $9::timestamptz[], $10::jsonb[])
+     AS u(job_id, state, next_run_at, scheduled_for, attempt, run_kind, resume_at,
+          triggers_changed, consumed_trigger_at, last_run)
+WHERE j.job_id = u.job_id;
+
+-- name: insert_runs
+INSERT INTO runs (job_id, shard, scheduled_for, attempt, started_at, finished_at, outcome,
+                  status_code, error, lateness_ms, fencing_token)
+SELECT * FROM unnest($1::uuid[], $2::smallint[], $3::timestamptz[], $4::int[], $5::timestamptz[],
+                     $6::timestamptz[], $7::text[], $8::int[], $9::text[], $10::bigint[], $11::bigint[]);
+
+-- name: expired_leases
+-- The janitor's batch: leases that lapsed on one shard, from the lease index, skipping rows
+-- someone else is already finishing.
+SELECT job_id FROM jobs
+WHERE shard = $1 AND phase <> 'idle' AND leased_until < now()
+ORDER BY leased_until
+LIMIT $2
+FOR UPDATE SKIP LOCKED;
+
+-- name: running_of_engine
+SELECT job_id FROM jobs
+WHERE claimed_by = $1 AND phase = 'running' AND shard = ANY($2::smallint[]);
+
+-- name: db_now
+SELECT now();
+
+-- name: purge_idempotency_keys
+DELETE FROM idempotency_keys WHERE created_at < now() - make_interval(secs => $1);
