@@ -1,0 +1,193 @@
+"""The composition root: builds the parts of a Duetime process from ``Settings`` and runs them
+until SIGTERM/SIGINT, then shuts them down in the order that loses nothing.
+
+Shutdown order: stop taking API requests → engine stops claiming and gives back unfired claims →
+workers finish what was fenced (within the grace) and record it → heartbeats stop → connections
+close. Final writes are shielded from cancellation inside the parts themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import REGISTRY, generate_latest
+
+from api.app import create_app
+from core.ssrf import AddressPolicy
+from duetime.settings import Settings
+from engine.leases import LeaseKeeper
+from engine.runqueue import InProcessRunQueue
+from engine.service import Engine, EngineConfig
+from storage.postgres import PostgresStore
+from storage.shardmap import ShardMap
+from workers.dispatch import Dispatcher
+from workers.pool import WorkerPool
+
+log = logging.getLogger("duetime")
+
+
+def address_policy(settings: Settings) -> AddressPolicy:
+    return AddressPolicy(
+        allow_private=settings.webhook_allow_private, allow_cidrs=tuple(settings.webhook_allow_cidrs)
+    )
+
+
+def engine_config(settings: Settings) -> EngineConfig:
+    return EngineConfig(
+        engine_id=settings.engine_id,
+        shards=tuple(sorted(settings.shards)),
+        lookahead_s=settings.lookahead_s,
+        claim_batch=settings.claim_batch,
+        poll_interval_s=settings.poll_interval_s,
+        lease_s=settings.lease_s,
+        janitor_interval_s=settings.janitor_interval_s,
+        run_all_cap=settings.misfire_run_all_cap,
+        record_cap=settings.max_skipped_recorded,
+    )
+
+
+@dataclass
+class Node:
+    """The parts one process runs: any of api, engine, workers, over one store."""
+
+    settings: Settings
+    api: bool = True
+    engine: bool = True
+    workers: bool = True
+    store: PostgresStore | None = None
+    url: str | None = None
+    _runner: web.AppRunner | None = None
+    _engine: Engine | None = None
+    _pool: WorkerPool | None = None
+    _keeper: LeaseKeeper | None = None
+    _dispatcher: Dispatcher | None = None
+    _started: list[str] = field(default_factory=list)
+
+    async def start(self) -> None:
+        s = self.settings
+        self.store = await PostgresStore.open(
+            ShardMap.from_dsns(s.shard_dsns()),
+            pool_size=s.db_pool_size,
+            notify_horizon_s=max(s.lookahead_s * 2, 120.0),
+        )
+        policy = address_policy(s)
+        if self.engine or self.workers:
+            self._keeper = LeaseKeeper(self.store, lease_s=s.lease_s, heartbeat_s=s.heartbeat_s)
+            queue = InProcessRunQueue(s.run_queue_max)
+            self._dispatcher = Dispatcher(
+                policy=policy,
+                nats_url=s.nats_url,
+                redis_url=s.redis_url,
+                host_concurrency=s.target_concurrency,
+                host_rate_per_s=s.target_rate,
+            )
+            await self._dispatcher.start()
+            self._pool = WorkerPool(
+                self.store, queue, self._dispatcher, self._keeper, concurrency=s.worker_concurrency
+            )
+            self._pool.start()
+            self._keeper.start()
+            self._engine = Engine(self.store, queue, self._keeper, engine_config(s))
+            await self._engine.start()
+        app = create_app(self.store, policy=policy) if self.api else _ops_app(self.store)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, s.http_host, s.http_port, reuse_port=True)
+        await site.start()
+        host = s.http_host if ":" not in s.http_host else f"[{s.http_host}]"
+        port = s.http_port
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            port = server.sockets[0].getsockname()[1]
+        self.url = f"http://{host}:{port}"
+
+    def crashed(self) -> BaseException | None:
+        return self._engine.crashed if self._engine is not None else None
+
+    async def stop(self) -> None:
+        s = self.settings
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._engine is not None:
+            await self._engine.stop()
+        if self._pool is not None:
+            await self._pool.stop(s.shutdown_grace_s)
+        if self._keeper is not None:
+            await self._keeper.stop()
+        if self._dispatcher is not None:
+            await self._dispatcher.close()
+        if self.store is not None:
+            await self.store.close()
+
+
+def _ops_app(store: PostgresStore) -> web.Application:
+    """/healthz, /readyz and /metrics for a process that does not serve the API."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        try:
+            await store.ping()
+        except Exception as exc:
+            return web.json_response(
+                {"error": {"code": "not_ready", "message": f"database unreachable: {exc}"}}, status=503
+            )
+        return web.json_response({"status": "ready"})
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(REGISTRY), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def _serve(node: Node, ready: Callable[[str], None] | None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    await node.start()
+    try:
+        assert node.url is not None
+        if ready is not None:
+            ready(node.url)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+            if node.crashed() is not None:
+                raise RuntimeError("an engine task died; stopping") from node.crashed()
+    finally:
+        log.info("shutting down")
+        await node.stop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+
+async def run_all(
+    settings: Settings, *, dsn_override: str | None = None, ready: Callable[[str], None] | None = None
+) -> None:
+    """`duetime run`: API, engine for every configured shard and workers in one process."""
+    if dsn_override is not None:
+        settings = settings.with_database(dsn_override)
+    await _serve(Node(settings), ready)
+
+
+async def run_api(settings: Settings, *, ready: Callable[[str], None] | None = None) -> None:
+    await _serve(Node(settings, engine=False, workers=False), ready)
+
+
+async def run_engine(settings: Settings, *, ready: Callable[[str], None] | None = None) -> None:
+    """An engine for ``settings.shards`` with its own in-process workers (run queue inprocess)."""
+    await _serve(Node(settings, api=False), ready)

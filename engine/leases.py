@@ -1,0 +1,72 @@
+"""Heartbeats for runs that passed the fence and have not been recorded yet.
+
+A fenced run holds a lease of ``lease_s``; while it waits in the run queue or its call is in
+flight, the keeper extends every held lease in one batched statement per database each
+``heartbeat_s`` (a third of the lease, so two heartbeats can fail before anything lapses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from engine import metrics
+from storage.postgres import PostgresStore
+
+log = logging.getLogger("duetime.leases")
+
+_CHUNK = 1000
+
+
+class LeaseKeeper:
+    def __init__(self, store: PostgresStore, *, lease_s: float, heartbeat_s: float) -> None:
+        self._store = store
+        self._lease_s = lease_s
+        self._heartbeat_s = heartbeat_s
+        self._held: dict[uuid.UUID, tuple[int, int]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+
+    def track(self, job_id: uuid.UUID, shard: int, token: int) -> None:
+        self._held[job_id] = (shard, token)
+
+    def untrack(self, job_id: uuid.UUID, token: int) -> None:
+        held = self._held.get(job_id)
+        if held is not None and held[1] == token:
+            del self._held[job_id]
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="duetime-lease-keeper")
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    async def beat(self) -> None:
+        """Extend every held lease once; forget the ones that were taken over."""
+        items = [(j, s, t) for j, (s, t) in self._held.items()]
+        for i in range(0, len(items), _CHUNK):
+            chunk = items[i : i + _CHUNK]
+            kept = await self._store.extend_leases(chunk, lease_s=self._lease_s)
+            metrics.LEASE_EXTENSIONS.inc(len(kept))
+            lost = [j for j, _, _ in chunk if j not in kept]
+            if lost:
+                metrics.LEASES_LOST.inc(len(lost))
+                log.warning("%d leases were taken over while their runs were held", len(lost))
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=self._heartbeat_s)
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self.beat()
+            except Exception:  # the next beat retries; leases last three beats
+                log.exception("lease heartbeat failed")

@@ -1,0 +1,40 @@
+"""Prometheus metrics of the run path, one per stage, so a burst can be read stage by stage."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENESS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+CLAIMS = Counter("duetime_claims_total", "Rows claimed into a wheel", ["shard"])
+CLAIM_BATCHES = Counter("duetime_claim_batches_total", "Claim statements run", ["shard"])
+RETAKEN = Counter("duetime_claims_retaken_total", "Rows taken back by a restarted engine")
+WHEEL_SIZE = Gauge("duetime_wheel_entries", "Runs waiting in this engine's wheel")
+FIRES = Counter("duetime_fires_total", "Wheel entries fired")
+FIRE_LATENESS = Histogram(
+    "duetime_fire_lateness_seconds", "Wheel fire time minus due time", buckets=_LATENESS_BUCKETS
+)
+FENCED = Counter("duetime_fenced_total", "Runs that passed the fence before the call")
+FENCE_REJECTED = Counter(
+    "duetime_fence_rejected_total", "Fired runs dropped by the fence (cancelled, paused, changed, lease lost)"
+)
+MISFIRES = Counter("duetime_misfires_total", "Overdue occurrences handled by policy", ["policy"])
+SKIPPED = Counter("duetime_skipped_occurrences_total", "Missed occurrences skipped by policy")
+QUEUE_DEPTH = Gauge("duetime_run_queue_depth", "Runs fenced and waiting for a worker")
+CALLS = Counter("duetime_calls_total", "Target calls by outcome", ["outcome"])
+START_LATENESS = Histogram(
+    "duetime_start_lateness_seconds", "Call start minus due time", buckets=_LATENESS_BUCKETS
+)
+TARGET_LATENCY = Histogram(
+    "duetime_target_latency_seconds",
+    "Target call duration",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+COMPLETIONS = Counter("duetime_completions_total", "Attempts recorded under a valid lease")
+STALE_COMPLETIONS = Counter(
+    "duetime_stale_completions_total", "Completions rejected because the lease token no longer matched"
+)
+LEASE_EXTENSIONS = Counter("duetime_lease_extensions_total", "Leases extended by heartbeats")
+LEASES_LOST = Counter("duetime_leases_lost_total", "Heartbeats that found the lease taken over")
+JANITOR_RESCUES = Counter("duetime_janitor_rescues_total", "Rows whose lapsed lease the janitor handled")
+RELEASED = Counter("duetime_released_total", "Claimed rows given back unfired (shutdown)")

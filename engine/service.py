@@ -1,0 +1,292 @@
+"""The engine: claims the next minute of due runs for its shards into a timer wheel, fires each on
+its due instant, and fences it into the run queue.
+
+Tasks (all named, supervised by ``Engine.start``/``stop``): one claim loop per owned shard, woken
+by LISTEN/NOTIFY or the poll interval; the wheel driver; the fencer; the janitor. On stop the
+engine stops claiming, gives back every claim it has not fired, and lets the fencer finish its
+batch: nothing lost, nothing doubled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+from core import codec
+from engine import entries, metrics
+from engine.clock import Clock, SystemClock
+from engine.leases import LeaseKeeper
+from engine.misfire import FireNow, SkipTo, decide
+from engine.runqueue import RunQueue
+from engine.wheel import TimerWheel, WheelDriver
+from storage.postgres import NOTIFY_CHANNEL, ClaimedRow, MissedSkip, PostgresStore
+
+log = logging.getLogger("duetime.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    engine_id: str
+    shards: tuple[int, ...] = tuple(range(16))
+    lookahead_s: float = 60.0
+    claim_batch: int = 500
+    poll_interval_s: float = 1.0
+    lease_s: float = 30.0
+    janitor_interval_s: float = 5.0
+    fence_batch: int = 500
+    run_all_cap: int = 100
+    record_cap: int = 100
+    idempotency_ttl_s: float = 48 * 3600.0
+
+
+class Engine:
+    def __init__(
+        self,
+        store: PostgresStore,
+        queue: RunQueue,
+        keeper: LeaseKeeper,
+        config: EngineConfig,
+        clock: Clock | None = None,
+    ) -> None:
+        self._store = store
+        self._queue = queue
+        self._keeper = keeper
+        self.config = config
+        self._clock = clock or SystemClock()
+        self.wheel = TimerWheel(self._clock.now_ms())
+        self._driver = WheelDriver(self.wheel, self._clock, self._on_fire)
+        self._wakeups = {s: asyncio.Event() for s in config.shards}
+        self._fired: deque[bytes] = deque()
+        self._fire_event = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._fencer: asyncio.Task[None] | None = None
+        self._listeners: list[asyncpg.Connection] = []
+        self.crashed: BaseException | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        cfg = self.config
+        # Calls this engine had in flight when it last died have unknown outcomes: finish them as
+        # lease_expired (retried by policy) rather than wait for their leases to lapse.
+        await self._store.expire_running_of(cfg.engine_id, cfg.shards)
+        retaken = await self._store.retake_claims(cfg.engine_id, cfg.shards, lease_s=cfg.lease_s)
+        if retaken:
+            metrics.RETAKEN.inc(len(retaken))
+            log.info("engine %s took back %d claimed runs", cfg.engine_id, len(retaken))
+            await self._admit(retaken)
+        await self._listen()
+        self._driver.start()
+        self._fencer = self._spawn(self._fence_loop(), "duetime-fencer")
+        for shard in cfg.shards:
+            self._spawn(self._claim_loop(shard), f"duetime-claim-{shard}")
+        self._spawn(self._janitor_loop(), "duetime-janitor")
+
+    def _spawn(self, coro: object, name: str) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+        task.add_done_callback(self._task_done)
+        self._tasks.append(task)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self._stopping.is_set():
+            return
+        exc = task.exception()
+        if exc is not None:
+            # A dead side task must stop the process loudly, not leave a half-engine running.
+            log.critical("engine task %s died", task.get_name(), exc_info=exc)
+            self.crashed = exc
+
+    async def stop(self) -> None:
+        """Stop claiming, give back what has not fired, let the fencer finish its batch."""
+        self._stopping.set()
+        for conn in self._listeners:
+            with contextlib.suppress(Exception):
+                await conn.close()
+        for task in self._tasks:
+            if task is not self._fencer:
+                task.cancel()
+        for task in self._tasks:
+            if task is not self._fencer:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self._driver.stop()
+        self._fire_event.set()
+        if self._fencer is not None:
+            await self._fencer
+        waiting = self.wheel.drain() + list(self._fired)
+        self._fired.clear()
+        metrics.WHEEL_SIZE.set(0)
+        if waiting:
+            items = [(e.job_id, e.shard, e.lease_token) for e in map(entries.unpack, waiting)]
+            released = 0
+            for i in range(0, len(items), 1000):
+                released += await asyncio.shield(self._store.release_claims(items[i : i + 1000]))
+            metrics.RELEASED.inc(released)
+            log.info("engine %s released %d unfired claims", self.config.engine_id, released)
+
+    # ------------------------------------------------------------------ claiming
+
+    async def _listen(self) -> None:
+        """LISTEN on every database holding our shards: a job due inside the lookahead reaches
+        the wheel within milliseconds of its commit, not at the next poll."""
+        for dsn, shards in self._store.shard_map.databases().items():
+            if not set(shards) & set(self.config.shards):
+                continue
+            try:
+                conn = await asyncpg.connect(dsn)
+                await conn.add_listener(NOTIFY_CHANNEL, self._on_notify)
+                self._listeners.append(conn)
+            except (OSError, asyncpg.PostgresError):
+                log.warning("LISTEN on %s failed; relying on polling", dsn.split("@")[-1])
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            event = self._wakeups.get(int(payload))
+        except ValueError:
+            return
+        if event is not None:
+            event.set()
+
+    async def _claim_loop(self, shard: int) -> None:
+        cfg = self.config
+        wake = self._wakeups[shard]
+        while not self._stopping.is_set():
+            wake.clear()
+            try:
+                rows = await self._store.claim_due(
+                    shard,
+                    cfg.engine_id,
+                    lookahead_s=cfg.lookahead_s,
+                    lease_s=cfg.lease_s,
+                    limit=cfg.claim_batch,
+                )
+            except Exception:
+                log.exception("claim on shard %d failed; retrying", shard)
+                rows = []
+                await asyncio.sleep(cfg.poll_interval_s)
+            if rows:
+                metrics.CLAIM_BATCHES.labels(str(shard)).inc()
+                metrics.CLAIMS.labels(str(shard)).inc(len(rows))
+                await self._admit(rows)
+                if len(rows) == cfg.claim_batch:
+                    continue  # more may be due: drain before sleeping
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=cfg.poll_interval_s)
+
+    async def _admit(self, rows: Sequence[ClaimedRow]) -> None:
+        """Claimed rows into the wheel; overdue ones first through the misfire policy."""
+        batch: list[bytes] = []
+        skips: list[MissedSkip] = []
+        for row in rows:
+            scheduled_for, due_ms = row.scheduled_for, entries.to_ms(row.due_at)
+            if row.misfire_spec is not None:
+                spec = codec.spec_from_json(row.misfire_spec)
+                decision = decide(
+                    spec,
+                    row.scheduled_for,
+                    row.db_now,
+                    run_all_cap=self.config.run_all_cap,
+                    record_cap=self.config.record_cap,
+                )
+                metrics.MISFIRES.labels(spec.misfire.value).inc()
+                if isinstance(decision, SkipTo):
+                    metrics.SKIPPED.inc(len(decision.skipped) + decision.unrecorded)
+                    skips.append(
+                        MissedSkip(
+                            row.job_id,
+                            row.shard,
+                            row.lease_token,
+                            decision.skipped,
+                            decision.next_scheduled_for,
+                        )
+                    )
+                    continue
+                assert isinstance(decision, FireNow)
+                scheduled_for = decision.scheduled_for
+                due_ms = entries.to_ms(row.db_now)
+            batch.append(entries.pack(due_ms, row.job_id, row.lease_token, scheduled_for, row.shard))
+        if batch:
+            self.wheel.insert_many(batch)
+            metrics.WHEEL_SIZE.set(len(self.wheel))
+            self._driver.wake()
+        if skips:
+            await self._store.skip_missed(skips)
+            for shard in {s.shard for s in skips}:
+                self._wakeups[shard].set()
+
+    # ------------------------------------------------------------------ firing and fencing
+
+    def _on_fire(self, fired: list[bytes]) -> None:
+        now_ms = self._clock.now_ms()
+        observe = metrics.FIRE_LATENESS.observe
+        for entry in fired:
+            observe(max(now_ms - int.from_bytes(entry[:8], "big", signed=True), 0) / 1000.0)
+        metrics.FIRES.inc(len(fired))
+        metrics.WHEEL_SIZE.set(len(self.wheel))
+        self._fired.extend(fired)
+        self._fire_event.set()
+
+    async def _fence_loop(self) -> None:
+        """Fired entries → one fence statement per batch → the run queue (blocking when full)."""
+        cfg = self.config
+        while True:
+            if not self._fired:
+                if self._stopping.is_set():
+                    return
+                self._fire_event.clear()
+                await self._fire_event.wait()
+                continue
+            if self._stopping.is_set():
+                return  # what is left is released by stop()
+            take = min(len(self._fired), cfg.fence_batch)
+            batch = [entries.unpack(self._fired.popleft()) for _ in range(take)]
+            try:
+                fenced = await self._store.fence_runs(
+                    [(e.job_id, e.shard, e.lease_token, e.scheduled_for) for e in batch],
+                    lease_s=cfg.lease_s,
+                )
+            except Exception:
+                log.exception("fence failed; the batch will be retried")
+                self._fired.extendleft(
+                    entries.pack(e.due_ms, e.job_id, e.lease_token, e.scheduled_for, e.shard)
+                    for e in reversed(batch)
+                )
+                await asyncio.sleep(0.2)
+                continue
+            metrics.FENCED.inc(len(fenced))
+            metrics.FENCE_REJECTED.inc(len(batch) - len(fenced))
+            for run in fenced:
+                self._keeper.track(run.job_id, run.shard, run.lease_token)
+                await self._queue.put(run)
+
+    # ------------------------------------------------------------------ janitor
+
+    async def _janitor_loop(self) -> None:
+        cfg = self.config
+        rounds = 0
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=cfg.janitor_interval_s)
+                return
+            try:
+                for shard in cfg.shards:
+                    while True:
+                        stats = await self._store.rescue_expired(shard, limit=500)
+                        if stats.applied:
+                            metrics.JANITOR_RESCUES.inc(stats.applied)
+                            self._wakeups[shard].set()
+                        if stats.applied < 500:
+                            break
+                rounds += 1
+                if rounds % 720 == 1:
+                    await self._store.purge_idempotency_keys(cfg.idempotency_ttl_s)
+            except Exception:
+                log.exception("janitor round failed; the next one retries")

@@ -1,0 +1,208 @@
+"""Workers: take fenced runs off the run queue, call their targets, record the outcomes.
+
+Outcomes are written by one completer in batches (one transaction per database per batch, the
+history in the same transaction). A run stays tracked by the lease keeper until its outcome is
+durable, so a database hiccup during completion costs a retry of the write, never the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from datetime import UTC, datetime
+
+from core import codec
+from core.errors import StorageUnavailable
+from core.model import Outcome
+from engine import metrics
+from engine.leases import LeaseKeeper
+from engine.runqueue import RunQueue
+from storage.postgres import AttemptReport, FencedRow, PostgresStore
+from workers.dispatch import Delivery, Dispatcher
+
+log = logging.getLogger("duetime.workers")
+
+
+class SecretCache:
+    """Owners' signing secrets, read once a minute at most: a burst must not query per run."""
+
+    def __init__(self, store: PostgresStore, ttl_s: float = 60.0) -> None:
+        self._store = store
+        self._ttl = ttl_s
+        self._cache: dict[str, tuple[float, str]] = {}
+
+    async def get(self, owner: str) -> str:
+        hit = self._cache.get(owner)
+        now = time.monotonic()
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        secret = await self._store.signing_secret(owner)
+        if secret is None:
+            raise LookupError(f"owner {owner!r} has no signing secret")
+        self._cache[owner] = (now + self._ttl, secret)
+        return secret
+
+
+class Completer:
+    """Buffers attempt reports and writes them in batches of up to ``batch`` every few ms."""
+
+    def __init__(
+        self, store: PostgresStore, keeper: LeaseKeeper, *, batch: int = 500, linger_s: float = 0.005
+    ) -> None:
+        self._store = store
+        self._keeper = keeper
+        self._batch = batch
+        self._linger = linger_s
+        self._buffer: list[AttemptReport] = []
+        self._event = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, report: AttemptReport) -> None:
+        self._buffer.append(report)
+        if len(self._buffer) >= self._batch or len(self._buffer) == 1:
+            self._event.set()
+
+    def pending(self) -> int:
+        return len(self._buffer)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="duetime-completer")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._event.set()
+        if self._task is not None:
+            await self._task
+
+    async def _run(self) -> None:
+        while True:
+            if not self._buffer:
+                if self._stopping:
+                    return
+                self._event.clear()
+                await self._event.wait()
+                continue
+            if len(self._buffer) < self._batch and not self._stopping:
+                await asyncio.sleep(self._linger)
+            batch, self._buffer = self._buffer[: self._batch], self._buffer[self._batch :]
+            try:
+                stats = await asyncio.shield(self._store.complete_runs(batch))
+            except (StorageUnavailable, OSError) as exc:
+                log.warning("recording %d outcomes failed (%s); retrying", len(batch), exc)
+                self._buffer[:0] = batch
+                await asyncio.sleep(0.5)
+                continue
+            metrics.COMPLETIONS.inc(stats.applied)
+            if stats.stale:
+                metrics.STALE_COMPLETIONS.inc(stats.stale)
+            for rep in batch:
+                self._keeper.untrack(rep.job_id, rep.lease_token)
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        store: PostgresStore,
+        queue: RunQueue,
+        dispatcher: Dispatcher,
+        keeper: LeaseKeeper,
+        *,
+        concurrency: int = 1024,
+    ) -> None:
+        self._store = store
+        self._queue = queue
+        self._dispatcher = dispatcher
+        self._keeper = keeper
+        self._concurrency = concurrency
+        self._secrets = SecretCache(store)
+        self.completer = Completer(store, keeper)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+        self._inflight = 0
+        self._idle = asyncio.Event()
+
+    def start(self) -> None:
+        self.completer.start()
+        for i in range(self._concurrency):
+            self._tasks.append(asyncio.create_task(self._work(), name=f"duetime-worker-{i}"))
+
+    async def stop(self, grace_s: float) -> None:
+        """Drain: runs already fenced are due, so they are called; in-flight calls finish within
+        the grace; outcomes are recorded before returning. Anything still unrecorded after the
+        grace keeps its lease and is rescued by the janitor (recorded as lease_expired)."""
+        if self._queue.qsize() or self._inflight:
+            self._idle.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout=grace_s)
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.completer.stop()
+
+    async def _work(self) -> None:
+        while True:
+            run = await self._queue.get()
+            self._inflight += 1
+            try:
+                report = await self.call(run)
+            finally:
+                self._inflight -= 1
+            self.completer.add(report)
+            if not self._inflight and not self._queue.qsize():
+                self._idle.set()
+
+    async def call(self, run: FencedRow) -> AttemptReport:
+        spec = codec.spec_from_json(run.spec)
+        now = datetime.now(UTC)
+        try:
+            secret = await self._secrets.get(run.owner)
+        except (LookupError, StorageUnavailable) as exc:
+            return AttemptReport(
+                job_id=run.job_id,
+                shard=run.shard,
+                lease_token=run.lease_token,
+                spec_version=run.spec_version,
+                attempt=run.attempt,
+                scheduled_for=run.scheduled_for,
+                due_at=run.due_at,
+                started_at=None,
+                finished_at=now,
+                outcome=Outcome.FAILED,
+                retryable=True,
+                error=f"signing secret unavailable: {exc}",
+            )
+        delivery = Delivery(
+            job_id=str(run.job_id),
+            scheduled_for=run.scheduled_for,
+            attempt=run.attempt,
+            fencing_token=run.lease_token,
+            owner=run.owner,
+            signing_secret=secret,
+            payload=spec.payload,
+            target=spec.target,
+        )
+        result = await self._dispatcher.deliver(delivery)
+        metrics.CALLS.labels(result.outcome.value).inc()
+        metrics.START_LATENESS.observe(max((result.started_at - run.due_at).total_seconds(), 0.0))
+        metrics.TARGET_LATENCY.observe((result.finished_at - result.started_at).total_seconds())
+        return AttemptReport(
+            job_id=run.job_id,
+            shard=run.shard,
+            lease_token=run.lease_token,
+            spec_version=run.spec_version,
+            attempt=run.attempt,
+            scheduled_for=run.scheduled_for,
+            due_at=run.due_at,
+            started_at=result.started_at,
+            finished_at=result.finished_at,
+            outcome=result.outcome,
+            retryable=result.retryable,
+            status_code=result.status_code,
+            error=result.error,
+        )
