@@ -1,0 +1,66 @@
+"""Missed-run policies after an outage: jobs registered while no engine runs, then an engine
+starts 10 s later and applies each job's policy to what it missed."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+
+import aiohttp
+
+from duetime.app import Node
+from tests.e2e.harness import Owner, Receiver, fast_settings, parse
+
+
+async def test_missed_run_policies_after_a_ten_second_outage(pg_dsn: str, receiver: Receiver) -> None:
+    api_only = Node(fast_settings(pg_dsn), engine=False, workers=False)
+    await api_only.start()
+    assert api_only.store is not None and api_only.url is not None
+    key, secret = await api_only.store.create_api_key("misfire_" + uuid.uuid4().hex[:6])
+    ids: dict[str, str] = {}
+    async with aiohttp.ClientSession() as http:
+        owner = Owner("m", key, secret, http, api_only.url)
+        for policy in ("run_once", "run_all", "skip"):
+            job = await owner.create(
+                {
+                    "target": {"type": "webhook", "url": f"{receiver.url}/{policy}"},
+                    "schedule": {"cron": "* * * * * *"},
+                    "misfire": policy,
+                    "misfire_grace_s": 1,
+                }
+            )
+            ids[policy] = job["id"]
+        await asyncio.sleep(10)  # the outage: nothing claims, nothing fires
+        engine = Node(fast_settings(pg_dsn), api=False)
+        await engine.start()
+        try:
+            await receiver.wait_for("/run_all", 9, within=30)
+            await asyncio.sleep(3)
+        finally:
+            for job_id in ids.values():
+                await owner.call("DELETE", f"/v1/jobs/{job_id}")
+            await engine.stop()
+
+        def slots(policy: str) -> list:
+            return [parse(c.headers["Duetime-Scheduled-For"]) for c in receiver.on(f"/{policy}")]
+
+        once = slots("run_once")
+        # run_once: the backlog collapses into one run carrying the most recent missed occurrence,
+        # then the schedule goes on second by second
+        first_once = once[0]
+        assert first_once - parse(receiver.on("/run_once")[0].headers["Duetime-Scheduled-For"]) == timedelta(0)
+        assert all(b - a == timedelta(seconds=1) for a, b in zip(once[1:], once[2:], strict=False))
+        assert len(once) < 9, once
+        # run_all: every missed occurrence ran, oldest first, none twice
+        every = slots("run_all")
+        assert every == sorted(every) and len(every) == len(set(every))
+        assert all(b - a == timedelta(seconds=1) for a, b in zip(every, every[1:], strict=False)), every
+        assert every[0] < first_once - timedelta(seconds=7)
+        # skip: the missed occurrences are in the history as skipped, not called
+        skipped_calls = slots("skip")
+        assert all(s >= first_once - timedelta(seconds=2) for s in skipped_calls), (skipped_calls, first_once)
+        _, runs = await owner.call("GET", f"/v1/jobs/{ids['skip']}/runs?limit=100")
+        outcomes = [r["outcome"] for r in runs["items"]]
+        assert outcomes.count("skipped") >= 7, outcomes
+    await api_only.stop()
