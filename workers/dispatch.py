@@ -1,0 +1,145 @@
+"""The worker's outbound edge: turn one ``Delivery`` into one call of its target.
+
+``Dispatcher.deliver`` is the only entry point. It waits for the target host's politeness limits
+(per-host concurrency and rate, then a cap on all calls in flight), makes exactly one attempt and
+classifies the result. It never retries and never raises for a target's failure: the scheduler
+owns retries, and it needs a verdict (outcome + retryable), not an exception, to apply the job's
+retry policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+from core import ssrf
+from core.model import Outcome, QueueTarget, Target, WebhookTarget
+from workers import signing, webhook
+from workers.limits import HostLimiter
+from workers.queues import QueuePublisher
+from workers.webhook import Verdict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    job_id: str  # uuid string
+    scheduled_for: datetime  # nominal occurrence (before jitter), aware UTC
+    attempt: int  # 1-based
+    fencing_token: int
+    owner: str
+    signing_secret: str  # the owner's secret, "whsec_<base64>"
+    payload: Any  # JSON value (None → body "null")
+    target: Target  # WebhookTarget | QueueTarget
+
+
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    outcome: Outcome  # SUCCEEDED, FAILED or TIMED_OUT
+    retryable: bool
+    status_code: int | None
+    error: str | None  # short, for a person; never header values or secrets
+    started_at: datetime  # when the request was sent (after any limiter wait)
+    finished_at: datetime
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Dispatcher:
+    """Calls targets for one worker process: one HTTP session, one connection per broker."""
+
+    def __init__(
+        self,
+        *,
+        policy: ssrf.AddressPolicy,
+        nats_url: str | None,
+        redis_url: str | None,
+        host_concurrency: int = 256,
+        host_rate_per_s: float = 10000.0,
+        host_burst: int | None = None,
+        total_concurrency: int = 4096,
+        broker_timeout_s: float = 10.0,
+        clock: Callable[[], datetime] = _utcnow,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self._policy = policy
+        self._total_concurrency = total_concurrency
+        self._limiter = HostLimiter(host_concurrency, host_rate_per_s, host_burst)
+        self._total = asyncio.Semaphore(total_concurrency)
+        self._queues = QueuePublisher(nats_url=nats_url, redis_url=redis_url, timeout_s=broker_timeout_s)
+        self._clock = clock
+        self._ssl_context = ssl_context
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def limiter(self) -> HostLimiter:
+        return self._limiter
+
+    async def start(self) -> None:
+        if self._session is None:
+            self._session = webhook.new_session(
+                self._policy, total_concurrency=self._total_concurrency, ssl_context=self._ssl_context
+            )
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+        await self._queues.close()
+
+    async def deliver(self, d: Delivery) -> CallResult:
+        """One attempt. Cancellation (worker shutdown) propagates; every other failure is a result."""
+        session = self._session
+        if session is None:
+            raise RuntimeError("Dispatcher.deliver() before start()")
+        target = d.target
+        try:
+            key = self._limit_key(target)
+        except ValueError:
+            now = self._clock()
+            return CallResult(Outcome.FAILED, False, None, "invalid webhook URL", now, now)
+
+        started_at = self._clock()
+        try:
+            # Host first, then the global cap: a slow host queues behind its own limit without
+            # holding global slots that other hosts could use.
+            async with self._limiter.slot(key), self._total:
+                started_at = self._clock()
+                body = signing.encode_body(d.payload)
+                verdict = await self._call(session, d, target, body, started_at)
+        except Exception as exc:
+            # Our own bug, not the target's: record it as a retryable failure and keep going.
+            log.exception("delivery of job %s failed inside the dispatcher", d.job_id)
+            verdict = Verdict(Outcome.FAILED, True, None, f"internal error ({type(exc).__name__})")
+        finished_at = self._clock()
+        return CallResult(
+            outcome=verdict.outcome,
+            retryable=verdict.retryable,
+            status_code=verdict.status_code,
+            error=verdict.error,
+            started_at=started_at,
+            finished_at=max(finished_at, started_at),
+        )
+
+    async def _call(
+        self, session: aiohttp.ClientSession, d: Delivery, target: Target, body: bytes, now: datetime
+    ) -> Verdict:
+        if isinstance(target, WebhookTarget):
+            return await webhook.call(session, policy=self._policy, d=d, target=target, body=body, now=now)
+        return await self._queues.publish(d, target, body)
+
+    @staticmethod
+    def _limit_key(target: Target) -> str:
+        if isinstance(target, QueueTarget):
+            return f"broker:{target.broker.value}"
+        return webhook.limiter_key(target.url)

@@ -1,0 +1,227 @@
+"""Queue targets: one message on a NATS JetStream subject or a Redis stream, acknowledged.
+
+A publish counts only once the broker has acknowledged it (the JetStream PubAck, the XADD reply),
+so "succeeded" means the message is stored, not merely written to a socket. Neither client is
+allowed to retry on its own: retries happen in exactly one layer, the scheduler, and a client
+that silently re-sent an XADD would put a second message on the stream. JetStream still gets
+``Nats-Msg-Id`` = the Idempotency-Key, so a redelivery of one occurrence inside the stream's
+duplicate window is dropped by the broker itself.
+
+Connections are made on first use and shared by every delivery; one that breaks is thrown away
+and made again on the next delivery, so a broker restart costs a few retryable failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+import nats
+import nats.errors
+import nats.js.errors
+import redis.asyncio as aioredis
+import redis.exceptions as redis_errors
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from core.model import Broker, Outcome, QueueTarget
+from workers import signing
+from workers.webhook import Verdict
+
+if TYPE_CHECKING:
+    from workers.dispatch import Delivery
+
+log = logging.getLogger(__name__)
+
+NATS_MSG_ID = "Nats-Msg-Id"
+
+# Redis stream field names: part of the contract, documented in docs/targets.md.
+FIELD_PAYLOAD = "payload"
+FIELD_IDEMPOTENCY_KEY = "idempotency_key"
+FIELD_JOB_ID = "duetime_job_id"
+FIELD_SCHEDULED_FOR = "duetime_scheduled_for"
+FIELD_ATTEMPT = "duetime_attempt"
+FIELD_FENCING_TOKEN = "duetime_fencing_token"
+
+# Redis answers that say "not now" rather than "never": a failover, a full server, a reload.
+_REDIS_TRANSIENT = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.ReadOnlyError,
+    redis_errors.OutOfMemoryError,
+    redis_errors.TryAgainError,
+    redis_errors.ClusterDownError,
+)
+
+
+def message_headers(d: Delivery) -> dict[str, str]:
+    """The contract's headers for a queue message (no signature: the broker is the operator's)."""
+    key = signing.idempotency_key(d.job_id, d.scheduled_for)
+    return {
+        signing.IDEMPOTENCY_KEY: key,
+        signing.JOB_ID: d.job_id,
+        signing.SCHEDULED_FOR: signing.format_occurrence(d.scheduled_for),
+        signing.ATTEMPT: str(d.attempt),
+        signing.FENCING_TOKEN: str(d.fencing_token),
+    }
+
+
+def redis_fields(d: Delivery, body: bytes) -> dict[str, bytes | str]:
+    headers = message_headers(d)
+    return {
+        FIELD_PAYLOAD: body,
+        FIELD_IDEMPOTENCY_KEY: headers[signing.IDEMPOTENCY_KEY],
+        FIELD_JOB_ID: headers[signing.JOB_ID],
+        FIELD_SCHEDULED_FOR: headers[signing.SCHEDULED_FOR],
+        FIELD_ATTEMPT: headers[signing.ATTEMPT],
+        FIELD_FENCING_TOKEN: headers[signing.FENCING_TOKEN],
+    }
+
+
+def _failed(error: str, *, retryable: bool) -> Verdict:
+    return Verdict(Outcome.FAILED, retryable, None, error)
+
+
+class QueuePublisher:
+    """One lazily made connection per configured broker, shared by all deliveries."""
+
+    def __init__(self, *, nats_url: str | None, redis_url: str | None, timeout_s: float = 10.0) -> None:
+        self._nats_url = nats_url
+        self._redis_url = redis_url
+        self._timeout_s = timeout_s
+        self._nats: Any = None  # nats.aio.client.Client: the package ships no type hints
+        self._nats_connecting: asyncio.Task[Any] | None = None
+        self._redis: aioredis.Redis | None = None
+        self._closed = False
+
+    async def publish(self, d: Delivery, target: QueueTarget, body: bytes) -> Verdict:
+        if target.broker is Broker.NATS:
+            return await self._publish_nats(d, target.topic, body)
+        return await self._publish_redis(d, target.topic, body)
+
+    # NATS JetStream ------------------------------------------------------------------------
+
+    async def _nats_client(self) -> Any:
+        """The shared client; concurrent first callers share one connection attempt."""
+        nc = self._nats
+        if nc is not None and not nc.is_closed:
+            return nc
+        if self._nats_connecting is None or self._nats_connecting.done():
+            self._nats_connecting = asyncio.create_task(self._connect_nats(), name="duetime-nats-connect")
+        task = self._nats_connecting
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                self._nats_connecting = None
+
+    async def _connect_nats(self) -> Any:
+        async def on_error(exc: Exception) -> None:
+            log.debug("nats target connection: %s", type(exc).__name__)
+
+        # No automatic reconnect: while reconnecting the client would buffer publishes and
+        # answer late. A closed client is replaced on the next delivery instead.
+        assert self._nats_url is not None
+        nc = await nats.connect(
+            self._nats_url,
+            connect_timeout=max(1, int(self._timeout_s)),
+            allow_reconnect=False,
+            # The initial connect has its own retry loop: keep it to one quick second try.
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0,
+            error_cb=on_error,
+            name="duetime-worker",
+        )
+        if self._closed:
+            await nc.close()
+            raise nats.errors.ConnectionClosedError
+        self._nats = nc
+        return nc
+
+    async def _publish_nats(self, d: Delivery, subject: str, body: bytes) -> Verdict:
+        if self._nats_url is None:
+            return _failed("broker not configured (set DUETIME_NATS_URL)", retryable=False)
+        headers = message_headers(d)
+        headers[NATS_MSG_ID] = headers[signing.IDEMPOTENCY_KEY]
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                nc = await self._nats_client()
+                js = nc.jetstream(timeout=self._timeout_s)
+                await js.publish(subject, body, headers=headers)
+        except nats.js.errors.NoStreamResponseError:
+            return _failed(f"no JetStream stream captures subject {subject}: create one", retryable=False)
+        except nats.js.errors.APIError as exc:
+            code = exc.code or 0
+            desc = exc.description or "error"
+            return _failed(f"JetStream refused the message ({code}: {desc})", retryable=code >= 500)
+        except nats.errors.BadSubjectError:
+            return _failed(f"invalid NATS subject {subject!r}", retryable=False)
+        except nats.errors.MaxPayloadError:
+            return _failed("message larger than the NATS server's max_payload", retryable=False)
+        except TimeoutError:
+            await self._drop_nats_if_broken()
+            error = f"NATS did not acknowledge within {self._timeout_s:g}s"
+            return Verdict(Outcome.TIMED_OUT, True, None, error)
+        except (OSError, nats.errors.Error) as exc:
+            await self._drop_nats_if_broken()
+            return _failed(f"NATS unavailable ({type(exc).__name__})", retryable=True)
+        return Verdict(Outcome.SUCCEEDED, False, None, None)
+
+    async def _drop_nats_if_broken(self) -> None:
+        nc = self._nats
+        if nc is not None and not nc.is_connected:
+            self._nats = None
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+    # Redis streams -------------------------------------------------------------------------
+
+    def _redis_client(self) -> aioredis.Redis:
+        if self._redis is None:
+            assert self._redis_url is not None
+            # The pool connects on first use and replaces broken connections by itself;
+            # ``retries=0`` keeps the client from re-sending an XADD behind our back.
+            self._redis = aioredis.Redis.from_url(
+                self._redis_url,
+                retry=Retry(NoBackoff(), 0),
+                socket_connect_timeout=self._timeout_s,
+                socket_timeout=self._timeout_s,
+                client_name="duetime-worker",
+            )
+        return self._redis
+
+    async def _publish_redis(self, d: Delivery, key: str, body: bytes) -> Verdict:
+        if self._redis_url is None:
+            return _failed("broker not configured (set DUETIME_REDIS_URL)", retryable=False)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._redis_client().xadd(key, redis_fields(d, body))  # type: ignore[arg-type]
+        except TimeoutError:
+            return Verdict(Outcome.TIMED_OUT, True, None, f"Redis did not answer within {self._timeout_s:g}s")
+        except _REDIS_TRANSIENT as exc:
+            return _failed(f"Redis unavailable ({type(exc).__name__})", retryable=True)
+        except redis_errors.ResponseError as exc:
+            # e.g. WRONGTYPE: the key exists and is not a stream. Redis's text names no secrets.
+            return _failed(f"Redis refused XADD to {key!r}: {str(exc)[:200]}", retryable=False)
+        except (OSError, redis_errors.RedisError) as exc:
+            return _failed(f"Redis unavailable ({type(exc).__name__})", retryable=True)
+        return Verdict(Outcome.SUCCEEDED, False, None, None)
+
+    # ---------------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        self._closed = True
+        task = self._nats_connecting
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        if self._nats is not None:
+            with contextlib.suppress(Exception):
+                await self._nats.close()
+            self._nats = None
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None

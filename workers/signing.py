@@ -1,0 +1,142 @@
+"""The contract headers a target receives, and the Standard Webhooks signature over them.
+
+Kept apart from the HTTP client so the exact bytes we sign are defined in one place, and so a
+receiver (and our own tests) can use ``verify_signature`` without pulling in aiohttp. The signing
+scheme is Standard Webhooks v1 (https://www.standardwebhooks.com): an HMAC-SHA256 over
+``"{webhook-id}.{webhook-timestamp}.{body}"`` keyed with the base64-decoded secret after
+``whsec_``. ``webhook-id`` is the Idempotency-Key, so it is stable across retries and
+redeliveries of one occurrence, which is what the specification asks of it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from core.codec import format_time
+
+if TYPE_CHECKING:
+    from workers.dispatch import Delivery
+
+SECRET_PREFIX = "whsec_"
+SIGNATURE_VERSION = "v1"
+
+IDEMPOTENCY_KEY = "Idempotency-Key"
+JOB_ID = "Duetime-Job-Id"
+SCHEDULED_FOR = "Duetime-Scheduled-For"
+ATTEMPT = "Duetime-Attempt"
+FENCING_TOKEN = "Duetime-Fencing-Token"
+WEBHOOK_ID = "webhook-id"
+WEBHOOK_TIMESTAMP = "webhook-timestamp"
+WEBHOOK_SIGNATURE = "webhook-signature"
+
+CONTRACT_HEADERS: frozenset[str] = frozenset(
+    h.lower()
+    for h in (
+        IDEMPOTENCY_KEY,
+        JOB_ID,
+        SCHEDULED_FOR,
+        ATTEMPT,
+        FENCING_TOKEN,
+        WEBHOOK_ID,
+        WEBHOOK_TIMESTAMP,
+        WEBHOOK_SIGNATURE,
+    )
+)
+
+
+def format_occurrence(scheduled_for: datetime) -> str:
+    """The one spelling of an occurrence in every header, so the key never differs by format."""
+    if scheduled_for.tzinfo is None:
+        raise ValueError("scheduled_for must be an aware datetime")
+    return format_time(scheduled_for)
+
+
+def idempotency_key(job_id: str, scheduled_for: datetime) -> str:
+    """``<job id>:<nominal occurrence>``: the same on every attempt and redelivery of an occurrence."""
+    return f"{job_id}:{format_occurrence(scheduled_for)}"
+
+
+def encode_body(payload: Any) -> bytes:
+    """Compact UTF-8 JSON: the exact bytes that are sent and signed (``None`` is ``null``)."""
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def new_signing_secret() -> str:
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
+
+
+def _secret_key(secret: str) -> bytes:
+    """Accepts the secret with or without ``whsec_``, as the Standard Webhooks libraries do."""
+    raw = secret.removeprefix(SECRET_PREFIX)
+    try:
+        key = base64.b64decode(raw, validate=True)
+    except binascii.Error as exc:
+        raise ValueError("signing secret is not valid base64 after 'whsec_'") from exc
+    if not key:
+        raise ValueError("signing secret is empty")
+    return key
+
+
+def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` value: ``v1,<base64 HMAC-SHA256>``."""
+    mac = hmac.new(_secret_key(secret), f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256)
+    return f"{SIGNATURE_VERSION},{base64.b64encode(mac.digest()).decode('ascii')}"
+
+
+def contract_headers(d: Delivery, body: bytes, now: datetime) -> dict[str, str]:
+    """Every header the contract promises a webhook target, signature included."""
+    key = idempotency_key(d.job_id, d.scheduled_for)
+    timestamp = int(now.timestamp())
+    return {
+        IDEMPOTENCY_KEY: key,
+        JOB_ID: d.job_id,
+        SCHEDULED_FOR: format_occurrence(d.scheduled_for),
+        ATTEMPT: str(d.attempt),
+        FENCING_TOKEN: str(d.fencing_token),
+        WEBHOOK_ID: key,
+        WEBHOOK_TIMESTAMP: str(timestamp),
+        WEBHOOK_SIGNATURE: sign(d.signing_secret, key, timestamp, body),
+    }
+
+
+def verify_signature(
+    secret: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    tolerance_s: int = 300,
+    now: datetime | None = None,
+) -> bool:
+    """Receiver side: True only for a fresh message signed with ``secret``.
+
+    The timestamp window refuses replays of an old captured request; several space-separated
+    signatures are accepted so a sender can sign with an old and a new secret during rotation.
+    Header names are matched case-insensitively, as HTTP frameworks differ in how they spell them.
+    """
+    lowered = {k.lower(): v for k, v in headers.items()}
+    msg_id = lowered.get(WEBHOOK_ID)
+    ts_text = lowered.get(WEBHOOK_TIMESTAMP)
+    sig_text = lowered.get(WEBHOOK_SIGNATURE)
+    if not msg_id or not ts_text or not sig_text:
+        return False
+    try:
+        timestamp = int(ts_text)
+    except ValueError:
+        return False
+    current = (now or datetime.now(UTC)).timestamp()
+    if abs(current - timestamp) > tolerance_s:
+        return False
+    expected = sign(secret, msg_id, timestamp, body).encode("ascii")
+    found = False
+    for candidate in sig_text.split(" "):
+        # Compare every candidate (no early exit) so timing says nothing about which one matched.
+        if hmac.compare_digest(candidate.encode("utf-8", "replace"), expected):
+            found = True
+    return found
