@@ -4,8 +4,9 @@ starts 10 s later and applies each job's policy to what it missed."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import aiohttp
 
@@ -42,20 +43,22 @@ async def test_missed_run_policies_after_a_ten_second_outage(pg_dsn: str, receiv
                 await owner.call("DELETE", f"/v1/jobs/{job_id}")
             await engine.stop()
 
-        def slots(policy: str) -> list:
+        def slots(policy: str) -> list[datetime]:
             return [parse(c.headers["Duetime-Scheduled-For"]) for c in receiver.on(f"/{policy}")]
 
         once = slots("run_once")
         # run_once: the backlog collapses into one run carrying the most recent missed occurrence,
         # then the schedule goes on second by second
         first_once = once[0]
-        assert first_once - parse(receiver.on("/run_once")[0].headers["Duetime-Scheduled-For"]) == timedelta(0)
-        assert all(b - a == timedelta(seconds=1) for a, b in zip(once[1:], once[2:], strict=False))
+        assert first_once - parse(receiver.on("/run_once")[0].headers["Duetime-Scheduled-For"]) == timedelta(
+            0
+        )
+        assert all(b - a == timedelta(seconds=1) for a, b in itertools.pairwise(once))
         assert len(once) < 9, once
         # run_all: every missed occurrence ran, oldest first, none twice
         every = slots("run_all")
         assert every == sorted(every) and len(every) == len(set(every))
-        assert all(b - a == timedelta(seconds=1) for a, b in zip(every, every[1:], strict=False)), every
+        assert all(b - a == timedelta(seconds=1) for a, b in itertools.pairwise(every)), every
         assert every[0] < first_once - timedelta(seconds=7)
         # skip: the missed occurrences are in the history as skipped, not called
         skipped_calls = slots("skip")
