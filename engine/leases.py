@@ -25,13 +25,20 @@ class LeaseKeeper:
         self._lease_s = lease_s
         self._heartbeat_s = heartbeat_s
         self._held: dict[uuid.UUID, tuple[int, int]] = {}
+        self._settling: set[uuid.UUID] = set()
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 
     def track(self, job_id: uuid.UUID, shard: int, token: int) -> None:
         self._held[job_id] = (shard, token)
 
+    def settling(self, job_ids: list[uuid.UUID]) -> None:
+        """These runs' outcomes are being written: a heartbeat that finds them idle is not a
+        lost lease, it raced the completion."""
+        self._settling.update(job_ids)
+
     def untrack(self, job_id: uuid.UUID, token: int) -> None:
+        self._settling.discard(job_id)
         held = self._held.get(job_id)
         if held is not None and held[1] == token:
             del self._held[job_id]
@@ -54,7 +61,11 @@ class LeaseKeeper:
             chunk = items[i : i + _CHUNK]
             kept = await self._store.extend_leases(chunk, lease_s=self._lease_s)
             metrics.LEASE_EXTENSIONS.inc(len(kept))
-            lost = [j for j, _, _ in chunk if j not in kept]
+            lost = [
+                j
+                for j, _, t in chunk
+                if j not in kept and j not in self._settling and self._held.get(j, (0, -1))[1] == t
+            ]
             if lost:
                 metrics.LEASES_LOST.inc(len(lost))
                 log.warning("%d leases were taken over while their runs were held", len(lost))

@@ -4,7 +4,26 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-_LATENESS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+_LATENESS_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+)
 
 CLAIMS = Counter("duetime_claims_total", "Rows claimed into a wheel", ["shard"])
 CLAIM_BATCHES = Counter("duetime_claim_batches_total", "Claim statements run", ["shard"])
@@ -13,6 +32,11 @@ WHEEL_SIZE = Gauge("duetime_wheel_entries", "Runs waiting in this engine's wheel
 FIRES = Counter("duetime_fires_total", "Wheel entries fired")
 FIRE_LATENESS = Histogram(
     "duetime_fire_lateness_seconds", "Wheel fire time minus due time", buckets=_LATENESS_BUCKETS
+)
+FENCE_SECONDS = Histogram(
+    "duetime_fence_seconds",
+    "Duration of one fence statement (a batch of fired runs)",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
 )
 FENCED = Counter("duetime_fenced_total", "Runs that passed the fence before the call")
 FENCE_REJECTED = Counter(

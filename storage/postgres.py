@@ -8,6 +8,7 @@ the same transaction as the write.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -79,6 +80,11 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
+async def _no_reset(conn: asyncpg.Connection) -> None:
+    """We keep no session state (no LISTEN, advisory locks or SET on pooled connections), so the
+    default reset query on every release is a wasted round trip per statement."""
+
+
 def _hash_key(api_key: str) -> bytes:
     return hashlib.sha256(api_key.encode()).digest()
 
@@ -143,6 +149,15 @@ def _run_from_row(row: asyncpg.Record) -> Run:
         error=row["error"],
         lateness_ms=row["lateness_ms"],
     )
+
+
+@dataclass(slots=True)
+class _Action:
+    """One owner action in progress: its connection, the locked row, and whom to wake after."""
+
+    conn: asyncpg.Connection
+    row: asyncpg.Record
+    wake: RowPlan | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +236,8 @@ class PostgresStore:
         self.shard_map = shard_map
         self._pools = pools
         self._notify_horizon = timedelta(seconds=notify_horizon_s)
+        self._notify_pending: set[int] = set()
+        self._notify_task: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(
@@ -236,6 +253,7 @@ class PostgresStore:
                         max_size=pool_size,
                         init=_init_connection,
                         max_inactive_connection_lifetime=300,
+                        reset=_no_reset,
                     )
         except BaseException:
             for pool in pools.values():
@@ -244,6 +262,8 @@ class PostgresStore:
         return cls(shard_map, pools, notify_horizon_s)
 
     async def close(self) -> None:
+        if self._notify_task is not None:
+            await self._notify_task
         for pool in self._pools.values():
             await pool.close()
 
@@ -270,47 +290,72 @@ class PostgresStore:
             job_id = new_job_id()
             shard = shard_of(job_id)
         plan = initial_plan(job_id, spec, now)
+        args = (
+            job_id,
+            shard,
+            owner,
+            codec.spec_to_json(spec),
+            plan.state.value,
+            plan.next_run_at,
+            plan.scheduled_for,
+            plan.attempt,
+            now,
+        )
+        if idempotency is None:
+            # One statement, autocommitted: one round trip instead of three.
+            async with _translated():
+                row = await self.pool_for_shard(shard).fetchrow(Q["insert_job"], *args)
+            self._maybe_notify(shard, plan, now)
+            return job_from_row(row), True
         async with _translated(), self.pool_for_shard(shard).acquire() as conn, conn.transaction():
-            if idempotency is not None:
-                inserted = await conn.fetchval(
-                    Q["insert_idempotency_key"], owner, idempotency.key, idempotency.body_hash, job_id
-                )
-                if inserted is None:
-                    existing = await conn.fetchrow(Q["get_idempotency_key"], owner, idempotency.key)
-                    if existing["body_hash"] != idempotency.body_hash:
-                        raise InvalidRequest(
-                            "this Idempotency-Key was already used with a different body; use a new key "
-                            "for a different job, or resend the original body",
-                            code="idempotency_key_reused",
-                            field="Idempotency-Key",
-                        )
-                    row = await conn.fetchrow(Q["get_job"], existing["job_id"], owner)
-                    if row is None:  # pragma: no cover - keys and jobs are written together
-                        raise NotFound("the job this key created no longer exists", ident=str(job_id))
-                    return job_from_row(row), False
-            row = await conn.fetchrow(
-                Q["insert_job"],
-                job_id,
-                shard,
-                owner,
-                codec.spec_to_json(spec),
-                plan.state.value,
-                plan.next_run_at,
-                plan.scheduled_for,
-                plan.attempt,
-                now,
+            inserted = await conn.fetchval(
+                Q["insert_idempotency_key"], owner, idempotency.key, idempotency.body_hash, job_id
             )
-            await self._maybe_notify(conn, shard, plan, now)
+            if inserted is None:
+                existing = await conn.fetchrow(Q["get_idempotency_key"], owner, idempotency.key)
+                if existing["body_hash"] != idempotency.body_hash:
+                    raise InvalidRequest(
+                        "this Idempotency-Key was already used with a different body; use a new key "
+                        "for a different job, or resend the original body",
+                        code="idempotency_key_reused",
+                        field="Idempotency-Key",
+                    )
+                row = await conn.fetchrow(Q["get_job"], existing["job_id"], owner)
+                if row is None:  # pragma: no cover - keys and jobs are written together
+                    raise NotFound("the job this key created no longer exists", ident=str(job_id))
+                return job_from_row(row), False
+            row = await conn.fetchrow(Q["insert_job"], *args)
+        self._maybe_notify(shard, plan, now)
         return job_from_row(row), True
 
-    async def _maybe_notify(self, conn: asyncpg.Connection, shard: int, plan: RowPlan, now: datetime) -> None:
-        """Wake the engines of this shard when the row is due inside their lookahead."""
+    def _maybe_notify(self, shard: int, plan: RowPlan, now: datetime) -> None:
+        """Wake the engines of this shard when the row is due inside their lookahead.
+
+        A hint, sent after commit and coalesced: one NOTIFY statement carries every shard that
+        became due-soon since the last one, so registering thousands of jobs a second does not
+        put a NOTIFY (and its commit-time queue lock) in every transaction. A lost hint costs at
+        most one poll interval.
+        """
         if (
             plan.state == JobState.SCHEDULED
             and plan.next_run_at is not None
             and plan.next_run_at <= now + self._notify_horizon
         ):
-            await conn.execute(Q["notify_due"], str(shard))
+            self._notify_pending.add(shard)
+            if self._notify_task is None or self._notify_task.done():
+                self._notify_task = asyncio.get_running_loop().create_task(self._send_notifies())
+
+    async def _send_notifies(self) -> None:
+        while self._notify_pending:
+            pending, self._notify_pending = self._notify_pending, set()
+            by_db: dict[str, list[str]] = {}
+            for shard in pending:
+                by_db.setdefault(self.shard_map.dsn_for(shard), []).append(str(shard))
+            for dsn, shards in by_db.items():
+                try:
+                    await self._pools[dsn].execute(Q["notify_due"], shards)
+                except Exception as exc:  # a hint; the poll interval covers a lost one
+                    log.debug("NOTIFY failed: %s", exc)
 
     async def get_job(self, owner: str, job_id: uuid.UUID) -> Job:
         async with _translated():
@@ -338,14 +383,17 @@ class PostgresStore:
         return Page([job_from_row(r) for r in page], next_cursor)
 
     @asynccontextmanager
-    async def _locked(
-        self, owner: str, job_id: uuid.UUID
-    ) -> AsyncIterator[tuple[asyncpg.Connection, asyncpg.Record]]:
-        async with _translated(), self.pool_for_shard(shard_of(job_id)).acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(Q["lock_job"], job_id, owner)
-            if row is None:
-                raise NotFound(f"no job {job_id}", ident=str(job_id))
-            yield conn, row
+    async def _locked(self, owner: str, job_id: uuid.UUID) -> AsyncIterator[_Action]:
+        """The job's row under lock for one owner action; engines are woken after the commit."""
+        async with _translated(), self.pool_for_shard(shard_of(job_id)).acquire() as conn:
+            async with conn.transaction():
+                row = await conn.fetchrow(Q["lock_job"], job_id, owner)
+                if row is None:
+                    raise NotFound(f"no job {job_id}", ident=str(job_id))
+                action = _Action(conn, row)
+                yield action
+            if action.wake is not None:
+                self._maybe_notify(row["shard"], action.wake, _utcnow())
 
     @staticmethod
     def _require(action: str, row: asyncpg.Record) -> None:
@@ -365,15 +413,15 @@ class PostgresStore:
 
     async def _write(
         self,
-        conn: asyncpg.Connection,
-        row: asyncpg.Record,
+        action: _Action,
         *,
         spec: dict[str, Any] | None = None,
         spec_version: int | None = None,
         plan: RowPlan,
         revoke: bool,
     ) -> Job:
-        out = await conn.fetchrow(
+        row = action.row
+        out = await action.conn.fetchrow(
             Q["write_job"],
             row["job_id"],
             row["owner"],
@@ -388,12 +436,13 @@ class PostgresStore:
             list(plan.pending_triggers),
             revoke,
         )
-        await self._maybe_notify(conn, row["shard"], plan, _utcnow())
+        action.wake = plan
         return job_from_row(out)
 
     async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
         new_json = codec.spec_to_json(spec)
-        async with self._locked(owner, job_id) as (conn, row):
+        async with self._locked(owner, job_id) as action:
+            row = action.row
             self._require("update", row)
             old = row["spec"]
             timing_changed = (
@@ -409,37 +458,41 @@ class PostgresStore:
                 if keep_state in (JobState.PAUSED, JobState.DEAD) and plan.state == JobState.SCHEDULED:
                     plan = replace(plan, state=keep_state)
             return await self._write(
-                conn, row, spec=new_json, spec_version=version, plan=plan, revoke=timing_changed
+                action, spec=new_json, spec_version=version, plan=plan, revoke=timing_changed
             )
 
     async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        async with self._locked(owner, job_id) as (conn, row):
+        async with self._locked(owner, job_id) as action:
+            row = action.row
             if row["state"] == JobState.CANCELLED.value:
                 return job_from_row(row)
             plan = replace(_plan_of(row), state=JobState.CANCELLED, next_run_at=None, pending_triggers=())
-            return await self._write(conn, row, plan=plan, revoke=True)
+            return await self._write(action, plan=plan, revoke=True)
 
     async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        async with self._locked(owner, job_id) as (conn, row):
+        async with self._locked(owner, job_id) as action:
+            row = action.row
             self._require("pause", row)
             if row["state"] == JobState.PAUSED.value:
                 return job_from_row(row)
             plan = replace(_plan_of(row), state=JobState.PAUSED)
-            return await self._write(conn, row, plan=plan, revoke=True)
+            return await self._write(action, plan=plan, revoke=True)
 
     async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        async with self._locked(owner, job_id) as (conn, row):
+        async with self._locked(owner, job_id) as action:
+            row = action.row
             self._require("resume", row)
             if row["state"] == JobState.SCHEDULED.value:
                 return job_from_row(row)
             # Occurrences missed while paused are left overdue on purpose: the claim applies the
             # job's misfire policy to them, the same rule as after an outage.
             plan = replace(_plan_of(row), state=JobState.SCHEDULED)
-            return await self._write(conn, row, plan=plan, revoke=False)
+            return await self._write(action, plan=plan, revoke=False)
 
     async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
         now = _utcnow()
-        async with self._locked(owner, job_id) as (conn, row):
+        async with self._locked(owner, job_id) as action:
+            row = action.row
             self._require("trigger", row)
             plan = _plan_of(row)
             if row["phase"] == "idle" and plan.attempt == 0 and plan.run_kind == "scheduled":
@@ -450,16 +503,17 @@ class PostgresStore:
                 # starts as soon as that run's occurrence is over.
                 plan = replace(plan, pending_triggers=(*plan.pending_triggers, now))
                 revoke = False
-            return await self._write(conn, row, plan=plan, revoke=revoke)
+            return await self._write(action, plan=plan, revoke=revoke)
 
     async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job:
         now = _utcnow()
-        async with self._locked(owner, job_id) as (conn, row):
+        async with self._locked(owner, job_id) as action:
+            row = action.row
             self._require("replay", row)
             plan = replace(
                 _plan_of(row), state=JobState.SCHEDULED, attempt=0, next_run_at=now, run_kind="scheduled"
             )
-            return await self._write(conn, row, plan=plan, revoke=False)
+            return await self._write(action, plan=plan, revoke=False)
 
     async def list_runs(self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None) -> Page[Run]:
         before = int.from_bytes(_decode_cursor(cursor, 8), "big") if cursor else _MAX_RUN_ID

@@ -88,6 +88,7 @@ class Completer:
             if len(self._buffer) < self._batch and not self._stopping:
                 await asyncio.sleep(self._linger)
             batch, self._buffer = self._buffer[: self._batch], self._buffer[self._batch :]
+            self._keeper.settling([r.job_id for r in batch])
             try:
                 stats = await asyncio.shield(self._store.complete_runs(batch))
             except (StorageUnavailable, OSError) as exc:

@@ -69,7 +69,7 @@ WHERE (key_hash = $1 OR key_prefix = $2) AND revoked_at IS NULL;
 SELECT signing_secret FROM owners WHERE owner = $1;
 
 -- name: notify_due
-SELECT pg_notify('duetime_due', $1::text);
+SELECT pg_notify('duetime_due', s) FROM unnest($1::text[]) AS s;
 
 -- name: claim_due
 -- The claim: the next batch of idle rows due within the lookahead on one shard, skipping rows
