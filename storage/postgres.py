@@ -50,6 +50,8 @@ def _utcnow() -> datetime:
 
 
 def _is_unavailable(exc: BaseException) -> bool:
+    if isinstance(exc, asyncpg.exceptions.DataError):
+        return False  # a value we failed to refuse earlier: a bug or bad input, not an outage
     if isinstance(exc, (OSError, asyncpg.exceptions.InterfaceError, ConnectionError, TimeoutError)):
         return True
     if isinstance(exc, asyncpg.PostgresError):
@@ -517,6 +519,12 @@ class PostgresStore:
 
     async def list_runs(self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None) -> Page[Run]:
         before = int.from_bytes(_decode_cursor(cursor, 8), "big") if cursor else _MAX_RUN_ID
+        if before > _MAX_RUN_ID:
+            raise InvalidRequest(
+                "cursor is not one this server issued; pass next_cursor from the previous page unchanged",
+                code="invalid_cursor",
+                field="cursor",
+            )
         pool = self.pool_for_shard(shard_of(job_id))
         async with _translated():
             if await pool.fetchval(Q["job_exists"], job_id, owner) is None:

@@ -354,3 +354,12 @@ async def test_claim_plan_without_hints_at_scale(pg_dsn: str) -> None:
 
 class _Rollback(Exception):
     pass
+
+
+async def test_a_forged_runs_cursor_beyond_any_run_id_is_refused(store: PostgresStore) -> None:
+    """Regression: an 8-byte cursor above int64 reached PostgreSQL and answered 500."""
+    o = owner()
+    job, _ = await store.create_job(o, one_off(now() + timedelta(hours=1)))
+    with pytest.raises(InvalidRequest) as err:
+        await store.list_runs(o, uuid.UUID(job.id), limit=10, cursor="__________8")
+    assert err.value.code == "invalid_cursor"
