@@ -1,0 +1,226 @@
+"""The /v1 handlers: read the request, call the registry once, render the answer.
+
+Handlers stay thin and raise ``core.errors`` for every failure; ``api.app``'s middleware turns
+those into HTTP answers. Auth has already happened when a handler runs: the owner is in the
+request under ``OWNER``. Every lookup is scoped by that owner, so another owner's job is simply
+``NotFound``, indistinguishable from a job that never existed.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from aiohttp import web
+
+from api.body import parse_json, require_json_content_type
+from api.render import job_to_json, jobs_page_to_json, json_response, runs_page_to_json
+from core.codec import REDACTED, spec_to_json
+from core.errors import InvalidRequest, NotFound
+from core.ids import parse_job_id
+from core.model import JobSpec, JobState, WebhookTarget
+from core.ssrf import AddressPolicy, check_webhook_url
+from core.validation import (
+    SpecLimits,
+    canonical_body_hash,
+    merge_patch,
+    parse_idempotency_key,
+    parse_job_spec,
+)
+from storage.base import IdempotencyRequest, Registry
+
+OWNER: Final = web.RequestKey("owner", str)
+
+DEFAULT_LIMIT: Final = 100
+MAX_LIMIT: Final = 1000
+_DIGITS: Final = re.compile(r"[0-9]{1,7}")
+# Cursors we issue are short printable ASCII; anything else is refused before it reaches storage.
+_CURSOR_SHAPE: Final = re.compile(r"[\x21-\x7e]{1,1024}")
+_STATES: Final = {s.value: s for s in JobState}
+_PASSED_URLS_TTL_S: Final = 10.0
+_PASSED_URLS_MAX: Final = 10_000
+
+
+def _query(request: web.Request, name: str) -> str | None:
+    """A query parameter, with an empty value meaning "not given" (``?state=&limit=`` is valid)."""
+    value = request.query.get(name)
+    return value if value else None
+
+
+def _limit(request: web.Request) -> int:
+    text = _query(request, "limit")
+    if text is None:
+        return DEFAULT_LIMIT
+    if _DIGITS.fullmatch(text) is None or not 1 <= int(text) <= MAX_LIMIT:
+        raise InvalidRequest(
+            f"limit must be an integer from 1 to {MAX_LIMIT}.", code="invalid_limit", field="limit"
+        )
+    return int(text)
+
+
+def _cursor(request: web.Request) -> str | None:
+    text = _query(request, "cursor")
+    if text is not None and _CURSOR_SHAPE.fullmatch(text) is None:
+        raise InvalidRequest(
+            "cursor is not one this API issued; pass next_cursor back unchanged.",
+            code="invalid_cursor",
+            field="cursor",
+        )
+    return text
+
+
+def _state(request: web.Request) -> JobState | None:
+    text = _query(request, "state")
+    if text is None:
+        return None
+    state = _STATES.get(text)
+    if state is None:
+        raise InvalidRequest(
+            f"state must be one of {', '.join(_STATES)}.", code="invalid_state", field="state"
+        )
+    return state
+
+
+def _job_id(request: web.Request) -> uuid.UUID:
+    """A malformed id answers 404 like a missing job: ids are opaque to clients."""
+    text = request.match_info["job_id"]
+    job_id = parse_job_id(text)
+    if job_id is None:
+        # Worded as storage words a missing job, so the two answers cannot be told apart.
+        shown = text if len(text) <= 64 else text[:64] + "…"
+        raise NotFound(f"no job {shown}", ident=shown)
+    return job_id
+
+
+async def _json_body(request: web.Request) -> Any:
+    require_json_content_type(request)
+    return parse_json(await request.read())
+
+
+def _restore_redacted_headers(merged: dict[str, Any], current: JobSpec) -> None:
+    """Keep a header's secret when a PATCH sends back the ``<redacted>`` placeholder we showed.
+
+    A client that GETs a job, edits its target and PATCHes it back would otherwise have to know
+    every secret again. Only names the job already has (in any letter case) are restored; the
+    placeholder under a new name reaches the validator, which refuses it (422 invalid_header).
+    """
+    if not isinstance(current.target, WebhookTarget):
+        return
+    target = merged.get("target")
+    if not isinstance(target, dict):
+        return
+    headers = target.get("headers")
+    if not isinstance(headers, dict):
+        return
+    known = {name.lower(): value for name, value in current.target.headers.items()}
+    for name, value in headers.items():
+        if value == REDACTED and name.lower() in known:
+            headers[name] = known[name.lower()]
+
+
+class JobsApi:
+    """The handlers, bound to one registry, address policy and set of limits."""
+
+    def __init__(self, registry: Registry, *, policy: AddressPolicy, limits: SpecLimits) -> None:
+        self._registry = registry
+        self._policy = policy
+        self._limits = limits
+        # URL → until when its last SSRF check passed. Registration bursts name one URL thousands
+        # of times a second; its DNS answer is not worth asking for each. Only passes are kept,
+        # and only briefly: the worker checks every address again right before each call.
+        self._passed_urls: dict[str, float] = {}
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/jobs", self.create_job, name="create_job"),
+            web.get("/v1/jobs", self.list_jobs, name="list_jobs", allow_head=False),
+            web.get("/v1/jobs/{job_id}", self.get_job, name="get_job", allow_head=False),
+            web.patch("/v1/jobs/{job_id}", self.update_job, name="update_job"),
+            web.delete("/v1/jobs/{job_id}", self.cancel_job, name="cancel_job"),
+            web.post("/v1/jobs/{job_id}/pause", self.pause_job, name="pause_job"),
+            web.post("/v1/jobs/{job_id}/resume", self.resume_job, name="resume_job"),
+            web.post("/v1/jobs/{job_id}/trigger", self.trigger_job, name="trigger_job"),
+            web.post("/v1/jobs/{job_id}/replay", self.replay_job, name="replay_job"),
+            web.get("/v1/jobs/{job_id}/runs", self.list_runs, name="list_runs", allow_head=False),
+        ]
+
+    async def _check_target(self, spec: JobSpec) -> None:
+        if not isinstance(spec.target, WebhookTarget):
+            return
+        url = spec.target.url
+        now = time.monotonic()
+        if self._passed_urls.get(url, 0.0) > now:
+            return
+        await check_webhook_url(url, self._policy)
+        if len(self._passed_urls) >= _PASSED_URLS_MAX:
+            self._passed_urls = {u: t for u, t in self._passed_urls.items() if t > now}
+            if len(self._passed_urls) >= _PASSED_URLS_MAX:
+                self._passed_urls.clear()
+        self._passed_urls[url] = now + _PASSED_URLS_TTL_S
+
+    async def create_job(self, request: web.Request) -> web.Response:
+        owner = request[OWNER]
+        raw_key = request.headers.get("Idempotency-Key")
+        idempotency_key = None if raw_key is None else parse_idempotency_key(raw_key)
+        data = await _json_body(request)
+        spec = parse_job_spec(data, now=datetime.now(UTC), limits=self._limits)
+        await self._check_target(spec)
+        idempotency = (
+            None
+            if idempotency_key is None
+            else IdempotencyRequest(key=idempotency_key, body_hash=canonical_body_hash(data))
+        )
+        job, created = await self._registry.create_job(owner, spec, idempotency=idempotency)
+        location = f"/v1/jobs/{job.id}"
+        return json_response(job_to_json(job), status=201 if created else 200, headers={"Location": location})
+
+    async def get_job(self, request: web.Request) -> web.Response:
+        job = await self._registry.get_job(request[OWNER], _job_id(request))
+        return json_response(job_to_json(job))
+
+    async def list_jobs(self, request: web.Request) -> web.Response:
+        state, limit, cursor = _state(request), _limit(request), _cursor(request)
+        page = await self._registry.list_jobs(request[OWNER], state=state, limit=limit, cursor=cursor)
+        return json_response(jobs_page_to_json(page))
+
+    async def update_job(self, request: web.Request) -> web.Response:
+        owner = request[OWNER]
+        job_id = _job_id(request)
+        patch = await _json_body(request)
+        current = await self._registry.get_job(owner, job_id)
+        merged = merge_patch(spec_to_json(current.spec), patch)
+        _restore_redacted_headers(merged, current.spec)
+        spec = parse_job_spec(merged, now=datetime.now(UTC), limits=self._limits)
+        if isinstance(patch, dict) and "target" in patch:
+            await self._check_target(spec)
+        job = await self._registry.update_job(owner, job_id, spec)
+        return json_response(job_to_json(job))
+
+    async def cancel_job(self, request: web.Request) -> web.Response:
+        job = await self._registry.cancel_job(request[OWNER], _job_id(request))
+        return json_response(job_to_json(job))
+
+    async def pause_job(self, request: web.Request) -> web.Response:
+        job = await self._registry.pause_job(request[OWNER], _job_id(request))
+        return json_response(job_to_json(job))
+
+    async def resume_job(self, request: web.Request) -> web.Response:
+        job = await self._registry.resume_job(request[OWNER], _job_id(request))
+        return json_response(job_to_json(job))
+
+    async def trigger_job(self, request: web.Request) -> web.Response:
+        job = await self._registry.trigger_job(request[OWNER], _job_id(request))
+        return json_response(job_to_json(job), status=202)
+
+    async def replay_job(self, request: web.Request) -> web.Response:
+        job = await self._registry.replay_job(request[OWNER], _job_id(request))
+        return json_response(job_to_json(job))
+
+    async def list_runs(self, request: web.Request) -> web.Response:
+        owner, job_id = request[OWNER], _job_id(request)
+        limit, cursor = _limit(request), _cursor(request)
+        page = await self._registry.list_runs(owner, job_id, limit=limit, cursor=cursor)
+        return json_response(runs_page_to_json(page))

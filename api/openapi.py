@@ -1,0 +1,501 @@
+"""The OpenAPI 3.1 description of /v1, built in code next to the handlers it describes.
+
+Built rather than kept as a static file so the numeric limits come from the same ``SpecLimits``
+the validator enforces, and so mypy sees it. ``tests/integration/test_openapi.py`` checks that it
+is a valid 3.1 document and names every /v1 route of the router; the schemathesis suite checks
+that live answers conform to it, status codes included.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from core.validation import SpecLimits
+
+JsonObject = dict[str, Any]
+
+_REF: Final = "#/components/schemas/"
+_TIME: Final = {"type": "string", "format": "date-time"}
+_OPT_TIME: Final = {"type": ["string", "null"], "format": "date-time"}
+
+
+def _ref(name: str) -> JsonObject:
+    return {"$ref": _REF + name}
+
+
+def _error(description: str) -> JsonObject:
+    return {"description": description, "content": {"application/json": {"schema": _ref("Error")}}}
+
+
+def _json(description: str, schema: JsonObject, headers: JsonObject | None = None) -> JsonObject:
+    answer: JsonObject = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        answer["headers"] = headers
+    return answer
+
+
+_E400: Final = _error(
+    "Malformed JSON (syntax, duplicate keys, NaN, invalid UTF-8) or a value of the wrong type."
+)
+_E401: Final = {
+    **_error("No API key, or an unknown or revoked one."),
+    "headers": {"WWW-Authenticate": {"schema": {"type": "string"}, "description": "Always `Bearer`."}},
+}
+_E404: Final = _error("No such job for this owner (another owner's job answers exactly like a missing one).")
+_E409: Final = _error("The job's state does not allow this call.")
+_E413: Final = _error("The request body is larger than 256 KiB.")
+_E415: Final = _error("The body is not sent as `application/json`.")
+_E422: Final = _error("Valid JSON with values that cannot be accepted; `field` names the culprit.")
+_E503: Final = {
+    **_error("The database cannot be reached; nothing was changed. Retry after a pause."),
+    "headers": {"Retry-After": {"schema": {"type": "string"}}},
+}
+
+_JOB_ID_PARAM: Final = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "description": "The job's id (a UUID). Any other string answers 404.",
+    "schema": {"type": "string"},
+}
+
+
+def _page_params() -> list[JsonObject]:
+    return [
+        {
+            "name": "limit",
+            "in": "query",
+            "required": False,
+            "description": "Page size, 1 to 1000 (default 100). An empty value means the default.",
+            "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
+        },
+        {
+            "name": "cursor",
+            "in": "query",
+            "required": False,
+            "description": "`next_cursor` from the previous page, passed back unchanged. "
+            "A cursor this API did not issue answers 422 `invalid_cursor`.",
+            "schema": {"type": "string"},
+        },
+    ]
+
+
+def _schemas(limits: SpecLimits) -> JsonObject:
+    header_map = {
+        "type": "object",
+        "maxProperties": limits.headers_max_count,
+        "additionalProperties": {"type": "string", "maxLength": limits.header_value_max},
+    }
+    timeout_low, timeout_high = limits.timeout_s_range
+    attempts_low, attempts_high = limits.max_attempts_range
+    grace_low, grace_high = limits.misfire_grace_s_range
+    jitter_low, jitter_high = limits.jitter_s_range
+    webhook_in: JsonObject = {
+        "type": "object",
+        "required": ["type", "url"],
+        "additionalProperties": False,
+        "properties": {
+            "type": {"const": "webhook"},
+            "url": {
+                "type": "string",
+                "maxLength": limits.url_max,
+                "description": "http(s) URL; must resolve to a public address.",
+            },
+            "method": {"enum": ["POST", "PUT"], "default": "POST"},
+            "headers": {**header_map, "description": "Sent with every call; shown as `<redacted>`."},
+            "timeout_s": {"type": "integer", "minimum": timeout_low, "maximum": timeout_high, "default": 30},
+        },
+    }
+    queue_in: JsonObject = {
+        "type": "object",
+        "required": ["type", "broker", "topic"],
+        "additionalProperties": False,
+        "properties": {
+            "type": {"const": "queue"},
+            "broker": {"enum": ["nats", "redis"]},
+            "topic": {"type": "string", "minLength": 1, "maxLength": limits.topic_max},
+        },
+    }
+    one_off: JsonObject = {
+        "type": "object",
+        "required": ["run_at"],
+        "additionalProperties": False,
+        "properties": {"run_at": {**_TIME, "description": "RFC 3339 with an offset; the past runs at once."}},
+    }
+    cron_in: JsonObject = {
+        "type": "object",
+        "required": ["cron"],
+        "additionalProperties": False,
+        "properties": {
+            "cron": {
+                "type": "string",
+                "description": "5 fields, 6 with leading seconds, or @yearly/@annually/@monthly/"
+                "@weekly/@daily/@midnight/@hourly.",
+            },
+            "timezone": {"type": "string", "default": "UTC", "description": "An IANA zone id."},
+            "start_at": _OPT_TIME,
+            "end_at": _OPT_TIME,
+            "dst_gap": {"enum": ["shift", "skip"], "default": "shift"},
+            "dst_overlap": {"enum": ["first", "both"], "default": "first"},
+        },
+    }
+    retry_in: JsonObject = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "max_attempts": {
+                "type": "integer",
+                "minimum": attempts_low,
+                "maximum": attempts_high,
+                "default": 5,
+            },
+            "backoff_initial_s": {"type": "number", "exclusiveMinimum": 0, "default": 1},
+            "backoff_max_s": {"type": "number", "exclusiveMinimum": 0, "default": 600},
+            "backoff_multiplier": {"type": "number", "exclusiveMinimum": 0, "default": 2.0},
+        },
+    }
+    spec_properties: JsonObject = {
+        "name": {"type": ["string", "null"], "maxLength": limits.name_max},
+        "target": {"oneOf": [_ref("WebhookTargetInput"), _ref("QueueTargetInput")]},
+        "payload": {"description": f"Any JSON, at most {limits.payload_max_bytes} bytes encoded."},
+        "schedule": {"oneOf": [_ref("OneOffSchedule"), _ref("CronScheduleInput")]},
+        "retry": _ref("RetryInput"),
+        "misfire": {"enum": ["run_once", "run_all", "skip"], "default": "run_once"},
+        "misfire_grace_s": {"type": "integer", "minimum": grace_low, "maximum": grace_high, "default": 60},
+        "jitter_s": {"type": "integer", "minimum": jitter_low, "maximum": jitter_high, "default": 0},
+    }
+    job_spec: JsonObject = {
+        "type": "object",
+        "required": ["target", "schedule"],
+        "additionalProperties": False,
+        "properties": spec_properties,
+    }
+    job_patch: JsonObject = {
+        "type": "object",
+        "description": "A JSON merge patch (RFC 7396) of the job spec: objects merge, `null` removes "
+        "a field (it returns to its default), anything else replaces. The merged spec must be valid.",
+        "properties": {name: {} for name in spec_properties},
+    }
+
+    webhook_out: JsonObject = {
+        "type": "object",
+        "required": ["type", "url", "method", "headers", "timeout_s"],
+        "additionalProperties": False,
+        "properties": {
+            "type": {"const": "webhook"},
+            "url": {"type": "string"},
+            "method": {"enum": ["POST", "PUT"]},
+            "headers": {"type": "object", "additionalProperties": {"const": "<redacted>"}},
+            "timeout_s": {"type": "integer"},
+        },
+    }
+    queue_out: JsonObject = {
+        "type": "object",
+        "required": ["type", "broker", "topic"],
+        "additionalProperties": False,
+        "properties": queue_in["properties"],
+    }
+    cron_out: JsonObject = {
+        "type": "object",
+        "required": ["cron", "timezone", "start_at", "end_at", "dst_gap", "dst_overlap"],
+        "additionalProperties": False,
+        "properties": cron_in["properties"],
+    }
+    retry_out: JsonObject = {
+        "type": "object",
+        "required": ["max_attempts", "backoff_initial_s", "backoff_max_s", "backoff_multiplier"],
+        "additionalProperties": False,
+        "properties": {
+            "max_attempts": {"type": "integer"},
+            "backoff_initial_s": {"type": "number"},
+            "backoff_max_s": {"type": "number"},
+            "backoff_multiplier": {"type": "number"},
+        },
+    }
+    run: JsonObject = {
+        "type": "object",
+        "required": [
+            "scheduled_for",
+            "attempt",
+            "started_at",
+            "finished_at",
+            "outcome",
+            "status_code",
+            "error",
+            "lateness_ms",
+        ],
+        "additionalProperties": False,
+        "properties": {
+            "scheduled_for": {**_TIME, "description": "The nominal occurrence, before jitter."},
+            "attempt": {"type": "integer", "minimum": 0},
+            "started_at": _OPT_TIME,
+            "finished_at": _OPT_TIME,
+            "outcome": {"enum": ["succeeded", "failed", "timed_out", "lease_expired", "skipped"]},
+            "status_code": {"type": ["integer", "null"]},
+            "error": {"type": ["string", "null"]},
+            "lateness_ms": {
+                "type": ["integer", "null"],
+                "description": "started_at − (scheduled_for + this occurrence's jitter).",
+            },
+        },
+    }
+    job: JsonObject = {
+        "type": "object",
+        "required": [
+            "id",
+            "owner",
+            "name",
+            "target",
+            "payload",
+            "schedule",
+            "retry",
+            "misfire",
+            "misfire_grace_s",
+            "jitter_s",
+            "state",
+            "next_run_at",
+            "attempt",
+            "created_at",
+            "updated_at",
+            "last_run",
+        ],
+        "additionalProperties": False,
+        "properties": {
+            "id": {"type": "string", "format": "uuid"},
+            "owner": {"type": "string"},
+            "name": {"type": ["string", "null"]},
+            "target": {"oneOf": [_ref("WebhookTarget"), _ref("QueueTarget")]},
+            "payload": {},
+            "schedule": {"oneOf": [_ref("OneOffSchedule"), _ref("CronSchedule")]},
+            "retry": _ref("Retry"),
+            "misfire": {"enum": ["run_once", "run_all", "skip"]},
+            "misfire_grace_s": {"type": "integer"},
+            "jitter_s": {"type": "integer"},
+            "state": {"enum": ["scheduled", "paused", "completed", "cancelled", "dead"]},
+            "next_run_at": _OPT_TIME,
+            "attempt": {"type": "integer", "minimum": 0},
+            "created_at": _TIME,
+            "updated_at": _TIME,
+            "last_run": {"oneOf": [_ref("Run"), {"type": "null"}]},
+        },
+    }
+    cursor: JsonObject = {"type": ["string", "null"], "description": "null on the last page."}
+    return {
+        "JobSpec": job_spec,
+        "JobPatch": job_patch,
+        "WebhookTargetInput": webhook_in,
+        "QueueTargetInput": queue_in,
+        "OneOffSchedule": one_off,
+        "CronScheduleInput": cron_in,
+        "RetryInput": retry_in,
+        "WebhookTarget": webhook_out,
+        "QueueTarget": queue_out,
+        "CronSchedule": cron_out,
+        "Retry": retry_out,
+        "Run": run,
+        "Job": job,
+        "JobPage": {
+            "type": "object",
+            "required": ["items", "next_cursor"],
+            "additionalProperties": False,
+            "properties": {"items": {"type": "array", "items": _ref("Job")}, "next_cursor": cursor},
+        },
+        "RunPage": {
+            "type": "object",
+            "required": ["items", "next_cursor"],
+            "additionalProperties": False,
+            "properties": {"items": {"type": "array", "items": _ref("Run")}, "next_cursor": cursor},
+        },
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "additionalProperties": False,
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "required": ["code", "message"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "code": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$"},
+                        "message": {"type": "string"},
+                        "field": {"type": "string"},
+                    },
+                }
+            },
+        },
+    }
+
+
+def _action(op_id: str, summary: str, ok: JsonObject, *, conflict: bool) -> JsonObject:
+    responses: JsonObject = {**ok, "401": _E401, "404": _E404, "503": _E503}
+    if conflict:
+        responses["409"] = _E409
+    return {
+        "operationId": op_id,
+        "summary": summary,
+        "parameters": [_JOB_ID_PARAM],
+        "responses": dict(sorted(responses.items())),
+    }
+
+
+def build_openapi(limits: SpecLimits) -> JsonObject:
+    job_ok = _json("The job.", _ref("Job"))
+    body = {"required": True}
+    spec_body = {
+        **body,
+        "content": {"application/json": {"schema": _ref("JobSpec")}},
+    }
+    patch_body = {
+        **body,
+        "content": {
+            "application/json": {"schema": _ref("JobPatch")},
+            "application/merge-patch+json": {"schema": _ref("JobPatch")},
+        },
+    }
+    location = {"Location": {"schema": {"type": "string"}, "description": "`/v1/jobs/{id}`."}}
+    paths: JsonObject = {
+        "/v1/jobs": {
+            "post": {
+                "operationId": "create_job",
+                "summary": "Register a job.",
+                "parameters": [
+                    {
+                        "name": "Idempotency-Key",
+                        "in": "header",
+                        "required": False,
+                        "description": "1-255 printable ASCII characters. The same owner sending the same "
+                        "key and the same body again gets the original job back (200); the same key with "
+                        "a different body answers 422 `idempotency_key_reused`. Kept at least 24 hours.",
+                        "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+                    }
+                ],
+                "requestBody": spec_body,
+                "responses": {
+                    "200": _json(
+                        "An Idempotency-Key replay: the job the key first made.", _ref("Job"), location
+                    ),
+                    "201": _json("Created.", _ref("Job"), location),
+                    "400": _E400,
+                    "401": _E401,
+                    "413": _E413,
+                    "415": _E415,
+                    "422": _E422,
+                    "503": _E503,
+                },
+            },
+            "get": {
+                "operationId": "list_jobs",
+                "summary": "List the owner's jobs in a stable order (by id), one page at a time.",
+                "parameters": [
+                    {
+                        "name": "state",
+                        "in": "query",
+                        "required": False,
+                        "description": "Only jobs in this state. An empty value means all.",
+                        "schema": {"enum": ["scheduled", "paused", "completed", "cancelled", "dead"]},
+                    },
+                    *_page_params(),
+                ],
+                "responses": {
+                    "200": _json("A page of jobs.", _ref("JobPage")),
+                    "401": _E401,
+                    "422": _E422,
+                    "503": _E503,
+                },
+            },
+        },
+        "/v1/jobs/{job_id}": {
+            "get": _action("get_job", "Read one job.", {"200": job_ok}, conflict=False),
+            "patch": {
+                "operationId": "update_job",
+                "summary": "Change a job with a JSON merge patch; a schedule change recomputes next_run_at.",
+                "parameters": [_JOB_ID_PARAM],
+                "requestBody": patch_body,
+                "responses": {
+                    "200": job_ok,
+                    "400": _E400,
+                    "401": _E401,
+                    "404": _E404,
+                    "409": _error("The job is cancelled or completed."),
+                    "413": _E413,
+                    "415": _E415,
+                    "422": _E422,
+                    "503": _E503,
+                },
+            },
+            "delete": _action(
+                "cancel_job",
+                "Cancel a job: no run starts after the answer. Repeating it is harmless.",
+                {"200": _json("The job, now cancelled.", _ref("Job"))},
+                conflict=False,
+            ),
+        },
+        "/v1/jobs/{job_id}/pause": {
+            "post": _action(
+                "pause_job",
+                "Pause a job: no run starts while paused.",
+                {"200": _json("The job, now paused.", _ref("Job"))},
+                conflict=True,
+            )
+        },
+        "/v1/jobs/{job_id}/resume": {
+            "post": _action(
+                "resume_job",
+                "Resume a paused job; missed occurrences follow its misfire policy.",
+                {"200": job_ok},
+                conflict=True,
+            )
+        },
+        "/v1/jobs/{job_id}/trigger": {
+            "post": _action(
+                "trigger_job",
+                "Queue one extra run now, besides the schedule (a scheduled job only).",
+                {"202": _json("Accepted; the job as it is now.", _ref("Job"))},
+                conflict=True,
+            )
+        },
+        "/v1/jobs/{job_id}/replay": {
+            "post": _action(
+                "replay_job",
+                "Send a dead job back to scheduled with its attempts reset; it runs now.",
+                {"200": job_ok},
+                conflict=True,
+            )
+        },
+        "/v1/jobs/{job_id}/runs": {
+            "get": {
+                "operationId": "list_runs",
+                "summary": "The job's run history, newest first, one page at a time.",
+                "parameters": [_JOB_ID_PARAM, *_page_params()],
+                "responses": {
+                    "200": _json("A page of runs.", _ref("RunPage")),
+                    "401": _E401,
+                    "404": _E404,
+                    "422": _E422,
+                    "503": _E503,
+                },
+            }
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Duetime API",
+            "version": "1.0.0",
+            "description": "Register, change and inspect scheduled jobs. Errors share one body: "
+            '`{"error": {"code", "message", "field"?}}`. See docs/api.md.',
+        },
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": {
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "An API key from `duetime keys create`.",
+                }
+            },
+            "schemas": _schemas(limits),
+        },
+    }
