@@ -61,7 +61,11 @@ class Engine:
         self.config = config
         self._clock = clock or SystemClock()
         self.wheel = TimerWheel(self._clock.now_ms())
-        self._driver = WheelDriver(self.wheel, self._clock, self._on_fire)
+        # No early wake-up and spin: under load a spinning driver starves the workers on the same
+        # loop; uvloop's timers alone fire within about a millisecond of the due instant.
+        self._driver = WheelDriver(
+            self.wheel, self._clock, self._on_fire, early_wake_ms=0.0, on_crash=self._driver_crashed
+        )
         self._wakeups = {s: asyncio.Event() for s in config.shards}
         self._fired: deque[bytes] = deque()
         self._fire_event = asyncio.Event()
@@ -108,6 +112,10 @@ class Engine:
             # A dead side task must stop the process loudly, not leave a half-engine running.
             log.critical("engine task %s died", task.get_name(), exc_info=exc)
             self.crashed = exc
+
+    def _driver_crashed(self, exc: BaseException) -> None:
+        log.critical("the timer wheel driver died", exc_info=exc)
+        self.crashed = exc
 
     async def stop(self) -> None:
         """Stop claiming, give back what has not fired, let the fencer finish its batch."""
