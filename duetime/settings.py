@@ -1,0 +1,618 @@
+"""One settings object per process, read once from ``DUETIME_*`` environment variables.
+
+Every knob lives here, with its default and its meaning in the field's metadata, so the table in
+``docs/settings.md`` is rendered from this file (``render_settings_table``) and a test keeps the two
+equal. Values are checked when the process starts: a typo must stop the process with a message
+that names the variable, the value and what is expected, never fall back to a default silently.
+An empty variable counts as unset, so ``DUETIME_X=`` in a shell or compose file means "default".
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from ipaddress import IPv4Network, IPv6Network, ip_network
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from core.errors import DuetimeError
+from core.ids import SHARDS
+
+IPNetwork = IPv4Network | IPv6Network
+RunQueueKind = Literal["inprocess", "nats"]
+
+ENV_PREFIX = "DUETIME_"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# Variables read by other parts of the tree (tests, load test) rather than by ``Settings``.
+FOREIGN_PREFIXES = ("DUETIME_TEST_", "DUETIME_LOADTEST_")
+
+
+class SettingsError(DuetimeError):
+    """A ``DUETIME_*`` variable holds a value Duetime cannot use; the message says how to fix it."""
+
+    code = "invalid_setting"
+
+    def __init__(self, variable: str, value: object, expected: str) -> None:
+        if value is None:
+            message = f"{variable} is not set: expected {expected}"
+        else:
+            shown = repr(redact_dsn(value)) if isinstance(value, str) else repr(value)
+            message = f"{variable}={shown} is not valid: expected {expected}"
+        super().__init__(message, field=variable)
+        self.variable = variable
+        self.value = value
+        self.expected = expected
+
+
+# --- helpers that other modules use -----------------------------------------------------------
+
+_PASSWORD_IN_NETLOC = re.compile(r"(?P<head>://[^/@:]*:)[^/@]*@")
+_PASSWORD_IN_QUERY = re.compile(r"(?P<head>[?&]password=)[^&]*", re.IGNORECASE)
+
+
+def redact_dsn(dsn: str) -> str:
+    """A DSN fit for logs and error messages: the password, if any, replaced by ``***``."""
+    out = _PASSWORD_IN_NETLOC.sub(r"\g<head>***@", dsn)
+    return _PASSWORD_IN_QUERY.sub(r"\g<head>***", out)
+
+
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def _parse_range(variable: str, text: str, whole: str) -> range:
+    match = _RANGE.match(text)
+    if match is None:
+        raise SettingsError(
+            variable,
+            whole,
+            f"shard numbers or ranges like '0-7,9' (each 0-{SHARDS - 1}); {text!r} is neither",
+        )
+    lo = int(match.group(1))
+    hi = int(match.group(2)) if match.group(2) is not None else lo
+    if hi < lo:
+        raise SettingsError(variable, whole, f"ranges written low-high; {text.strip()!r} runs backwards")
+    if hi >= SHARDS:
+        raise SettingsError(
+            variable, whole, f"shard numbers from 0 to {SHARDS - 1}; {text.strip()!r} goes past {SHARDS - 1}"
+        )
+    return range(lo, hi + 1)
+
+
+def parse_shard_set(text: str, *, variable: str = "DUETIME_SHARDS") -> frozenset[int]:
+    """``"0-7,9"`` → {0..7, 9}. Overlapping parts are allowed (it is a set); an empty set is not."""
+    shards: set[int] = set()
+    for part in text.split(","):
+        if not part.strip():
+            raise SettingsError(
+                variable, text, "a comma-separated list of shard numbers or ranges like '0-7,9'"
+            )
+        shards.update(_parse_range(variable, part, text))
+    return frozenset(shards)
+
+
+def format_shard_set(shards: frozenset[int] | set[int]) -> str:
+    """The canonical, shortest spelling of a shard set: ``{0,1,2,3,9}`` → ``"0-3,9"``."""
+    parts: list[str] = []
+    ordered = sorted(shards)
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+# A new entry starts at a comma followed by "N=" or "N-M=". Splitting there, and not at every comma,
+# keeps multi-host DSNs (postgresql://h1,h2/db) in one piece.
+_ENTRY_SPLIT = re.compile(r",(?=\s*\d+\s*(?:-\s*\d+\s*)?=)")
+_DSN_SCHEMES = ("postgresql://", "postgres://")
+
+
+def _check_dsn(variable: str, whole: str, dsn: str) -> str:
+    if not dsn.lower().startswith(_DSN_SCHEMES):
+        raise SettingsError(variable, whole, "a PostgreSQL URL such as postgresql://user@host:5432/duetime")
+    return dsn
+
+
+def parse_shard_dsns(text: str, *, variable: str = "DUETIME_SHARD_DSNS") -> tuple[str, ...]:
+    """``"0-7=postgresql://a/db,8-15=postgresql://b/db"`` → 16 DSNs, index = logical shard.
+
+    Every shard must be named exactly once: a gap would leave jobs with nowhere to live, an overlap
+    would let two databases both believe they own a shard.
+    """
+    expected_form = f"entries like '0-7=postgresql://a/db,8-{SHARDS - 1}=postgresql://b/db'"
+    owner_of: dict[int, str] = {}
+    dsn_of: dict[int, str] = {}
+    for entry in _ENTRY_SPLIT.split(text):
+        key, sep, dsn = entry.partition("=")
+        if not sep:
+            raise SettingsError(variable, text, f"{expected_form}; {entry.strip()!r} has no '='")
+        dsn = dsn.strip()
+        if not dsn:
+            raise SettingsError(variable, text, f"{expected_form}; shards {key.strip()!r} have no DSN")
+        _check_dsn(variable, text, dsn)
+        for shard in _parse_range(variable, key, text):
+            if shard in owner_of:
+                raise SettingsError(
+                    variable,
+                    text,
+                    f"every shard mapped exactly once; shard {shard} is in both "
+                    f"{owner_of[shard]!r} and {key.strip()!r}",
+                )
+            owner_of[shard] = key.strip()
+            dsn_of[shard] = dsn
+    missing = frozenset(range(SHARDS)) - owner_of.keys()
+    if missing:
+        raise SettingsError(
+            variable,
+            text,
+            f"every shard 0-{SHARDS - 1} mapped exactly once; "
+            f"shards {format_shard_set(missing)} are not mapped",
+        )
+    return tuple(dsn_of[s] for s in range(SHARDS))
+
+
+def default_engine_id(shards: frozenset[int]) -> str:
+    """Host name plus shard set: stable across restarts, so a restarted engine takes back its claims."""
+    return f"{socket.gethostname()}:{format_shard_set(shards)}"
+
+
+# --- value parsers: (variable, raw text) → value, or SettingsError ------------------------------
+
+Parser = Callable[[str, str], Any]
+
+
+def _integer(lo: int, hi: int | None = None) -> Parser:
+    bounds = f"an integer from {lo} to {hi}" if hi is not None else f"an integer ≥ {lo}"
+
+    def parse(variable: str, raw: str) -> int:
+        try:
+            value = int(raw.strip(), 10)
+        except ValueError:
+            raise SettingsError(variable, raw, bounds) from None
+        if value < lo or (hi is not None and value > hi):
+            raise SettingsError(variable, raw, bounds)
+        return value
+
+    return parse
+
+
+def _seconds(*, allow_zero: bool = False) -> Parser:
+    bounds = "a number of seconds ≥ 0" if allow_zero else "a number of seconds > 0"
+
+    def parse(variable: str, raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise SettingsError(variable, raw, bounds) from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            raise SettingsError(variable, raw, bounds)
+        return value
+
+    return parse
+
+
+def _positive_number(variable: str, raw: str) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise SettingsError(variable, raw, "a number > 0") from None
+    if not math.isfinite(value) or value <= 0:
+        raise SettingsError(variable, raw, "a number > 0")
+    return value
+
+
+def _boolean(variable: str, raw: str) -> bool:
+    text = raw.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(variable, raw, "a boolean: 1/true/yes/on or 0/false/no/off")
+
+
+def _database_url(variable: str, raw: str) -> str:
+    return _check_dsn(variable, raw, raw.strip())
+
+
+def _url(*schemes: str) -> Parser:
+    listed = ", ".join(f"{s}://" for s in schemes)
+
+    def parse(variable: str, raw: str) -> str:
+        text = raw.strip()
+        scheme, sep, rest = text.partition("://")
+        if not sep or scheme.lower() not in schemes or not rest:
+            raise SettingsError(variable, raw, f"a URL starting with {listed}")
+        return text
+
+    return parse
+
+
+def _host(variable: str, raw: str) -> str:
+    text = raw.strip()
+    if not text or any(c.isspace() for c in text) or "/" in text:
+        raise SettingsError(
+            variable, raw, "a host name or IP address to listen on, e.g. 127.0.0.1 or 0.0.0.0"
+        )
+    return text
+
+
+def _cidrs(variable: str, raw: str) -> tuple[IPNetwork, ...]:
+    out: list[IPNetwork] = []
+    for item in raw.split(","):
+        text = item.strip()
+        if not text:
+            continue
+        try:
+            out.append(ip_network(text, strict=True))
+        except ValueError:
+            raise SettingsError(
+                variable,
+                raw,
+                f"comma-separated networks in CIDR form with no host bits set "
+                f"(e.g. 10.20.0.0/16,fd12:3456::/48); {text!r} is not one",
+            ) from None
+    return tuple(out)
+
+
+def _engine_id(variable: str, raw: str) -> str:
+    text = raw.strip()
+    if len(text) > 200 or any(not c.isprintable() or c.isspace() for c in text):
+        raise SettingsError(variable, raw, "1 to 200 printable characters without spaces")
+    return text
+
+
+def _shards(variable: str, raw: str) -> frozenset[int]:
+    return parse_shard_set(raw, variable=variable)
+
+
+def _shard_map(variable: str, raw: str) -> tuple[str, ...]:
+    return parse_shard_dsns(raw, variable=variable)
+
+
+def _run_queue(variable: str, raw: str) -> str:
+    text = raw.strip().lower()
+    if text not in ("inprocess", "nats"):
+        raise SettingsError(
+            variable, raw, "'inprocess' (one process) or 'nats' (NATS JetStream, across machines)"
+        )
+    return text
+
+
+def _log_level(variable: str, raw: str) -> str:
+    text = raw.strip().upper()
+    if text not in LOG_LEVELS:
+        raise SettingsError(variable, raw, "one of " + ", ".join(LOG_LEVELS))
+    return text
+
+
+def _path(variable: str, raw: str) -> Path:
+    return Path(raw.strip()).expanduser()
+
+
+def _meta(env: str, doc: str, parse: Parser, *, shown: str | None = None) -> dict[str, Any]:
+    """Field metadata: the variable, its parser, its meaning and how its default reads in the docs."""
+    return {"env": env, "doc": doc, "parse": parse, "shown": shown}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything a Duetime process can be told, checked as a whole when it is built."""
+
+    database_url: str | None = field(
+        default=None,
+        metadata=_meta(
+            "DUETIME_DATABASE_URL",
+            "The PostgreSQL database holding all 16 logical shards. Unset (and no DUETIME_SHARD_DSNS): "
+            "`duetime run` starts an embedded PostgreSQL under DUETIME_DATA_DIR; `duetime keys` and "
+            "`duetime migrate` use that embedded one while it runs. "
+            "Set this or DUETIME_SHARD_DSNS, not both.",
+            _database_url,
+            shown="unset",
+        ),
+    )
+    shard_map: tuple[str, ...] | None = field(
+        default=None,
+        metadata=_meta(
+            "DUETIME_SHARD_DSNS",
+            "Spreads the 16 logical shards over several PostgreSQL primaries: "
+            "`0-7=postgresql://a/db,8-15=postgresql://b/db`. Every shard 0-15 must be named exactly once. "
+            "Owners and API keys live in shard 0's database.",
+            _shard_map,
+            shown="unset",
+        ),
+    )
+    http_host: str = field(
+        default="127.0.0.1",
+        metadata=_meta(
+            "DUETIME_HTTP_HOST",
+            "Address the HTTP API listens on; `0.0.0.0` to accept connections from other machines.",
+            _host,
+        ),
+    )
+    http_port: int = field(
+        default=8080,
+        metadata=_meta(
+            "DUETIME_HTTP_PORT", "TCP port of the HTTP API; 0 picks a free port.", _integer(0, 65535)
+        ),
+    )
+    nats_url: str | None = field(
+        default=None,
+        metadata=_meta(
+            "DUETIME_NATS_URL",
+            "NATS server for `queue` targets with broker `nats` and for DUETIME_RUN_QUEUE=nats.",
+            _url("nats", "tls", "ws", "wss"),
+            shown="unset",
+        ),
+    )
+    redis_url: str | None = field(
+        default=None,
+        metadata=_meta(
+            "DUETIME_REDIS_URL",
+            "Redis server for `queue` targets with broker `redis` (one stream per topic).",
+            _url("redis", "rediss", "unix"),
+            shown="unset",
+        ),
+    )
+    webhook_allow_private: bool = field(
+        default=False,
+        metadata=_meta(
+            "DUETIME_WEBHOOK_ALLOW_PRIVATE",
+            "1 lets webhooks reach loopback, private, link-local and metadata addresses (development only).",
+            _boolean,
+            shown="0",
+        ),
+    )
+    webhook_allow_cidrs: tuple[IPNetwork, ...] = field(
+        default=(),
+        metadata=_meta(
+            "DUETIME_WEBHOOK_ALLOW_CIDRS",
+            "Comma-separated networks webhooks may reach although they are not public, "
+            "e.g. `10.20.0.0/16,fd12:3456::/48`.",
+            _cidrs,
+            shown="empty",
+        ),
+    )
+    shards: frozenset[int] = field(
+        default=frozenset(range(SHARDS)),
+        metadata=_meta(
+            "DUETIME_SHARDS",
+            "Logical shards this engine claims from, e.g. `0-7` or `0-3,8`; "
+            "`duetime engine --shards` overrides it.",
+            _shards,
+            shown=f"0-{SHARDS - 1}",
+        ),
+    )
+    engine_id: str = field(
+        default="",
+        metadata=_meta(
+            "DUETIME_ENGINE_ID",
+            "Identity an engine claims under. A restarted engine with the same id takes back its claims "
+            "at once instead of waiting for their leases to lapse; two live engines must never share one.",
+            _engine_id,
+            shown="host name + `:` + shard set",
+        ),
+    )
+    lookahead_s: float = field(
+        default=60.0,
+        metadata=_meta(
+            "DUETIME_LOOKAHEAD_S",
+            "How far ahead the engine claims due rows into its timer wheel.",
+            _seconds(),
+            shown="60",
+        ),
+    )
+    claim_batch: int = field(
+        default=500,
+        metadata=_meta("DUETIME_CLAIM_BATCH", "Rows claimed per query, per shard.", _integer(1, 100_000)),
+    )
+    poll_interval_s: float = field(
+        default=1.0,
+        metadata=_meta(
+            "DUETIME_POLL_INTERVAL_S",
+            "Pause between claim queries of a shard that had nothing (more) to claim.",
+            _seconds(),
+        ),
+    )
+    lease_s: float = field(
+        default=30.0,
+        metadata=_meta(
+            "DUETIME_LEASE_S",
+            "How long a fired run's lease lasts before a heartbeat extends it; a run whose holder died "
+            "is retried after at most this long.",
+            _seconds(),
+            shown="30",
+        ),
+    )
+    heartbeat_s: float = field(
+        default=10.0,
+        metadata=_meta(
+            "DUETIME_HEARTBEAT_S",
+            "How often a worker extends the lease of a call in flight; at most half of DUETIME_LEASE_S.",
+            _seconds(),
+            shown="10",
+        ),
+    )
+    janitor_interval_s: float = field(
+        default=5.0,
+        metadata=_meta(
+            "DUETIME_JANITOR_INTERVAL_S",
+            "How often the janitor looks for lapsed leases and makes their runs due again.",
+            _seconds(),
+            shown="5",
+        ),
+    )
+    run_queue: RunQueueKind = field(
+        default="inprocess",
+        metadata=_meta(
+            "DUETIME_RUN_QUEUE",
+            "Where fired runs wait for a worker: `inprocess` (one process) or `nats` (JetStream, one "
+            "subject per shard; needs DUETIME_NATS_URL).",
+            _run_queue,
+        ),
+    )
+    run_queue_max: int = field(
+        default=10000,
+        metadata=_meta(
+            "DUETIME_RUN_QUEUE_MAX",
+            "Runs that may wait in the run queue before the engine is held back (back-pressure).",
+            _integer(1),
+        ),
+    )
+    worker_concurrency: int = field(
+        default=1024,
+        metadata=_meta(
+            "DUETIME_WORKER_CONCURRENCY", "Target calls one worker process makes at once.", _integer(1)
+        ),
+    )
+    target_concurrency: int = field(
+        default=256,
+        metadata=_meta(
+            "DUETIME_TARGET_CONCURRENCY",
+            "Calls in flight at once to one target host, per worker process.",
+            _integer(1),
+        ),
+    )
+    target_rate: float = field(
+        default=10000.0,
+        metadata=_meta(
+            "DUETIME_TARGET_RATE",
+            "Calls started per second to one target host, per worker process.",
+            _positive_number,
+            shown="10000",
+        ),
+    )
+    shutdown_grace_s: float = field(
+        default=30.0,
+        metadata=_meta(
+            "DUETIME_SHUTDOWN_GRACE_S",
+            "On SIGTERM/SIGINT: how long calls in flight may finish before their leases are released.",
+            _seconds(allow_zero=True),
+            shown="30",
+        ),
+    )
+    misfire_run_all_cap: int = field(
+        default=100,
+        metadata=_meta(
+            "DUETIME_MISFIRE_RUN_ALL_CAP",
+            "Most missed occurrences a `run_all` job catches up at once; older ones are recorded as skipped.",
+            _integer(1),
+        ),
+    )
+    max_skipped_recorded: int = field(
+        default=100,
+        metadata=_meta(
+            "DUETIME_MAX_SKIPPED_RECORDED",
+            "Most `skipped` history rows written for one job's missed stretch (the rest are counted).",
+            _integer(0),
+        ),
+    )
+    db_pool_size: int = field(
+        default=10,
+        metadata=_meta(
+            "DUETIME_DB_POOL_SIZE", "Connections per database in each process's pool.", _integer(1, 1000)
+        ),
+    )
+    log_level: str = field(
+        default="INFO",
+        metadata=_meta("DUETIME_LOG_LEVEL", "One of " + ", ".join(LOG_LEVELS) + ".", _log_level),
+    )
+    data_dir: Path = field(
+        default=Path(".duetime"),
+        metadata=_meta(
+            "DUETIME_DATA_DIR",
+            "Local state of `duetime run`: the embedded PostgreSQL (`pg/`) and the dev key (`dev-key`).",
+            _path,
+            shown="./.duetime",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if not self.engine_id:
+            object.__setattr__(self, "engine_id", default_engine_id(self.shards))
+        if self.database_url is not None and self.shard_map is not None:
+            raise SettingsError(
+                "DUETIME_DATABASE_URL",
+                self.database_url,
+                "it unset when DUETIME_SHARD_DSNS is set: name the databases one way, not both",
+            )
+        if self.run_queue == "nats" and self.nats_url is None:
+            raise SettingsError("DUETIME_RUN_QUEUE", "nats", "DUETIME_NATS_URL to be set as well")
+        if self.heartbeat_s > self.lease_s / 2:
+            raise SettingsError(
+                "DUETIME_HEARTBEAT_S",
+                _number_text(self.heartbeat_s),
+                f"at most half of DUETIME_LEASE_S ({_number_text(self.lease_s)}), so one late "
+                "heartbeat does not lose the lease",
+            )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
+        """Build and check the settings; raises ``SettingsError`` naming the first bad variable."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(f.metadata["env"])
+            if raw is None or not raw.strip():
+                continue
+            values[f.name] = f.metadata["parse"](f.metadata["env"], raw)
+        return cls(**values)
+
+    @property
+    def uses_embedded_pg(self) -> bool:
+        """No database named: ``duetime run`` brings its own."""
+        return self.database_url is None and self.shard_map is None
+
+    def shard_dsns(self) -> list[str]:
+        """The DSN of each logical shard, index = shard (16 entries)."""
+        if self.shard_map is not None:
+            return list(self.shard_map)
+        if self.database_url is not None:
+            return [self.database_url] * SHARDS
+        raise SettingsError(
+            "DUETIME_DATABASE_URL",
+            None,
+            "a PostgreSQL URL (or DUETIME_SHARD_DSNS); only `duetime run` starts an embedded database "
+            "by itself",
+        )
+
+    def shard_set(self) -> frozenset[int]:
+        """The logical shards this process's engine serves."""
+        return self.shards
+
+    def with_database(self, dsn: str) -> Settings:
+        """The same settings on one given database (the embedded one), for the parts that read them."""
+        return replace(self, database_url=dsn, shard_map=None)
+
+
+def _number_text(value: float) -> str:
+    return str(int(value)) if value == int(value) else str(value)
+
+
+def unknown_variables(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """Messages for ``DUETIME_*`` names no setting reads: usually a typo worth a warning."""
+    known = [cast(str, f.metadata["env"]) for f in fields(Settings)]
+    out: list[str] = []
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name in known or name.startswith(FOREIGN_PREFIXES):
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        out.append(f"{name} is not a Duetime setting and is ignored{hint}")
+    return out
+
+
+def render_settings_table() -> str:
+    """The Markdown table of every variable, its default and its meaning (docs/settings.md)."""
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for f in fields(Settings):
+        doc = cast(str, f.metadata["doc"]).replace("|", "\\|")
+        shown = f.metadata["shown"] if f.metadata["shown"] is not None else str(f.default)
+        lines.append(f"| `{f.metadata['env']}` | {shown} | {doc} |")
+    return "\n".join(lines) + "\n"
