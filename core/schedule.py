@@ -1,0 +1,463 @@
+"""When a schedule's occurrences are: pure functions of the schedule and an instant.
+
+The engine asks "what is the next occurrence strictly after the previous *scheduled* one?" and
+never passes the time a run finished, so schedules cannot drift. Every public function takes and
+returns aware UTC datetimes; time is always an argument.
+
+How a cron instant is found. A zone's UTC offset is piecewise constant: between two transitions the
+wall clock is ``utc + offset``, continuous and increasing. Inside such a *segment* the occurrences
+are simply the matching wall times of the segment's wall range, so the common case is one
+field-wise jump in ``core.cron`` plus one subtraction. Only at a segment's start do DST rules act:
+
+- a forward transition (offset grows) skips the wall times ``[start + old, start + new)``; with
+  ``dst_gap="shift"`` any match among them runs once at the transition instant itself, with
+  ``"skip"`` they are dropped;
+- a backward transition (offset shrinks) shows ``[start + new, start + old)`` a second time; with
+  ``dst_overlap="first"`` those repeats are not occurrences, with ``"both"`` they are.
+
+Walking segments in UTC order makes every result strictly increasing with no sorting or dedupe
+pass. Transitions are found by probing ``zoneinfo`` (every few hours, then a binary search to the
+second) and cached per zone and UTC year, so the arithmetic agrees with ``zoneinfo`` by
+construction and works for any zone, including 30- and 45-minute shifts.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import zoneinfo
+from bisect import bisect_right
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from typing import Any
+
+from core.cron import SEARCH_HORIZON_YEARS, CronExpr, parse_cron
+from core.errors import InvalidRequest
+from core.model import CronSchedule, DstGap, DstOverlap, OneOffSchedule, Schedule
+
+__all__ = [
+    "MAX_OCCURRENCES",
+    "check_cron_schedule",
+    "count_between",
+    "describe_instant",
+    "first_occurrence",
+    "latest_at_or_before",
+    "load_zone",
+    "next_occurrence",
+    "occurrences",
+]
+
+MAX_OCCURRENCES = 1000
+_TZ_FIELD = "schedule.timezone"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SECOND = timedelta(seconds=1)
+_FAR_PAST = -(2**62)
+_FAR_FUTURE = 2**62
+_PROBE_STEP_S = 86400  # tzdata has no two offset changes closer than 7 days since 1970 (Brazil 2000, Gaza)
+_MIN_YEAR = 2
+_MAX_YEAR = 9997
+_OFFSET_LIKE = re.compile(r"(?:UTC|GMT|Z)?[+\-\u2212][0-9]{1,2}(?::?[0-9]{2}){0,2}", re.ASCII | re.IGNORECASE)
+_ZONE_NAME = re.compile(r"[A-Za-z0-9_+\-]+(?:/[A-Za-z0-9_+\-]+)*", re.ASCII)
+
+
+# -- zones -----------------------------------------------------------------------------------------
+
+_zones: dict[str, zoneinfo.ZoneInfo] = {}
+_zones_lock = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def _available_zones() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones())
+
+
+@lru_cache(maxsize=1)
+def _zones_by_folded_name() -> dict[str, str]:
+    return {name.casefold(): name for name in _available_zones()}
+
+
+def _zone_error(message: str) -> InvalidRequest:
+    return InvalidRequest(message, code="invalid_timezone", field=_TZ_FIELD)
+
+
+def load_zone(name: str) -> zoneinfo.ZoneInfo:
+    """The zone for an IANA region id (``Europe/Berlin``), ``UTC`` or ``Etc/...``; cached.
+
+    Ids without a ``/`` other than ``UTC`` (``EST``, ``CET``, ``EST5EDT``, ``GB``...) are legacy
+    aliases whose meaning surprises people (``EST`` never observes DST), so they are refused with a
+    pointer to a region id rather than silently accepted.
+    """
+    cached = _zones.get(name) if isinstance(name, str) else None
+    if cached is not None:
+        return cached
+    if not isinstance(name, str) or name == "":
+        raise _zone_error("timezone must be an IANA zone id such as 'Europe/Berlin' or 'UTC'")
+    if _OFFSET_LIKE.fullmatch(name):
+        raise _zone_error(
+            f"timezone {name!r} is a UTC offset, not a zone: an offset has no DST rules; use a region id "
+            f"such as 'Asia/Kolkata', or 'Etc/GMT-5' for a fixed UTC+5 (POSIX sign: Etc/GMT-5 is UTC+5)"
+        )
+    if len(name) > 64 or not _ZONE_NAME.fullmatch(name):
+        raise _zone_error(
+            f"timezone {name!r} is not an IANA zone id: use a region id such as 'America/New_York', "
+            f"not an offset like '+05:30' or a path"
+        )
+    if "/" not in name and name != "UTC":
+        raise _zone_error(
+            f"timezone {name!r} is a legacy abbreviation or alias, not an IANA region id: use a region "
+            f"such as 'America/New_York' or 'Europe/Paris', or 'UTC'"
+        )
+    if name not in _available_zones():
+        suggestion = _zones_by_folded_name().get(name.casefold())
+        hint = f" (did you mean {suggestion!r}?)" if suggestion else ""
+        raise _zone_error(f"timezone {name!r} is not a known IANA zone id{hint}")
+    try:
+        zone = zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:  # a broken tz database install
+        raise _zone_error(f"timezone {name!r} could not be loaded: {exc}") from exc
+    with _zones_lock:
+        _zones[name] = zone
+    return zone
+
+
+# -- offsets as segments ---------------------------------------------------------------------------
+
+
+class _Timeline:
+    """One zone's UTC offsets as segments ``[start, next start)``, probed lazily per UTC year.
+
+    Each year's table starts with a pseudo-boundary at 1 January 00:00 UTC; where the offset does
+    not change there, the walk treats it like any boundary and nothing special happens.
+    """
+
+    __slots__ = ("_fixed_offset", "_lock", "_years", "_zone")
+
+    def __init__(self, zone: zoneinfo.ZoneInfo, fixed: bool) -> None:
+        self._zone = zone
+        self._years: dict[int, tuple[list[int], list[int], int]] = {}
+        self._lock = threading.Lock()
+        self._fixed_offset = self._offset(0) if fixed else None
+
+    def _offset(self, instant: int) -> int:
+        moment = datetime.fromtimestamp(instant, self._zone)
+        delta = moment.utcoffset()
+        assert delta is not None
+        return delta // _SECOND
+
+    def segment(self, instant: int) -> tuple[int, int, int, int]:
+        """(start, end, offset, offset before start) of the segment holding ``instant``."""
+        if self._fixed_offset is not None:
+            return _FAR_PAST, _FAR_FUTURE, self._fixed_offset, self._fixed_offset
+        year = (_EPOCH + instant * _SECOND).year
+        table = self._years.get(year)
+        if table is None:
+            table = self._probe_year(year)
+        starts, offsets, before_year = table
+        index = bisect_right(starts, instant) - 1
+        start = starts[index]
+        end = starts[index + 1] if index + 1 < len(starts) else _year_start(year + 1)
+        previous = offsets[index - 1] if index > 0 else before_year
+        return start, end, offsets[index], previous
+
+    def _probe_year(self, year: int) -> tuple[list[int], list[int], int]:
+        begin, finish = _year_start(year), _year_start(year + 1)
+        starts, offsets = [begin], [self._offset(begin)]
+        cursor = begin
+        probe = begin
+        while probe < finish - 1:
+            probe = min(probe + _PROBE_STEP_S, finish - 1)
+            while self._offset(probe) != offsets[-1]:
+                low, high = cursor, probe  # offset(low) == offsets[-1] != offset(high)
+                while high - low > 1:
+                    middle = (low + high) // 2
+                    if self._offset(middle) == offsets[-1]:
+                        low = middle
+                    else:
+                        high = middle
+                starts.append(high)
+                offsets.append(self._offset(high))
+                cursor = high
+            cursor = probe
+        table = (starts, offsets, self._offset(begin - 1))
+        with self._lock:
+            self._years[year] = table
+        return table
+
+
+def _year_start(year: int) -> int:
+    return (datetime(year, 1, 1, tzinfo=UTC) - _EPOCH) // _SECOND
+
+
+_timelines: dict[str, _Timeline] = {}
+
+
+def _timeline(name: str) -> _Timeline:
+    timeline = _timelines.get(name)
+    if timeline is None:
+        zone = load_zone(name)
+        timeline = _Timeline(zone, fixed=name == "UTC" or name.startswith("Etc/"))
+        with _zones_lock:
+            _timelines[name] = timeline
+    return timeline
+
+
+@lru_cache(maxsize=4096)
+def _compiled(expr: str) -> CronExpr:
+    return parse_cron(expr)
+
+
+# -- instants as integers --------------------------------------------------------------------------
+
+
+def _require_aware(value: datetime, name: str) -> None:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{name} must be an aware datetime (UTC), got a naive one")
+
+
+def _floor_s(value: datetime) -> int:
+    return (value - _EPOCH) // _SECOND
+
+
+def _ceil_s(value: datetime) -> int:
+    return -((_EPOCH - value) // _SECOND)
+
+
+def _to_datetime(instant: int) -> datetime:
+    return _EPOCH + instant * _SECOND
+
+
+def _instant_year(instant: int) -> int:
+    return (_EPOCH + instant * _SECOND).year
+
+
+class _CronWalk:
+    """The segment walk for one cron schedule; integer seconds since the Unix epoch throughout."""
+
+    __slots__ = ("_expr", "_gap_shift", "_high", "_low", "_overlap_both", "_timeline")
+
+    def __init__(self, schedule: CronSchedule) -> None:
+        self._expr = _compiled(schedule.cron)
+        self._timeline = _timeline(schedule.timezone)
+        self._gap_shift = schedule.dst_gap == DstGap.SHIFT
+        self._overlap_both = schedule.dst_overlap == DstOverlap.BOTH
+        self._low = _FAR_PAST if schedule.start_at is None else _ceil_s(schedule.start_at)
+        self._high = _FAR_FUTURE if schedule.end_at is None else _floor_s(schedule.end_at)
+
+    def first_at_or_after(self, low: int, high: int = _FAR_FUTURE) -> int | None:
+        """The smallest occurrence in [low, high] (both already integers), or None."""
+        low = max(low, self._low)
+        high = min(high, self._high)
+        if low > high:
+            return None
+        try:
+            low_year = _instant_year(low)
+        except OverflowError:  # one second past datetime.max
+            return None
+        if low_year > _MAX_YEAR:
+            return None
+        if low_year < _MIN_YEAR:  # keeps every probe and conversion inside datetime's range
+            low = max(low, _year_start(_MIN_YEAR))
+        expr = self._expr
+        limit_year: int | None = None
+        if high < _FAR_FUTURE:
+            # Offsets stay within a day of UTC, so no wall time past high's year + 1 can be <= high.
+            limit_year = min(_instant_year(high) + 1, _MAX_YEAR)
+        # Memo of the last wall search: no match in [memo_from, memo_match), memo_match matches.
+        memo_from = memo_match = 0
+        memo_valid = False
+
+        def match_from(wall: int) -> int | None:
+            nonlocal memo_from, memo_match, memo_valid
+            if memo_valid and memo_from <= wall <= memo_match:
+                return memo_match
+            found = expr.first_match_at_or_after(wall, limit_year)
+            if found is None:
+                return None
+            memo_from, memo_match, memo_valid = wall, found, True
+            return found
+
+        horizon = low + (SEARCH_HORIZON_YEARS + 1) * 366 * 86400
+        start, end, offset, before = self._timeline.segment(low)
+        while True:
+            if start > high or start > horizon:
+                return None
+            if start >= low and offset > before and self._gap_shift:
+                match = match_from(start + before)
+                if match is None:
+                    return None
+                if match < start + offset:
+                    return start
+            wall_low = max(low, start) + offset
+            if offset < before and not self._overlap_both:
+                wall_low = max(wall_low, start + before)
+            match = match_from(wall_low)
+            if match is None:
+                return None
+            if match < end + offset:
+                instant = match - offset
+                return instant if instant <= high else None
+            if end >= _FAR_FUTURE or _instant_year(end) > _MAX_YEAR:
+                return None
+            start, end, offset, before = self._timeline.segment(end)
+
+
+# -- public API ------------------------------------------------------------------------------------
+
+
+def next_occurrence(schedule: Schedule, after: datetime) -> datetime | None:
+    """The smallest occurrence strictly after ``after``; None when there is none (any more)."""
+    _require_aware(after, "after")
+    if isinstance(schedule, OneOffSchedule):
+        return schedule.run_at if schedule.run_at > after else None
+    found = _CronWalk(schedule).first_at_or_after(_floor_s(after) + 1)
+    return None if found is None else _to_datetime(found)
+
+
+def first_occurrence(schedule: Schedule, now: datetime) -> datetime | None:
+    """The first run of a new (or rescheduled) job.
+
+    A one-off's ``run_at`` is returned even when it is in the past: the contract says it then runs
+    at once. A cron's first occurrence is strictly after ``now`` and not before ``start_at``.
+    """
+    _require_aware(now, "now")
+    if isinstance(schedule, OneOffSchedule):
+        return schedule.run_at
+    return next_occurrence(schedule, now)
+
+
+def occurrences(schedule: Schedule, after: datetime, limit: int) -> list[datetime]:
+    """Up to ``limit`` successive occurrences strictly after ``after`` (previews, run_all misfires)."""
+    _require_aware(after, "after")
+    if not 0 <= limit <= MAX_OCCURRENCES:
+        raise InvalidRequest(
+            f"limit must be between 0 and {MAX_OCCURRENCES}, got {limit}", code="invalid_value", field="limit"
+        )
+    if isinstance(schedule, OneOffSchedule):
+        return [schedule.run_at] if limit and schedule.run_at > after else []
+    walk = _CronWalk(schedule)
+    found: list[datetime] = []
+    cursor = _floor_s(after) + 1
+    while len(found) < limit:
+        instant = walk.first_at_or_after(cursor)
+        if instant is None:
+            break
+        found.append(_to_datetime(instant))
+        cursor = instant + 1
+    return found
+
+
+def latest_at_or_before(schedule: Schedule, at: datetime, not_before: datetime) -> datetime | None:
+    """The largest occurrence in [not_before, at], for the run_once misfire policy.
+
+    Gallops backwards from ``at`` in growing windows, then bisects, so a week of an every-second
+    cron costs a few dozen segment walks rather than 600 000 steps.
+    """
+    _require_aware(at, "at")
+    _require_aware(not_before, "not_before")
+    if isinstance(schedule, OneOffSchedule):
+        return schedule.run_at if not_before <= schedule.run_at <= at else None
+    walk = _CronWalk(schedule)
+    low, high = _ceil_s(not_before), _floor_s(at)
+    if low > high:
+        return None
+    width = 1
+    while True:
+        probe = max(high - width + 1, low)
+        found = walk.first_at_or_after(probe, high)
+        if found is not None:
+            break
+        if probe == low:
+            return None
+        width *= 8
+    # found is an occurrence <= high; find the last one: no occurrence lies in (ceiling, high].
+    best, ceiling = found, high
+    while best < ceiling:
+        middle = (best + 1 + ceiling + 1) // 2  # in (best, ceiling]
+        later = walk.first_at_or_after(middle, ceiling)
+        if later is None:
+            ceiling = middle - 1
+        else:
+            best = later
+    return _to_datetime(best)
+
+
+def count_between(schedule: Schedule, after: datetime, until: datetime, cap: int) -> int:
+    """How many occurrences lie in (after, until], counting no further than ``cap``."""
+    _require_aware(after, "after")
+    _require_aware(until, "until")
+    if cap <= 0:
+        return 0
+    if isinstance(schedule, OneOffSchedule):
+        return 1 if after < schedule.run_at <= until else 0
+    walk = _CronWalk(schedule)
+    high = _floor_s(until)
+    cursor = _floor_s(after) + 1
+    count = 0
+    while count < cap:
+        instant = walk.first_at_or_after(cursor, high)
+        if instant is None:
+            break
+        count += 1
+        cursor = instant + 1
+    return count
+
+
+def describe_instant(schedule: Schedule, instant: datetime) -> dict[str, Any]:
+    """How an occurrence reads on the schedule's wall clock, for previews in the API and CLI."""
+    _require_aware(instant, "instant")
+    zone_name = schedule.timezone if isinstance(schedule, CronSchedule) else "UTC"
+    local = instant.astimezone(load_zone(zone_name))
+    offset = local.utcoffset()
+    assert offset is not None
+    wall = local.replace(tzinfo=None)
+    shifted = False
+    if isinstance(schedule, CronSchedule) and schedule.dst_gap == DstGap.SHIFT:
+        # A shifted run sits on a transition instant and its own wall time does not match.
+        expr = _compiled(schedule.cron)
+        one_before = (instant - _SECOND).astimezone(local.tzinfo)
+        shifted = one_before.utcoffset() != offset and not expr.matches(wall)
+    return {
+        "utc": instant.astimezone(UTC).isoformat(),
+        "timezone": zone_name,
+        "local": wall.isoformat(),
+        "utc_offset": _format_offset(offset),
+        "abbreviation": local.tzname(),
+        "second_pass": bool(local.fold),
+        "shifted_from_gap": shifted,
+    }
+
+
+def _format_offset(offset: timedelta) -> str:
+    total = offset // _SECOND
+    sign = "+" if total >= 0 else "-"
+    hours, rest = divmod(abs(total), 3600)
+    minutes, seconds = divmod(rest, 60)
+    text = f"{sign}{hours:02d}:{minutes:02d}"
+    return text + (f":{seconds:02d}" if seconds else "")
+
+
+def check_cron_schedule(schedule: CronSchedule, now: datetime) -> None:
+    """Refuse a cron schedule that cannot be stored: bad syntax, bad zone, bounds, never fires."""
+    _require_aware(now, "now")
+    expr = _compiled(schedule.cron)
+    load_zone(schedule.timezone)
+    for name, value in (("start_at", schedule.start_at), ("end_at", schedule.end_at)):
+        if value is not None and (value.tzinfo is None or value.utcoffset() is None):
+            raise InvalidRequest(
+                f"{name} must carry a UTC offset (RFC 3339)",
+                code="invalid_schedule",
+                field=f"schedule.{name}",
+            )
+    if schedule.start_at is not None and schedule.end_at is not None and schedule.start_at >= schedule.end_at:
+        raise InvalidRequest(
+            "end_at must be later than start_at", code="invalid_schedule", field="schedule.end_at"
+        )
+    reason = expr.never_fires_reason()
+    if reason is not None:
+        raise InvalidRequest(
+            f"cron {schedule.cron!r} never fires: {reason}", code="cron_never_fires", field="schedule.cron"
+        )
+    if schedule.end_at is not None and first_occurrence(schedule, now) is None:
+        raise InvalidRequest(
+            "schedule has no occurrence before end_at", code="cron_never_fires", field="schedule.end_at"
+        )
