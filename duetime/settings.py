@@ -458,6 +458,16 @@ class Settings:
             _run_queue,
         ),
     )
+    processes: int = field(
+        default=1,
+        metadata=_meta(
+            "DUETIME_PROCESSES",
+            "`duetime run` only: how many processes share the work, each a full node (API on the same "
+            "port, an engine for its share of the shards, its own workers). 1 keeps everything in one "
+            "process; set it to the number of cores to use them all.",
+            _integer(1, 64),
+        ),
+    )
     run_queue_max: int = field(
         default=10000,
         metadata=_meta(

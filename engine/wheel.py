@@ -84,6 +84,7 @@ _SHIFT_OVF = _SHIFT3 + _LN_BITS  # 28
 _HIGHER_SHIFTS = (_SHIFT1, _SHIFT2, _SHIFT3)
 
 _COMPACT_MIN_TOMBSTONES = 4096
+_UNLIMITED = 1 << 62
 
 
 def make_entry(due_ms: int, payload: bytes = b"") -> bytes:
@@ -111,6 +112,8 @@ class TimerWheel:
     __slots__ = (
         "_bm0",
         "_bms",
+        "_firing",
+        "_firing_pos",
         "_live",
         "_n",
         "_ovf",
@@ -137,6 +140,10 @@ class TimerWheel:
         self._ovf: dict[int, list[bytes]] = {}
         self._ovf_keys: list[int] = []  # heap of the block numbers present in _ovf
         self._ready: list[bytes] = []
+        # Due entries picked for firing but not yet returned, because expire() was given a limit;
+        # they are still live (len() counts them, discard() can cancel them).
+        self._firing: list[bytes] = []
+        self._firing_pos = 0
         self._live: set[bytes] = set()
         self._tombs: dict[bytes, int] = {}
         self._tomb_total = 0
@@ -169,6 +176,9 @@ class TimerWheel:
         point at a slot holding only cancelled entries; expiring it then simply returns nothing.
         """
         tick = self._tick
+        if self._firing:
+            first: int = -(-_unpack_due(self._firing[self._firing_pos])[0] // tick)
+            return first * tick
         if self._ready:
             earliest: int = min(-(-_unpack_due(e)[0] // tick) for e in self._ready)
             return earliest * tick
@@ -240,19 +250,34 @@ class TimerWheel:
             self._compact()
         return True
 
-    def expire(self, now_ms: int) -> list[bytes]:
-        """Advance to ``now_ms`` and return every entry due at or before it, in due order.
+    def expire(self, now_ms: int, limit: int | None = None) -> list[bytes]:
+        """Advance to ``now_ms`` and return the entries due at or before it, in due order.
 
         Entries due at the same instant come out in insertion order. A ``now_ms`` behind the wheel's
         time (the wall clock stepped back) advances nothing; only entries inserted meanwhile that are
         due by ``now_ms`` come out, so nothing fires early and nothing is lost.
+
+        With ``limit``, at most that many entries are examined and the rest of what is due stays
+        queued, in order, for the next call. The driver uses it so that a million-entry burst is
+        fired in slices with the event loop free in between, instead of in one long call; calls
+        in a row return exactly what one unlimited call would have.
         """
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
         now_tick = now_ms // self._tick
+        room = _UNLIMITED if limit is None else limit
         out: list[bytes] = []
+        if self._firing:
+            room = self._take(out, room, now_tick)
+            if self._firing:
+                return out
         if self._ready:
-            self._take_ready(now_tick, out)
+            self._stage(self._ready_due(now_tick))
+            room = self._take(out, room, now_tick)
+            if self._firing:
+                return out
         if self._n <= now_tick:
-            self._advance(now_tick, out)
+            self._advance(now_tick, out, room)
         return out
 
     def drain(self) -> list[bytes]:
@@ -263,6 +288,8 @@ class TimerWheel:
         if self._tombs:
             physical = self._without_tombstones(physical)
         physical.sort(key=_due_key)
+        self._firing = []
+        self._firing_pos = 0
         self._slots0 = [[] for _ in range(_L0_SIZE)]
         self._bm0 = 0
         self._slotsn = [[[] for _ in range(_LN_SIZE)] for _ in range(3)]
@@ -323,10 +350,10 @@ class TimerWheel:
             return self._ovf_keys[0] << _SHIFT_OVF
         return None
 
-    def _advance(self, now_tick: int, out: list[bytes]) -> None:
+    def _advance(self, now_tick: int, out: list[bytes], room: int) -> None:
         slots0 = self._slots0
         n = self._n
-        while n <= now_tick:
+        while n <= now_tick and room > 0:
             c0 = n & _L0_MASK
             x = self._bm0 >> c0
             if x:
@@ -339,13 +366,9 @@ class TimerWheel:
                 fired = slots0[s]
                 slots0[s] = []
                 self._bm0 &= ~(1 << s)
-                if self._tombs:
-                    fired = self._without_tombstones(fired)
-                else:
-                    self._live.difference_update(fired)
                 if self._tick > 1 and len(fired) > 1:
                     fired.sort(key=_due_key)  # one slot spans several ms of due instants
-                out.extend(fired)
+                self._stage(fired)
                 new_n = q + 1
             else:
                 ev = self._next_higher_event(n)
@@ -355,6 +378,8 @@ class TimerWheel:
             n = self._n = new_n
             if (old ^ n) >> _SHIFT1:
                 self._cascade(old, n)
+            if self._firing:
+                room = self._take(out, room, now_tick)
 
     def _cascade(self, old: int, n: int) -> None:
         """``n`` entered new slots at some levels: move those slots' entries down, top level first."""
@@ -364,7 +389,7 @@ class TimerWheel:
             block = n >> _SHIFT_OVF
             moved = self._ovf.pop(block, None)
             if moved is not None:
-                pass  # the current block is necessarily the smallest
+                heapq.heappop(self._ovf_keys)  # the current block is necessarily the smallest
                 for entry in moved:
                     place(entry, -(-_unpack_due(entry)[0] // tick))
         for level in (2, 1, 0):
@@ -378,10 +403,39 @@ class TimerWheel:
             moved_list = slots[i]
             slots[i] = []
             self._bms[level] &= ~(1 << i)
-            for entry in moved_list:
-                place(entry, -(-_unpack_due(entry)[0] // tick))
+            if level:
+                for entry in moved_list:
+                    place(entry, -(-_unpack_due(entry)[0] // tick))
+            else:
+                self._cascade_into_level0(moved_list)
 
-    def _take_ready(self, now_tick: int, out: list[bytes]) -> None:
+    def _cascade_into_level0(self, moved: list[bytes]) -> None:
+        """The hot cascade (a burst claimed ahead passes here once): inlined, no level choice.
+
+        ``n`` is exactly the start of the level-1 slot being emptied, so every entry in it belongs
+        to the level-0 span that just began and is not yet due.
+        """
+        slots0 = self._slots0
+        bm = self._bm0
+        tick = self._tick
+        if tick == 1:
+            for entry in moved:
+                i = _unpack_due(entry)[0] & _L0_MASK
+                slot = slots0[i]
+                if not slot:
+                    bm |= 1 << i
+                slot.append(entry)
+        else:
+            for entry in moved:
+                i = -(-_unpack_due(entry)[0] // tick) & _L0_MASK
+                slot = slots0[i]
+                if not slot:
+                    bm |= 1 << i
+                slot.append(entry)
+        self._bm0 = bm
+
+    def _ready_due(self, now_tick: int) -> list[bytes]:
+        """Take the ready entries due by ``now_tick`` out of the ready list, sorted by due (stable)."""
         tick = self._tick
         ready = self._ready
         if now_tick >= self._n - 1:
@@ -397,13 +451,46 @@ class TimerWheel:
                 else:
                     keep.append(entry)
             self._ready = keep
-        if self._tombs:
-            take = self._without_tombstones(take)
-        else:
-            self._live.difference_update(take)
         if len(take) > 1:
             take.sort(key=_due_key)
-        out.extend(take)
+        return take
+
+    def _stage(self, entries: list[bytes]) -> None:
+        if not entries:
+            return
+        if self._firing:
+            self._firing = self._firing[self._firing_pos :] + entries
+        else:
+            self._firing = entries
+        self._firing_pos = 0
+
+    def _take(self, out: list[bytes], room: int, now_tick: int) -> int:
+        """Hand out up to ``room`` staged entries; returns the room left."""
+        firing = self._firing
+        pos = self._firing_pos
+        end = len(firing)
+        if now_tick < self._n - 1:
+            # Wall clock behind the wheel: staged entries are sorted, stop at the first not yet due.
+            tick = self._tick
+            stop = pos
+            while stop < end and -(-_unpack_due(firing[stop])[0] // tick) <= now_tick:
+                stop += 1
+            end = stop
+        k = min(end, pos + room)
+        if k == pos:
+            return room
+        chunk = firing if pos == 0 and k == len(firing) else firing[pos:k]
+        if self._tombs:
+            chunk = self._without_tombstones(chunk)
+        else:
+            self._live.difference_update(chunk)
+        out.extend(chunk)
+        if k == len(firing):
+            self._firing = []
+            self._firing_pos = 0
+        else:
+            self._firing_pos = k
+        return room - (k - pos)
 
     def _without_tombstones(self, entries: list[bytes]) -> list[bytes]:
         """Drop the cancelled copies and retire the rest from the live set.
@@ -437,6 +524,10 @@ class TimerWheel:
         for level in (2, 1, 0):
             containers.extend(s for s in self._slotsn[level] if s)
         containers.extend(s for s in self._slots0 if s)
+        if self._firing_pos:
+            self._firing = self._firing[self._firing_pos :]
+            self._firing_pos = 0
+        containers.append(self._firing)
         containers.append(self._ready)
         return containers
 
@@ -480,10 +571,11 @@ class WheelDriver:
     The wait is capped at ``max_sleep_s`` because deadlines are wall instants while loop timers run
     on the monotonic clock: the cap bounds how long a wall-clock step can go unnoticed.
 
-    Fired entries go to ``on_fire`` in batches of at most ``batch_size`` with a yield between
-    batches, so a million-entry burst does not hold the loop. Entries not yet handed over when the
-    driver stops or ``on_fire`` raises are put back into the wheel (they are due, so they sit in its
-    ready list) where ``drain()`` finds them to release their leases.
+    Fired entries go to ``on_fire`` in batches of at most ``batch_size``, each taken from the wheel
+    with ``expire(now, limit=batch_size)`` and with a yield between batches, so a million-entry burst
+    never holds the loop for more than one batch's work. Whatever has not been handed over when the
+    driver stops is still in the wheel, and a batch whose ``on_fire`` raised is put back; either way
+    ``drain()`` returns them so their leases can be released.
 
     A crash is never silent: it is logged, then passed to ``on_crash`` if given, otherwise re-raised
     by ``stop()``.
@@ -603,9 +695,11 @@ class WheelDriver:
         early = self._early_ms
         while not self._stopping:
             now = clock.now_ms()
-            fired = wheel.expire(now)
+            fired = wheel.expire(now, self._batch_size)
             if fired:
                 await self._deliver(fired)
+                if len(fired) >= self._batch_size:
+                    await asyncio.sleep(0)  # more may be queued in the wheel: let the loop breathe
                 continue
             due = wheel.next_due_ms()
             delay_s = self._max_sleep_s if due is None else min(self._max_sleep_s, (due - now - early) / 1000)
@@ -632,23 +726,16 @@ class WheelDriver:
             self._woken = False
 
     async def _deliver(self, fired: list[bytes]) -> None:
-        size = self._batch_size
-        total = len(fired)
-        handed = 0
+        delivered = False
         try:
-            while handed < total:
-                batch = fired if total <= size else fired[handed : handed + size]
-                result = self._on_fire(batch)
-                if inspect.isawaitable(result):
-                    await result
-                handed += len(batch)
-                if handed < total:
-                    await asyncio.sleep(0)
-                    if self._stopping:
-                        break
+            result = self._on_fire(fired)
+            if inspect.isawaitable(result):
+                await result
+            delivered = True
         finally:
-            if handed < total:
-                self._wheel.insert_many(fired[handed:])
+            if not delivered:
+                # Not confirmed handed over: back into the wheel (as due entries) for drain().
+                self._wheel.insert_many(fired)
 
 
 def _release(waiter: asyncio.Future[None]) -> None:
