@@ -123,11 +123,17 @@ class Engine:
         for conn in self._listeners:
             with contextlib.suppress(Exception):
                 await conn.close()
-        for task in self._tasks:
-            if task is not self._fencer:
+        # Claim loops and the janitor are not cancelled mid-statement: a claim that committed
+        # must reach the wheel so it can be released below. They see the stop at their next
+        # check; wake them all, give them a bounded time, and only then cancel.
+        for event in self._wakeups.values():
+            event.set()
+        others = [t for t in self._tasks if t is not self._fencer]
+        if others:
+            _, pending = await asyncio.wait(others, timeout=10.0)
+            for task in pending:
                 task.cancel()
-        for task in self._tasks:
-            if task is not self._fencer:
+            for task in pending:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self._driver.stop()
