@@ -13,7 +13,8 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import REGISTRY, generate_latest
@@ -178,10 +179,86 @@ async def _serve(node: Node, ready: Callable[[str], None] | None) -> None:
 async def run_all(
     settings: Settings, *, dsn_override: str | None = None, ready: Callable[[str], None] | None = None
 ) -> None:
-    """`duetime run`: API, engine for every configured shard and workers in one process."""
+    """`duetime run`: API, engine for every configured shard and workers, in one process — or,
+    with DUETIME_PROCESSES=N, in N processes that each own a share of the shards."""
     if dsn_override is not None:
         settings = settings.with_database(dsn_override)
-    await _serve(Node(settings), ready)
+    if settings.processes <= 1:
+        await _serve(Node(settings), ready)
+        return
+    await _serve_processes(settings, ready)
+
+
+def split_shards(shards: frozenset[int], parts: int) -> list[frozenset[int]]:
+    """Deal the shards out round-robin so every process gets an even share."""
+    ordered = sorted(shards)
+    groups = [frozenset(ordered[i::parts]) for i in range(parts)]
+    return [g for g in groups if g]
+
+
+def _child_main(settings: Settings, started: Any) -> None:
+    """One process of a multi-process `duetime run`: a full node for its shards."""
+    import uvloop
+
+    logging.basicConfig(level=settings.log_level)
+    uvloop.run(_serve(Node(settings), lambda _url: started.set()))
+
+
+async def _serve_processes(settings: Settings, ready: Callable[[str], None] | None) -> None:
+    import multiprocessing as mp
+    import os
+    import socket
+
+    port = settings.http_port
+    if port == 0:  # every process must bind the same port: pick it once here
+        with socket.socket() as sock:
+            sock.bind((settings.http_host, 0))
+            port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    procs = []
+    groups = split_shards(settings.shards, settings.processes)
+    for i, group in enumerate(groups):
+        child = replace(
+            settings,
+            shards=group,
+            http_port=port,
+            processes=1,
+            engine_id=f"{settings.engine_id}/{i}" if os.environ.get("DUETIME_ENGINE_ID") else "",
+        )
+        started = ctx.Event()
+        proc = ctx.Process(target=_child_main, args=(child, started), name=f"duetime-{i}")
+        proc.start()
+        procs.append((proc, started))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        for proc, started in procs:
+            while not await asyncio.to_thread(started.wait, 0.5):
+                if not proc.is_alive():
+                    raise RuntimeError(f"{proc.name} exited with {proc.exitcode} while starting")
+        host = settings.http_host if ":" not in settings.http_host else f"[{settings.http_host}]"
+        if ready is not None:
+            ready(f"http://{host}:{port}")
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=0.5)
+            dead = [p for p, _ in procs if not p.is_alive()]
+            if dead:
+                raise RuntimeError(f"{dead[0].name} exited with {dead[0].exitcode}; stopping the others")
+    finally:
+        for proc, _ in procs:
+            if proc.is_alive():
+                proc.terminate()  # SIGTERM: the child shuts down gracefully
+        for proc, _ in procs:
+            await asyncio.to_thread(proc.join, settings.shutdown_grace_s + 10)
+            if proc.is_alive():
+                proc.kill()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
 
 
 async def run_api(settings: Settings, *, ready: Callable[[str], None] | None = None) -> None:

@@ -252,14 +252,19 @@ async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
 async def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
     from duetime import app
 
-    await app.run_api(settings)
+    await app.run_api(settings, ready=lambda url: _say(f"Duetime API is serving {url}"))
     return EXIT_OK
 
 
 async def cmd_engine(settings: Settings, args: argparse.Namespace) -> int:
     from duetime import app
 
-    await app.run_engine(settings)
+    await app.run_engine(
+        settings,
+        ready=lambda url: _say(
+            f"Duetime engine {settings.engine_id} is running; health and metrics on {url}"
+        ),
+    )
     return EXIT_OK
 
 
