@@ -7,6 +7,13 @@ INSERT INTO jobs (job_id, shard, owner, spec, state, next_run_at, scheduled_for,
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
 RETURNING *;
 
+-- name: insert_jobs
+-- Many creates in one statement: concurrent POSTs on one database are coalesced by the store.
+INSERT INTO jobs (job_id, shard, owner, spec, state, next_run_at, scheduled_for, attempt, created_at, updated_at)
+SELECT j, s, o, sp, st, n, sf, a, c, c
+FROM unnest($1::uuid[], $2::smallint[], $3::text[], $4::jsonb[], $5::text[], $6::timestamptz[],
+            $7::timestamptz[], $8::int[], $9::timestamptz[]) AS u(j, s, o, sp, st, n, sf, a, c);
+
 -- name: insert_idempotency_key
 INSERT INTO idempotency_keys (owner, key, body_hash, job_id)
 VALUES ($1, $2, $3, $4)

@@ -363,3 +363,22 @@ async def test_a_forged_runs_cursor_beyond_any_run_id_is_refused(store: Postgres
     with pytest.raises(InvalidRequest) as err:
         await store.list_runs(o, uuid.UUID(job.id), limit=10, cursor="__________8")
     assert err.value.code == "invalid_cursor"
+
+
+async def test_concurrent_creates_are_coalesced_and_every_one_lands(store: PostgresStore) -> None:
+    o = owner()
+    jobs = await asyncio.gather(
+        *(store.create_job(o, one_off(now() + timedelta(hours=1))) for _ in range(300))
+    )
+    ids = {j.id for j, created in jobs if created}
+    assert len(ids) == 300
+    listed: set[str] = set()
+    cursor = None
+    while True:
+        page = await store.list_jobs(o, state=None, limit=1000, cursor=cursor)
+        listed.update(j.id for j in page.items)
+        if not (cursor := page.next_cursor):
+            break
+    assert listed == ids
+    fetched = await store.get_job(o, uuid.UUID(next(iter(ids))))
+    assert fetched.spec.target.headers == {"X-Secret": "s3cret"}  # type: ignore[union-attr]

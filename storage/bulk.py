@@ -1,0 +1,167 @@
+"""Bulk seeding of the jobs table with COPY, for benchmarks and capacity tests.
+
+Registering a million jobs through the API takes longer than the burst it is meant to set up, so
+the benchmarks write rows straight into storage, exactly as ``PostgresStore.create_job`` would
+have written them (same columns, same id scheme, same initial plan), but in one COPY per chunk.
+Never used on the request path: it skips idempotency keys and the NOTIFY hint (engines find the
+rows at their next poll).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from core import codec
+from core.ids import new_job_id, shard_of
+from core.lifecycle import initial_plan
+from core.model import JobSpec
+
+_COLUMNS = (
+    "job_id",
+    "shard",
+    "owner",
+    "spec",
+    "state",
+    "next_run_at",
+    "scheduled_for",
+    "attempt",
+    "created_at",
+    "updated_at",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BulkJob:
+    """One job to seed; ``job_id`` is drawn by the seeder when None."""
+
+    owner: str
+    spec: JobSpec
+    job_id: uuid.UUID | None = None
+
+
+def job_rows(jobs: Iterable[BulkJob], now: datetime) -> Iterator[tuple[Any, ...]]:
+    """The COPY records of ``jobs``: the row ``create_job`` would insert for each.
+
+    A spec shared by many jobs (a burst) is serialised once: the JSON text is cached by the
+    spec object's identity.
+    """
+    cache: dict[int, tuple[JobSpec, str]] = {}
+    for job in jobs:
+        job_id = job.job_id or new_job_id()
+        hit = cache.get(id(job.spec))
+        if hit is None or hit[0] is not job.spec:
+            hit = (job.spec, json.dumps(codec.spec_to_json(job.spec), separators=(",", ":")))
+            cache[id(job.spec)] = hit
+        plan = initial_plan(job_id, job.spec, now)
+        yield (
+            job_id,
+            shard_of(job_id),
+            job.owner,
+            hit[1],
+            plan.state.value,
+            plan.next_run_at,
+            plan.scheduled_for,
+            plan.attempt,
+            now,
+            now,
+        )
+
+
+async def copy_jobs(conn: asyncpg.Connection, rows: Sequence[tuple[Any, ...]]) -> int:
+    """COPY prepared rows (from ``job_rows``) into ``jobs`` on one connection; returns the count.
+
+    The connection must use asyncpg's default jsonb codec (text), not the store's dict codec:
+    the spec column is already JSON text.
+    """
+    await conn.copy_records_to_table("jobs", records=rows, columns=_COLUMNS)
+    return len(rows)
+
+
+async def seed_jobs(
+    dsns_by_shard: Sequence[str],
+    jobs: Iterable[BulkJob],
+    now: datetime,
+    *,
+    chunk: int = 50_000,
+    progress: Callable[[int], None] | None = None,
+) -> list[uuid.UUID]:
+    """Write ``jobs`` into the database of each one's shard, ``chunk`` rows per COPY.
+
+    ``dsns_by_shard`` is the DSN of each of the 16 logical shards (``Settings.shard_dsns()``).
+    Returns the job ids in the order given. ``progress`` is told the running total after each
+    chunk, so a ten-million-row fill can say how far it is.
+    """
+    conns: dict[str, asyncpg.Connection] = {}
+    pending: dict[str, list[tuple[Any, ...]]] = {}
+    ids: list[uuid.UUID] = []
+    written = 0
+    try:
+        for dsn in dict.fromkeys(dsns_by_shard):
+            conns[dsn] = await asyncpg.connect(dsn)
+            pending[dsn] = []
+        for row in job_rows(jobs, now):
+            ids.append(row[0])
+            dsn = dsns_by_shard[row[1]]
+            bucket = pending[dsn]
+            bucket.append(row)
+            if len(bucket) >= chunk:
+                written += await copy_jobs(conns[dsn], bucket)
+                pending[dsn] = []
+                if progress is not None:
+                    progress(written)
+        for dsn, bucket in pending.items():
+            if bucket:
+                written += await copy_jobs(conns[dsn], bucket)
+        if progress is not None:
+            progress(written)
+    finally:
+        for conn in conns.values():
+            await conn.close()
+    return ids
+
+
+async def analyze_jobs(dsns: Iterable[str]) -> None:
+    """Refresh the planner's statistics after a bulk load, as autovacuum would a minute later."""
+    for dsn in dict.fromkeys(dsns):
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute("ANALYZE jobs")
+        finally:
+            await conn.close()
+
+
+async def table_writes(dsns: Iterable[str]) -> dict[str, int]:
+    """Tuples inserted, updated (and of those, HOT-updated) in ``jobs`` and ``runs`` so far, and
+    the WAL position, summed over the databases: a benchmark takes the difference of two reads.
+
+    Counters are flushed by each backend when it goes idle, at most once a second: wait a second
+    or two after the last write before the second read.
+    """
+    out = {"ins": 0, "upd": 0, "hot_upd": 0, "wal_bytes": 0}
+    wal_by_server: dict[str, int] = {}
+    for dsn in dict.fromkeys(dsns):
+        conn = await asyncpg.connect(dsn)
+        try:
+            row = await conn.fetchrow(
+                "SELECT coalesce(sum(n_tup_ins), 0)::bigint AS ins,"
+                " coalesce(sum(n_tup_upd), 0)::bigint AS upd,"
+                " coalesce(sum(n_tup_hot_upd), 0)::bigint AS hot_upd"
+                " FROM pg_stat_user_tables WHERE relname IN ('jobs', 'runs')"
+            )
+            wal = await conn.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
+        finally:
+            await conn.close()
+        out["ins"] += row["ins"]
+        out["upd"] += row["upd"]
+        out["hot_upd"] += row["hot_upd"]
+        # Databases on one server share its WAL: count each server once.
+        wal_by_server[dsn.rpartition("/")[0]] = wal
+    out["wal_bytes"] = sum(wal_by_server.values())
+    return out
