@@ -103,6 +103,27 @@ async def _run_python(url: str, key: str, clients: int, seconds: int) -> dict[st
     }
 
 
+def _start_apis(env: dict[str, str], n: int) -> list[subprocess.Popen[bytes]]:
+    # Plain subprocess from a thread: uvloop's own subprocess support leaks descriptors into
+    # long-lived children (see duetime/embedded_pg.py).
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "duetime", "api"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(n)
+    ]
+
+
+def _stop_apis(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(30)
+
+
 async def bench(seconds: int, clients: int, api_processes: int, pool_size: int) -> None:
     async with scratch_database() as dsn:
         store = await PostgresStore.open(ShardMap.single(dsn), pool_size=2)
@@ -116,15 +137,7 @@ async def bench(seconds: int, clients: int, api_processes: int, pool_size: int) 
             "DUETIME_DB_POOL_SIZE": str(pool_size),
             "DUETIME_LOG_LEVEL": "WARNING",
         }
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "duetime", "api"],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for _ in range(api_processes)
-        ]
+        procs = await asyncio.to_thread(_start_apis, env, api_processes)
         url = f"http://127.0.0.1:{port}"
         try:
             async with aiohttp.ClientSession() as http:
@@ -142,10 +155,7 @@ async def bench(seconds: int, clients: int, api_processes: int, pool_size: int) 
             else:
                 result = await _run_python(url, key, clients, seconds)
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(30)
+            await asyncio.to_thread(_stop_apis, procs)
         conn = await asyncpg.connect(dsn)
         try:
             landed = await conn.fetchval("SELECT count(*) FROM jobs")
