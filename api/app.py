@@ -20,8 +20,10 @@ from prometheus_client import REGISTRY, generate_latest
 from api.auth import KeyCache, bearer_key
 from api.errors import error_response, from_domain_error, from_http_exception, status_for
 from api.handlers import OWNER, JobsApi
+from api.limits import JobCap, OwnerRateLimiter
 from api.metrics import UNMATCHED_ROUTE, observe
 from api.openapi import build_openapi
+from api.preview import PreviewApi
 from api.render import dumps, json_response
 from core.errors import DuetimeError, StorageUnavailable
 from core.ssrf import AddressPolicy
@@ -44,7 +46,7 @@ def _route_label(request: web.Request) -> str:
     return UNMATCHED_ROUTE if resource is None else resource.canonical
 
 
-def _make_middleware(keys: KeyCache) -> Middleware:
+def _make_middleware(keys: KeyCache, rate: OwnerRateLimiter | None, cap: JobCap | None) -> Middleware:
     @web.middleware
     async def middleware(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -52,9 +54,20 @@ def _make_middleware(keys: KeyCache) -> Middleware:
         started = time.perf_counter()
         response: web.StreamResponse
         try:
+            creating = False
             if _needs_auth(request.path):
-                request[OWNER] = await keys.owner_for(bearer_key(request.headers.get("Authorization")))
+                owner = await keys.owner_for(bearer_key(request.headers.get("Authorization")))
+                request[OWNER] = owner
+                if rate is not None:
+                    rate.check(owner)
+                creating = cap is not None and request.method == "POST" and request.path == "/v1/jobs"
+                if creating:
+                    assert cap is not None
+                    await cap.check(owner)
             response = await handler(request)
+            if creating and response.status == 201:
+                assert cap is not None
+                cap.created(request[OWNER])
         except web.HTTPException as exc:
             response = from_http_exception(exc)
         except DuetimeError as exc:
@@ -87,16 +100,23 @@ def create_app(
     limits: SpecLimits | None = None,
     readiness: Callable[[], Awaitable[None]] | None = None,
     key_cache_ttl_s: float = 5.0,
+    owner_rate_per_s: float = 0.0,
+    max_jobs_per_owner: int = 0,
 ) -> web.Application:
     """The API as an aiohttp application; the caller owns the registry's lifetime.
 
     ``readiness`` is an extra probe for /readyz (brokers, engines): it raises when not ready.
     ``key_cache_ttl_s`` bounds how long a revoked key keeps working on this process.
+    ``owner_rate_per_s`` (0 = off) and ``max_jobs_per_owner`` (0 = off) are the per-owner limits
+    of ``api.limits``.
     """
+    rate = OwnerRateLimiter(owner_rate_per_s, 2 * owner_rate_per_s) if owner_rate_per_s > 0 else None
+    cap = JobCap(max_jobs_per_owner, registry.count_active_jobs) if max_jobs_per_owner > 0 else None
     keys = KeyCache(registry, ttl_s=key_cache_ttl_s)
     spec_limits = limits if limits is not None else SpecLimits()
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_make_middleware(keys)])
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_make_middleware(keys, rate, cap)])
     app.router.add_routes(JobsApi(registry, policy=policy, limits=spec_limits).routes())
+    app.router.add_routes(PreviewApi(registry, limits=spec_limits).routes())
 
     openapi_body = dumps(build_openapi(spec_limits))
 

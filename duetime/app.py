@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY, generate_latest
 
 from api.app import create_app
 from core.ssrf import AddressPolicy
+from core.validation import SpecLimits
 from duetime.settings import Settings
 from engine.leases import LeaseKeeper
 from engine.runqueue import InProcessRunQueue
@@ -96,7 +97,19 @@ class Node:
             self._keeper.start()
             self._engine = Engine(self.store, queue, self._keeper, engine_config(s))
             await self._engine.start()
-        app = create_app(self.store, policy=policy) if self.api else _ops_app(self.store)
+        app = (
+            create_app(
+                self.store,
+                policy=policy,
+                limits=SpecLimits(
+                    min_cron_interval_s=s.min_cron_interval_s, run_at_horizon_days=s.run_at_horizon_days
+                ),
+                owner_rate_per_s=s.api_owner_rate,
+                max_jobs_per_owner=s.max_jobs_per_owner,
+            )
+            if self.api
+            else _ops_app(self.store)
+        )
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.http_host, s.http_port, reuse_port=True)

@@ -286,6 +286,18 @@ def _run_queue(variable: str, raw: str) -> str:
     return text
 
 
+_SUBJECT = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+
+
+def _subject(variable: str, raw: str) -> str:
+    text = raw.strip()
+    if _SUBJECT.match(text) is None or len(text) > 100:
+        raise SettingsError(
+            variable, raw, "a NATS subject prefix of dot-separated tokens of letters, digits, '_' or '-'"
+        )
+    return text
+
+
 def _log_level(variable: str, raw: str) -> str:
     text = raw.strip().upper()
     if text not in LOG_LEVELS:
@@ -456,6 +468,71 @@ class Settings:
             "Where fired runs wait for a worker: `inprocess` (one process) or `nats` (JetStream, one "
             "subject per shard; needs DUETIME_NATS_URL).",
             _run_queue,
+        ),
+    )
+    nats_run_subject: str = field(
+        default="duetime.runs",
+        metadata=_meta(
+            "DUETIME_NATS_RUN_SUBJECT",
+            "DUETIME_RUN_QUEUE=nats: subject prefix of the run queue (`<prefix>.<shard>`, one subject per "
+            "logical shard). The work-queue stream is named after it (`duetime.runs` → `DUETIME_RUNS`) "
+            "and created at start when missing; give two deployments on one NATS different prefixes.",
+            _subject,
+        ),
+    )
+    nats_ack_wait_s: float = field(
+        default=30.0,
+        metadata=_meta(
+            "DUETIME_NATS_ACK_WAIT_S",
+            "DUETIME_RUN_QUEUE=nats: how long a run fetched by a worker stays invisible to the other "
+            "workers before NATS offers it again (a worker marks long calls in progress).",
+            _seconds(),
+            shown="30",
+        ),
+    )
+    queue_wait_max_s: float = field(
+        default=120.0,
+        metadata=_meta(
+            "DUETIME_QUEUE_WAIT_MAX_S",
+            "DUETIME_RUN_QUEUE=nats: how long an engine keeps the lease of a run it published alive while "
+            "no worker has taken it; after that the lease lapses and the janitor retries the run.",
+            _seconds(),
+            shown="120",
+        ),
+    )
+    api_owner_rate: float = field(
+        default=5000.0,
+        metadata=_meta(
+            "DUETIME_API_OWNER_RATE",
+            "Requests per second one owner may make to one API process (a token bucket with bursts "
+            "of twice that); more answer 429 with Retry-After. 0 turns the limit off.",
+            _seconds(allow_zero=True),
+            shown="5000",
+        ),
+    )
+    max_jobs_per_owner: int = field(
+        default=10_000_000,
+        metadata=_meta(
+            "DUETIME_MAX_JOBS_PER_OWNER",
+            "Active (scheduled or paused) jobs one owner may have; creating more answers 409 "
+            "`job_limit_reached`. Counted per API process, refreshed every 10 s. 0 turns it off.",
+            _integer(0),
+        ),
+    )
+    min_cron_interval_s: int = field(
+        default=0,
+        metadata=_meta(
+            "DUETIME_MIN_CRON_INTERVAL_S",
+            "Refuse cron schedules that fire more often than this (422); 0 allows every second.",
+            _integer(0, 86400),
+        ),
+    )
+    run_at_horizon_days: int = field(
+        default=3650,
+        metadata=_meta(
+            "DUETIME_RUN_AT_HORIZON_DAYS",
+            "Refuse a `run_at` (or cron `start_at`) further ahead than this many days (422).",
+            _integer(1, 36500),
         ),
     )
     processes: int = field(

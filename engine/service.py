@@ -233,9 +233,8 @@ class Engine:
                 due_ms = entries.to_ms(row.db_now)
             batch.append(entries.pack(due_ms, row.job_id, row.lease_token, scheduled_for, row.shard))
         if batch:
-            self.wheel.insert_many(batch)
+            self._driver.insert_many(batch)  # wakes the driver only if something is earlier
             metrics.WHEEL_SIZE.set(len(self.wheel))
-            self._driver.wake()
         if skips:
             await self._store.skip_missed(skips)
             for shard in {s.shard for s in skips}:

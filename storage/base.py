@@ -69,6 +69,10 @@ class Registry(Protocol):
         self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None
     ) -> Page[Run]: ...
 
+    async def count_active_jobs(self, owner: str) -> int:
+        """Scheduled and paused jobs of this owner (for the per-owner cap)."""
+        ...
+
     async def owner_for_key(self, api_key: str) -> str | None: ...
 
     async def create_api_key(self, owner: str) -> tuple[str, str]:

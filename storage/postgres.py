@@ -599,6 +599,13 @@ class PostgresStore:
         next_cursor = _encode_cursor(page[-1]["run_id"].to_bytes(8, "big")) if len(rows) > limit else None
         return Page([_run_from_row(r) for r in page], next_cursor)
 
+    async def count_active_jobs(self, owner: str) -> int:
+        total = 0
+        async with _translated():
+            for pool in self._pools.values():
+                total += await pool.fetchval(Q["count_active_jobs"], owner)
+        return total
+
     async def owner_for_key(self, api_key: str) -> str | None:
         async with _translated():
             owner: str | None = await self.home_pool.fetchval(Q["owner_for_key"], _hash_key(api_key))
@@ -970,3 +977,159 @@ class _BatchWriter:
         if self.runs:
             cols = list(zip(*self.runs, strict=True))
             await conn.execute(Q["insert_runs"], *[list(c) for c in cols])
+
+
+# ---------------------------------------------------------------------- run queue across processes
+
+
+async def take_runs(
+    store: PostgresStore,
+    items: Sequence[tuple[uuid.UUID, int, int, str]],
+    *,
+    holder: str,
+    lease_s: float,
+) -> set[uuid.UUID]:
+    """items: (job_id, shard, lease_token, publishing engine). The worker ``holder`` takes the
+    leases of those still running under that token and engine; returns the ids it now holds."""
+    taken: set[uuid.UUID] = set()
+    async with _translated():
+        for dsn, group in store._by_db((s, (j, t, p)) for j, s, t, p in items).items():
+            rows = await store.pool_for_dsn(dsn).fetch(
+                Q["take_runs"],
+                [g[0] for g in group],
+                [g[1] for g in group],
+                [g[2] for g in group],
+                holder,
+                float(lease_s),
+            )
+            taken.update(r["job_id"] for r in rows)
+    return taken
+
+
+async def extend_published(
+    store: PostgresStore, items: Sequence[tuple[uuid.UUID, int, int]], *, holder: str, lease_s: float
+) -> set[uuid.UUID]:
+    """items: (job_id, shard, lease_token). Extends the leases ``holder`` (an engine) still holds on
+    runs it published; returns their ids. A run a worker took, or that finished, is not among them."""
+    held: set[uuid.UUID] = set()
+    async with _translated():
+        for dsn, group in store._by_db((s, (j, t)) for j, s, t in items).items():
+            rows = await store.pool_for_dsn(dsn).fetch(
+                Q["extend_published"], [g[0] for g in group], [g[1] for g in group], holder, float(lease_s)
+            )
+            held.update(r["job_id"] for r in rows)
+    return held
+
+
+# ---------------------------------------------------------------------- moving a logical shard
+
+
+@dataclass(frozen=True, slots=True)
+class ShardMoveReport:
+    shard: int
+    jobs: int
+    runs: int
+    idempotency_keys: int
+
+
+_MOVE_TABLES: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
+    ("jobs", "copy_out_jobs", None),
+    (
+        "runs",
+        "copy_out_runs",
+        (
+            "job_id",
+            "shard",
+            "scheduled_for",
+            "attempt",
+            "started_at",
+            "finished_at",
+            "outcome",
+            "status_code",
+            "error",
+            "lateness_ms",
+            "fencing_token",
+        ),
+    ),
+    ("idempotency_keys", "copy_out_idempotency_keys", ("owner", "key", "body_hash", "job_id", "created_at")),
+)
+
+
+async def _pipe_copy(
+    src: asyncpg.Connection,
+    dst: asyncpg.Connection,
+    query: str,
+    *,
+    shard: int,
+    table: str,
+    columns: tuple[str, ...] | None,
+) -> int:
+    """COPY out of one connection straight into another, streamed (a shard may not fit in memory)."""
+    chunks: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=64)
+
+    async def sink(chunk: bytes) -> None:
+        await chunks.put(bytes(chunk))
+
+    async def source() -> AsyncIterator[bytes]:
+        while (chunk := await chunks.get()) is not None:
+            yield chunk
+
+    async def produce() -> None:
+        try:
+            await src.copy_from_query(query, shard, output=sink, format="binary")
+        finally:
+            await chunks.put(None)
+
+    status = await asyncio.gather(
+        produce(),
+        dst.copy_to_table(
+            table, source=source(), columns=list(columns) if columns else None, format="binary"
+        ),
+    )
+    return int(str(status[1]).rsplit(" ", 1)[-1])
+
+
+async def move_shard(shard: int, source_dsn: str, target_dsn: str) -> ShardMoveReport:
+    """Copy every row of one logical shard from its database to another, then delete it at the
+    source. Refuses while any of its rows is claimed or running (drain its engines first) and when
+    the target already holds rows of the shard. Writes on the source wait while the copy runs."""
+    if source_dsn == target_dsn:
+        raise InvalidRequest(f"shard {shard} already lives in that database", code="same_database")
+    async with _translated():
+        src = await asyncpg.connect(source_dsn)
+        try:
+            dst = await asyncpg.connect(target_dsn)
+            try:
+                async with src.transaction():
+                    await src.execute(Q["lock_for_shard_move"])
+                    here = await src.fetchrow(Q["shard_rows"], shard)
+                    if here["busy"]:
+                        raise Conflict(
+                            f"shard {shard} has {here['busy']} claimed or running rows: stop or restart "
+                            "its engines without it (and let its workers finish) before moving it"
+                        )
+                    there = await dst.fetchrow(Q["shard_rows"], shard)
+                    if there["total"] or await dst.fetchval(Q["shard_runs_count"], shard):
+                        raise Conflict(
+                            f"the target already holds rows of shard {shard}; a shard lives in one "
+                            "database only (delete them there if they are a leftover of an earlier move)"
+                        )
+                    copied: dict[str, int] = {}
+                    async with dst.transaction():
+                        for table, query, columns in _MOVE_TABLES:
+                            copied[table] = await _pipe_copy(
+                                src, dst, Q[query], shard=shard, table=table, columns=columns
+                            )
+                        if copied["jobs"] != here["total"]:
+                            raise Conflict(
+                                f"copied {copied['jobs']} jobs of shard {shard} but the source has "
+                                f"{here['total']}; nothing was changed"
+                            )
+                    await src.execute(Q["delete_shard_idempotency_keys"], shard)
+                    await src.execute(Q["delete_shard_runs"], shard)
+                    await src.execute(Q["delete_shard_jobs"], shard)
+            finally:
+                await dst.close()
+        finally:
+            await src.close()
+    return ShardMoveReport(shard, copied["jobs"], copied["runs"], copied["idempotency_keys"])

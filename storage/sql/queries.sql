@@ -53,6 +53,9 @@ UPDATE jobs SET
 WHERE job_id = $1 AND owner = $2
 RETURNING *;
 
+-- name: count_active_jobs
+SELECT count(*) FROM jobs WHERE owner = $1 AND state IN ('scheduled', 'paused');
+
 -- name: job_exists
 SELECT 1 FROM jobs WHERE job_id = $1 AND owner = $2;
 
@@ -194,3 +197,55 @@ SELECT now();
 
 -- name: purge_idempotency_keys
 DELETE FROM idempotency_keys WHERE created_at < now() - make_interval(secs => $1);
+
+-- name: take_runs
+-- DUETIME_RUN_QUEUE=nats: a worker takes over runs an engine fenced and published. The row must
+-- still be running under the same token and be held by the engine that published it; from here
+-- the worker holds the lease. A second delivery of the same message (broker redelivery, another
+-- worker) finds the holder changed and takes nothing, so a message is called at most once per token.
+UPDATE jobs j SET claimed_by = $4, leased_until = now() + make_interval(secs => $5)
+FROM unnest($1::uuid[], $2::bigint[], $3::text[]) AS u(job_id, token, publisher)
+WHERE j.job_id = u.job_id AND j.lease_token = u.token AND j.phase = 'running'
+  AND j.claimed_by = u.publisher
+RETURNING j.job_id;
+
+-- name: extend_published
+-- An engine keeps the leases of runs it published alive until a worker takes them (the holder
+-- changes) or they are finished; what this does not return is no longer the engine's to keep.
+UPDATE jobs j SET leased_until = now() + make_interval(secs => $4)
+FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+WHERE j.job_id = u.job_id AND j.lease_token = u.token AND j.phase = 'running' AND j.claimed_by = $3
+RETURNING j.job_id;
+
+-- name: shard_rows
+-- Moving a logical shard: how many rows it has, and how many are in the run path right now.
+SELECT count(*) AS total, count(*) FILTER (WHERE phase <> 'idle') AS busy FROM jobs WHERE shard = $1;
+
+-- name: shard_runs_count
+SELECT count(*) FROM runs WHERE shard = $1;
+
+-- name: lock_for_shard_move
+-- Writes wait while a shard is copied away (reads go on): the copy is the shard as it is.
+LOCK TABLE jobs, runs, idempotency_keys IN EXCLUSIVE MODE;
+
+-- name: copy_out_jobs
+SELECT * FROM jobs WHERE shard = $1;
+
+-- name: copy_out_runs
+-- The target numbers the history anew (run ids are per database); the order is kept.
+SELECT job_id, shard, scheduled_for, attempt, started_at, finished_at, outcome, status_code, error,
+       lateness_ms, fencing_token
+FROM runs WHERE shard = $1 ORDER BY run_id;
+
+-- name: copy_out_idempotency_keys
+SELECT k.owner, k.key, k.body_hash, k.job_id, k.created_at
+FROM idempotency_keys k JOIN jobs j ON j.job_id = k.job_id WHERE j.shard = $1;
+
+-- name: delete_shard_idempotency_keys
+DELETE FROM idempotency_keys k USING jobs j WHERE j.job_id = k.job_id AND j.shard = $1;
+
+-- name: delete_shard_runs
+DELETE FROM runs WHERE shard = $1;
+
+-- name: delete_shard_jobs
+DELETE FROM jobs WHERE shard = $1;

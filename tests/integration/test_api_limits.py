@@ -1,0 +1,97 @@
+"""Per-owner limits: a request rate (429 with Retry-After) and a cap on active jobs (409)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from api.app import create_app
+from api.limits import JobCap, OwnerRateLimiter
+from core.errors import Conflict, RateLimited
+from core.ssrf import AddressPolicy
+from storage.postgres import PostgresStore
+from storage.shardmap import ShardMap
+
+Client = TestClient[web.Request, web.Application]
+
+
+@pytest.fixture(scope="module")
+async def store(pg_dsn: str) -> AsyncIterator[PostgresStore]:
+    s = await PostgresStore.open(ShardMap.single(pg_dsn), pool_size=4)
+    yield s
+    await s.close()
+
+
+@asynccontextmanager
+async def serve(app: web.Application) -> AsyncIterator[Client]:
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        yield client
+
+
+def spec() -> dict[str, object]:
+    at = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"target": {"type": "webhook", "url": "https://example.com/h"}, "schedule": {"run_at": at}}
+
+
+async def test_owner_rate_limit_answers_429_with_retry_after(store: PostgresStore) -> None:
+    key_a, _ = await store.create_api_key("rate_a_" + uuid.uuid4().hex[:6])
+    key_b, _ = await store.create_api_key("rate_b_" + uuid.uuid4().hex[:6])
+    async with serve(create_app(store, policy=AddressPolicy(), owner_rate_per_s=2)) as client:
+        statuses = []
+        for _ in range(8):
+            resp = await client.get("/v1/jobs", headers={"Authorization": f"Bearer {key_a}"})
+            statuses.append(resp.status)
+            if resp.status == 429:
+                assert int(resp.headers["Retry-After"]) >= 1
+                body = await resp.json()
+                assert body["error"]["code"] == "rate_limited"
+        assert statuses[:4] == [200] * 4 and 429 in statuses  # burst of 2 x rate, then limited
+        # another owner has its own bucket
+        other = await client.get("/v1/jobs", headers={"Authorization": f"Bearer {key_b}"})
+        assert other.status == 200
+
+
+async def test_job_cap_answers_409_past_the_cap(store: PostgresStore) -> None:
+    key, _ = await store.create_api_key("cap_" + uuid.uuid4().hex[:6])
+    auth = {"Authorization": f"Bearer {key}"}
+    async with serve(create_app(store, policy=AddressPolicy(), max_jobs_per_owner=3)) as client:
+        for _ in range(3):
+            assert (await client.post("/v1/jobs", json=spec(), headers=auth)).status == 201
+        resp = await client.post("/v1/jobs", json=spec(), headers=auth)
+        assert resp.status == 409
+        assert (await resp.json())["error"]["code"] == "job_limit_reached"
+
+
+def test_rate_limiter_refills_with_time() -> None:
+    now = [0.0]
+    limiter = OwnerRateLimiter(1.0, 2.0, clock=lambda: now[0])
+    limiter.check("o")
+    limiter.check("o")
+    with pytest.raises(RateLimited) as err:
+        limiter.check("o")
+    assert err.value.retry_after_s == 1
+    now[0] += 1.0
+    limiter.check("o")
+
+
+async def test_job_cap_refreshes_its_count() -> None:
+    now = [0.0]
+    counts = {"o": 2}
+
+    async def count(owner: str) -> int:
+        return counts[owner]
+
+    cap = JobCap(3, count, refresh_s=10.0, clock=lambda: now[0])
+    await cap.check("o")
+    cap.created("o")  # 3 now, known locally
+    with pytest.raises(Conflict):
+        await cap.check("o")
+    counts["o"] = 1  # jobs were cancelled elsewhere
+    now[0] += 11.0
+    await cap.check("o")
