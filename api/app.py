@@ -23,6 +23,7 @@ from api.handlers import OWNER, JobsApi
 from api.limits import JobCap, OwnerRateLimiter
 from api.metrics import UNMATCHED_ROUTE, observe
 from api.openapi import build_openapi
+from api.preview import PreviewApi
 from api.render import dumps, json_response
 from core.errors import DuetimeError, StorageUnavailable
 from core.ssrf import AddressPolicy
@@ -115,6 +116,7 @@ def create_app(
     spec_limits = limits if limits is not None else SpecLimits()
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_make_middleware(keys, rate, cap)])
     app.router.add_routes(JobsApi(registry, policy=policy, limits=spec_limits).routes())
+    app.router.add_routes(PreviewApi(registry, limits=spec_limits).routes())
 
     openapi_body = dumps(build_openapi(spec_limits))
 

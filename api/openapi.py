@@ -280,7 +280,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
         },
     }
     cursor: JsonObject = {"type": ["string", "null"], "description": "null on the last page."}
-    return {
+    schemas: JsonObject = {
         "JobSpec": job_spec,
         "JobPatch": job_patch,
         "WebhookTargetInput": webhook_in,
@@ -323,6 +323,86 @@ def _schemas(limits: SpecLimits) -> JsonObject:
                 }
             },
         },
+    }
+    schemas.update(_preview_schemas())
+    return schemas
+
+
+def _preview_schemas() -> JsonObject:
+    """Schedule preview (docs/preview.md): what a schedule or a job will fire next."""
+    wall = {"type": "string", "description": "Naive wall-clock time in the zone, ISO 8601, no offset."}
+    item: JsonObject = {
+        "type": "object",
+        "required": ["at", "local", "utc_offset", "abbreviation", "dst"],
+        "additionalProperties": False,
+        "properties": {
+            "at": {**_TIME, "description": "The occurrence (the run's `scheduled_for`), UTC."},
+            "local": wall,
+            "utc_offset": {"type": "string", "description": "The zone's UTC offset then, e.g. `+02:00`."},
+            "abbreviation": {"type": ["string", "null"], "description": "E.g. `CEST`, as tzdata names it."},
+            "dst": {
+                "enum": ["gap_shifted", "overlap_first", "overlap_second", None],
+                "description": "`gap_shifted`: the wall time did not exist (spring forward) and "
+                "`dst_gap: shift` moved the run to the first instant after the gap; `overlap_first` / "
+                "`overlap_second`: the wall time occurs twice that day and this is its first / second "
+                "pass (a second pass runs only with `dst_overlap: both`).",
+            },
+            "shifted_from": {**wall, "description": "For `gap_shifted`: the nominal wall time it replaces."},
+            "due_at": {
+                **_TIME,
+                "description": "Job previews only: when the first attempt is due, the job's jitter included.",
+            },
+        },
+    }
+    skipped: JsonObject = {
+        "type": "object",
+        "required": ["at", "local_from", "local_until", "first_skipped", "reason"],
+        "additionalProperties": False,
+        "properties": {
+            "at": {**_TIME, "description": "The spring-forward instant."},
+            "local_from": {**wall, "description": "The missing wall-clock range starts here…"},
+            "local_until": {**wall, "description": "…and ends here (exclusive)."},
+            "first_skipped": {"type": ["string", "null"], "description": "The first wall time dropped."},
+            "reason": {"const": "dst_gap_skip"},
+        },
+    }
+    preview: JsonObject = {
+        "type": "object",
+        "required": ["timezone", "from", "items", "has_more", "skipped"],
+        "additionalProperties": False,
+        "properties": {
+            "job_id": {"type": "string", "format": "uuid", "description": "Job previews only."},
+            "state": {
+                "enum": ["scheduled", "paused", "completed", "cancelled", "dead"],
+                "description": "Job previews only; a cancelled, completed or dead job lists no items.",
+            },
+            "timezone": {"type": "string"},
+            "from": _TIME,
+            "items": {"type": "array", "maxItems": 100, "items": _ref("PreviewItem")},
+            "has_more": {"type": "boolean", "description": "Whether another occurrence follows the last."},
+            "skipped": {
+                "type": "array",
+                "items": _ref("PreviewSkipped"),
+                "description": "Spring-forward gaps in the previewed window whose wall times "
+                "`dst_gap: skip` drops.",
+            },
+        },
+    }
+    request: JsonObject = {
+        "type": "object",
+        "required": ["schedule"],
+        "additionalProperties": False,
+        "properties": {
+            "schedule": {"oneOf": [_ref("OneOffSchedule"), _ref("CronScheduleInput")]},
+            "count": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
+            "from": {**_OPT_TIME, "description": "Preview a job created at this instant (default: now)."},
+        },
+    }
+    return {
+        "PreviewRequest": request,
+        "Preview": preview,
+        "PreviewItem": item,
+        "PreviewSkipped": skipped,
     }
 
 
@@ -477,6 +557,7 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
             }
         },
     }
+    paths.update(_preview_paths())
     return {
         "openapi": "3.1.0",
         "info": {
@@ -497,5 +578,61 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                 }
             },
             "schemas": _schemas(limits),
+        },
+    }
+
+
+def _preview_paths() -> JsonObject:
+    preview_ok = _json("The next occurrences.", _ref("Preview"))
+    return {
+        "/v1/schedules/preview": {
+            "post": {
+                "operationId": "preview_schedule",
+                "summary": "The next occurrences of a schedule, as the engine would fire them; "
+                "the schedule is validated exactly as in POST /v1/jobs.",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("PreviewRequest")}},
+                },
+                "responses": {
+                    "200": preview_ok,
+                    "400": _E400,
+                    "401": _E401,
+                    "413": _E413,
+                    "415": _E415,
+                    "422": _E422,
+                    "503": _E503,
+                },
+            }
+        },
+        "/v1/jobs/{job_id}/preview": {
+            "get": {
+                "operationId": "preview_job",
+                "summary": "The job's next occurrences, with when each is due (jitter included).",
+                "parameters": [
+                    _JOB_ID_PARAM,
+                    {
+                        "name": "count",
+                        "in": "query",
+                        "required": False,
+                        "description": "How many, 1 to 100 (default 10).",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
+                    },
+                    {
+                        "name": "from",
+                        "in": "query",
+                        "required": False,
+                        "description": "Preview from this RFC 3339 instant (default: now).",
+                        "schema": {"type": "string", "format": "date-time"},
+                    },
+                ],
+                "responses": {
+                    "200": preview_ok,
+                    "401": _E401,
+                    "404": _E404,
+                    "422": _E422,
+                    "503": _E503,
+                },
+            }
         },
     }

@@ -1,0 +1,231 @@
+"""Schedule preview: the next occurrences of a schedule (or of a job) before they fire.
+
+The preview exists so an owner can see what a cron expression means on the wall clock of its zone
+*before* a DST change surprises them, so it must never disagree with the engine. It therefore
+walks the schedule with the engine's own functions (``first_occurrence`` for the first run of a
+job created at ``from``, then ``next_occurrence`` from each previous *scheduled* time, exactly as
+the engine chains them) and reads each instant with ``describe_instant``. Nothing here computes an
+occurrence by itself; the DST labels only explain instants the engine chose.
+
+Occurrences that a ``dst_gap: "skip"`` rule drops leave no instant behind, so they are found by
+walking the same schedule with ``dst_gap: "shift"``: every instant that variant marks as shifted
+out of a gap, and that the real schedule lacks, is a gap the real schedule skips.
+
+The schedule object is judged by ``core.validation``'s own schedule parser, and ``count`` and
+``from`` by its field helpers (imported although private, on purpose), so a preview refuses exactly
+what ``POST /v1/jobs`` refuses, with the same codes, messages and field paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from aiohttp import web
+
+from api.body import parse_json, require_json_content_type
+from api.handlers import OWNER, _job_id
+from api.render import json_response
+from core.codec import format_time
+from core.cron import parse_cron
+from core.errors import InvalidRequest
+from core.jitter import due_at
+from core.model import CronSchedule, DstGap, Job, JobState, Schedule
+from core.schedule import describe_instant, first_occurrence, load_zone, next_occurrence
+from core.validation import (
+    SpecLimits,
+    _check_keys,
+    _integer,
+    _object,
+    _parse_schedule,
+    _require,
+    parse_time,
+)
+from storage.base import Registry
+
+DEFAULT_COUNT: Final = 10
+MAX_COUNT: Final = 100
+PREVIEW_FIELDS: Final = ("schedule", "count", "from")
+# Only these states can still fire; a cancelled, completed or dead job previews no occurrence.
+_LIVE_STATES: Final = frozenset({JobState.SCHEDULED, JobState.PAUSED})
+# How far the shift-variant walk may run to find skipped gaps: gaps are rare (two a year in most
+# zones), so this bounds the work for a schedule whose matches fall mostly inside gaps.
+_SKIP_SCAN_LIMIT: Final = 1000
+_SECOND: Final = timedelta(seconds=1)
+_DIGITS: Final = re.compile(r"[0-9]{1,4}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Preview:
+    """What a preview found, before it is written as JSON."""
+
+    schedule: Schedule
+    start: datetime
+    items: list[datetime]
+    has_more: bool
+    skipped: list[datetime]  # transition instants whose gap a dst_gap=skip rule drops
+
+
+def compute_preview(schedule: Schedule, start: datetime, count: int) -> Preview:
+    """Up to ``count`` occurrences of a job created at ``start`` with this schedule.
+
+    The chain is the engine's: the first run is ``first_occurrence(schedule, start)`` (a one-off's
+    ``run_at`` even when it is already past, because such a job runs at once) and each later one is
+    ``next_occurrence`` of the previous scheduled time.
+    """
+    items: list[datetime] = []
+    current = first_occurrence(schedule, start)
+    while current is not None and len(items) < count:
+        items.append(current)
+        current = next_occurrence(schedule, current)
+    has_more = current is not None
+    skipped: list[datetime] = []
+    if isinstance(schedule, CronSchedule) and schedule.dst_gap == DstGap.SKIP:
+        skipped = _skipped_gaps(schedule, start, items[-1] if has_more and items else None, count)
+    return Preview(schedule=schedule, start=start, items=items, has_more=has_more, skipped=skipped)
+
+
+def _skipped_gaps(
+    schedule: CronSchedule, start: datetime, until: datetime | None, count: int
+) -> list[datetime]:
+    """Gap transitions in (start, until] whose wall times the schedule names but skips."""
+    shifted = dataclasses.replace(schedule, dst_gap=DstGap.SHIFT)
+    found: list[datetime] = []
+    current = next_occurrence(shifted, start)
+    scanned = 0
+    while current is not None and scanned < _SKIP_SCAN_LIMIT and len(found) < count:
+        if until is not None and current > until:
+            break
+        if describe_instant(shifted, current)["shifted_from_gap"]:
+            found.append(current)
+        scanned += 1
+        current = next_occurrence(shifted, current)
+    return found
+
+
+def _gap_walls(schedule: CronSchedule, transition: datetime) -> tuple[datetime, datetime]:
+    """The wall-clock range [from, until) that a spring-forward at ``transition`` removes."""
+    zone = load_zone(schedule.timezone)
+    before = (transition - _SECOND).astimezone(zone).utcoffset()
+    after = transition.astimezone(zone).utcoffset()
+    assert before is not None and after is not None
+    naive = transition.astimezone(UTC).replace(tzinfo=None)
+    return naive + before, naive + after
+
+
+def _first_wall_match(schedule: CronSchedule, low: datetime) -> datetime | None:
+    """The first wall time the cron names at or after ``low`` (naive, on the zone's wall clock)."""
+    return parse_cron(schedule.cron).next_wall_match(low, inclusive=True)
+
+
+def _item_json(schedule: Schedule, instant: datetime) -> dict[str, Any]:
+    described = describe_instant(schedule, instant)
+    item: dict[str, Any] = {
+        "at": format_time(instant),
+        "local": described["local"],
+        "utc_offset": described["utc_offset"],
+        "abbreviation": described["abbreviation"],
+        "dst": None,
+    }
+    if described["shifted_from_gap"]:
+        assert isinstance(schedule, CronSchedule)
+        gap_from, _ = _gap_walls(schedule, instant)
+        nominal = _first_wall_match(schedule, gap_from)
+        item["dst"] = "gap_shifted"
+        item["shifted_from"] = None if nominal is None else nominal.isoformat()
+    elif isinstance(schedule, CronSchedule):
+        zone = load_zone(schedule.timezone)
+        local = instant.astimezone(zone)
+        other = local.replace(fold=1 - local.fold)
+        if other.utcoffset() != local.utcoffset():  # this wall time occurs twice that day
+            item["dst"] = "overlap_second" if described["second_pass"] else "overlap_first"
+    return item
+
+
+def _skipped_json(schedule: CronSchedule, transition: datetime) -> dict[str, Any]:
+    gap_from, gap_until = _gap_walls(schedule, transition)
+    nominal = _first_wall_match(schedule, gap_from)
+    return {
+        "at": format_time(transition),
+        "local_from": gap_from.isoformat(),
+        "local_until": gap_until.isoformat(),
+        "first_skipped": None if nominal is None else nominal.isoformat(),
+        "reason": "dst_gap_skip",
+    }
+
+
+def preview_to_json(preview: Preview, job: tuple[uuid.UUID, int] | None = None) -> dict[str, Any]:
+    """The answer body; with ``job`` (its id and jitter_s) each item also says when it is due."""
+    schedule = preview.schedule
+    items = []
+    for instant in preview.items:
+        item = _item_json(schedule, instant)
+        if job is not None:
+            item["due_at"] = format_time(due_at(job[0], instant, job[1]))
+        items.append(item)
+    return {
+        "timezone": schedule.timezone if isinstance(schedule, CronSchedule) else "UTC",
+        "from": format_time(preview.start),
+        "items": items,
+        "has_more": preview.has_more,
+        "skipped": [
+            _skipped_json(schedule, t) for t in preview.skipped if isinstance(schedule, CronSchedule)
+        ],
+    }
+
+
+def _count_query(request: web.Request) -> int:
+    text = request.query.get("count") or None
+    if text is None:
+        return DEFAULT_COUNT
+    if _DIGITS.fullmatch(text) is None or not 1 <= int(text) <= MAX_COUNT:
+        raise InvalidRequest(
+            f"count must be an integer from 1 to {MAX_COUNT}.", code="invalid_count", field="count"
+        )
+    return int(text)
+
+
+class PreviewApi:
+    """``POST /v1/schedules/preview`` and ``GET /v1/jobs/{id}/preview``."""
+
+    def __init__(self, registry: Registry, *, limits: SpecLimits) -> None:
+        self._registry = registry
+        self._limits = limits
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/schedules/preview", self.preview_schedule, name="preview_schedule"),
+            web.get("/v1/jobs/{job_id}/preview", self.preview_job, name="preview_job", allow_head=False),
+        ]
+
+    async def preview_schedule(self, request: web.Request) -> web.Response:
+        require_json_content_type(request)
+        data = parse_json(await request.read())
+        body = _object(data, None, "a JSON object")
+        _check_keys(body, PREVIEW_FIELDS, "")
+        now = datetime.now(UTC)
+        schedule = _parse_schedule(_require(body, "schedule", ""), now, self._limits)
+        count = _integer(body["count"], "count", (1, MAX_COUNT)) if "count" in body else DEFAULT_COUNT
+        start = parse_time(body["from"], "from") if body.get("from") is not None else now
+        return json_response(preview_to_json(compute_preview(schedule, start, count)))
+
+    async def preview_job(self, request: web.Request) -> web.Response:
+        job_id = _job_id(request)
+        count = _count_query(request)
+        raw_from = request.query.get("from") or None
+        start = datetime.now(UTC) if raw_from is None else parse_time(raw_from, "from")
+        job = await self._registry.get_job(request[OWNER], job_id)
+        return json_response(_job_preview(job, job_id, start, count))
+
+
+def _job_preview(job: Job, job_id: uuid.UUID, start: datetime, count: int) -> dict[str, Any]:
+    schedule = job.spec.schedule
+    if job.state in _LIVE_STATES:
+        preview = compute_preview(schedule, start, count)
+    else:
+        preview = Preview(schedule=schedule, start=start, items=[], has_more=False, skipped=[])
+    body = preview_to_json(preview, (job_id, job.spec.jitter_s))
+    return {"job_id": job.id, "state": job.state.value, **body}

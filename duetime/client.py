@@ -1,0 +1,860 @@
+"""A typed Python client for Duetime's /v1 API: ``DuetimeClient`` (sync) and ``AsyncDuetimeClient``.
+
+Both clients share everything but the transport. Each call is first described as an
+``Operation`` (method, path, query, body, whether it is idempotent, and how to read the answer),
+so the two clients cannot drift apart in what they send or how they read the answer; the sync
+one sends it with ``urllib.request`` (no dependency beyond the standard library), the async one
+with aiohttp.
+
+Retries follow the contract's rule that retries happen in one layer only: the client retries
+nothing the server answered, and a *connection* failure (refused, reset, timed out) only for calls
+that are safe to repeat: reads, ``DELETE``, ``PATCH`` (a merge patch applied twice is applied
+once), previews, and a create that carries an ``Idempotency-Key``. A create without a key, a
+pause, a trigger or a replay are never resent: the first one may have landed.
+
+The client imports nothing else of Duetime, so an owner can copy this one file. docs/client.md
+has examples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.client import HTTPException
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, NotRequired, TypedDict, TypeVar
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = [
+    "AsyncDuetimeClient",
+    "AuthenticationError",
+    "BadRequestError",
+    "ClientRequestError",
+    "ConflictError",
+    "CronScheduleSpec",
+    "DuetimeApiError",
+    "DuetimeClient",
+    "DuetimeClientError",
+    "DuetimeConnectionError",
+    "DuetimeTimeoutError",
+    "Job",
+    "JobSpec",
+    "NotFoundError",
+    "OneOffScheduleSpec",
+    "Operation",
+    "Operations",
+    "Page",
+    "Preview",
+    "PreviewItem",
+    "PreviewSkipped",
+    "QueueTargetSpec",
+    "RateLimitedError",
+    "RetrySpec",
+    "Run",
+    "ServerError",
+    "ServiceUnavailableError",
+    "ValidationError",
+    "WebhookTargetSpec",
+]
+
+DEFAULT_URL: Final = "http://127.0.0.1:8080"
+DEFAULT_TIMEOUT_S: Final = 30.0
+DEFAULT_RETRIES: Final = 2
+DEFAULT_RETRY_BACKOFF_S: Final = 0.2
+USER_AGENT: Final = "duetime-client/1"
+
+T = TypeVar("T")
+
+# --- what owners send: the job spec as typed dicts ----------------------------------------------
+
+
+class WebhookTargetSpec(TypedDict):
+    type: Literal["webhook"]
+    url: str
+    method: NotRequired[Literal["POST", "PUT"]]
+    headers: NotRequired[dict[str, str]]
+    timeout_s: NotRequired[int]
+
+
+class QueueTargetSpec(TypedDict):
+    type: Literal["queue"]
+    broker: Literal["nats", "redis"]
+    topic: str
+
+
+class OneOffScheduleSpec(TypedDict):
+    run_at: str
+
+
+class CronScheduleSpec(TypedDict):
+    cron: str
+    timezone: NotRequired[str]
+    start_at: NotRequired[str | None]
+    end_at: NotRequired[str | None]
+    dst_gap: NotRequired[Literal["shift", "skip"]]
+    dst_overlap: NotRequired[Literal["first", "both"]]
+
+
+class RetrySpec(TypedDict, total=False):
+    max_attempts: int
+    backoff_initial_s: float
+    backoff_max_s: float
+    backoff_multiplier: float
+
+
+class JobSpec(TypedDict):
+    target: WebhookTargetSpec | QueueTargetSpec
+    schedule: OneOffScheduleSpec | CronScheduleSpec
+    name: NotRequired[str | None]
+    payload: NotRequired[Any]
+    retry: NotRequired[RetrySpec]
+    misfire: NotRequired[Literal["run_once", "run_all", "skip"]]
+    misfire_grace_s: NotRequired[int]
+    jitter_s: NotRequired[int]
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+
+class DuetimeClientError(Exception):
+    """Root of everything this client raises."""
+
+
+class DuetimeConnectionError(DuetimeClientError):
+    """The server could not be reached or the connection broke; nothing was answered."""
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.url = url
+
+
+class DuetimeTimeoutError(DuetimeConnectionError):
+    """No answer within the client's timeout. The call may or may not have taken effect."""
+
+
+class DuetimeApiError(DuetimeClientError):
+    """The server answered with an error body: ``{"error": {"code", "message", "field"?}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        field: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
+        where = f" ({field})" if field else ""
+        super().__init__(f"{status} {code}{where}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+        self.retry_after_s = retry_after_s
+
+
+class ClientRequestError(DuetimeApiError):
+    """A 4xx: the request must change before it can succeed."""
+
+
+class BadRequestError(ClientRequestError):
+    """400: malformed JSON or a value of the wrong type."""
+
+
+class AuthenticationError(ClientRequestError):
+    """401: no API key, or an unknown or revoked one."""
+
+
+class NotFoundError(ClientRequestError):
+    """404: no such job for this owner."""
+
+
+class ConflictError(ClientRequestError):
+    """409: the job's state does not allow the call."""
+
+
+class ValidationError(ClientRequestError):
+    """422: readable input with values that cannot be accepted; ``field`` names the culprit."""
+
+
+class RateLimitedError(ClientRequestError):
+    """429: slow down; ``retry_after_s`` says for how long."""
+
+
+class ServerError(DuetimeApiError):
+    """A 5xx: the server's fault or an outage; the request itself may be fine."""
+
+
+class ServiceUnavailableError(ServerError):
+    """503: the database could not be reached; nothing was changed. Retry after ``retry_after_s``."""
+
+
+_ERRORS_BY_STATUS: Final[dict[int, type[DuetimeApiError]]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    404: NotFoundError,
+    409: ConflictError,
+    422: ValidationError,
+    429: RateLimitedError,
+    503: ServiceUnavailableError,
+}
+
+
+def error_from_response(status: int, headers: Mapping[str, str], body: bytes) -> DuetimeApiError:
+    """The typed error for a non-2xx answer, also when a proxy answered with a non-JSON body."""
+    cls = _ERRORS_BY_STATUS.get(status) or (ServerError if status >= 500 else ClientRequestError)
+    retry_after: int | None = None
+    for name, value in headers.items():
+        if name.lower() == "retry-after" and value.strip().isdigit():
+            retry_after = int(value.strip())
+    try:
+        detail = json.loads(body)["error"]
+        code, message = str(detail["code"]), str(detail["message"])
+        field_path = detail.get("field")
+    except (ValueError, KeyError, TypeError):
+        text = body.decode("utf-8", "replace").strip()
+        code, message, field_path = f"http_{status}", text[:500] or f"HTTP {status}", None
+    return cls(
+        status,
+        code,
+        message,
+        field=None if field_path is None else str(field_path),
+        retry_after_s=retry_after,
+    )
+
+
+# --- what the server answers ----------------------------------------------------------------------
+
+
+def _time(value: Any) -> datetime:
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+def _opt_time(value: Any) -> datetime | None:
+    return None if value is None else _time(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One attempt of one occurrence (or a skipped occurrence); ``raw`` is the JSON as received."""
+
+    scheduled_for: datetime
+    attempt: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    outcome: str
+    status_code: int | None
+    error: str | None
+    lateness_ms: int | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Run:
+        return cls(
+            scheduled_for=_time(data["scheduled_for"]),
+            attempt=int(data["attempt"]),
+            started_at=_opt_time(data.get("started_at")),
+            finished_at=_opt_time(data.get("finished_at")),
+            outcome=str(data["outcome"]),
+            status_code=data.get("status_code"),
+            error=data.get("error"),
+            lateness_ms=data.get("lateness_ms"),
+            raw=dict(data),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job as the API shows it; ``raw`` keeps the JSON exactly as received (for printing)."""
+
+    id: str
+    owner: str
+    name: str | None
+    target: dict[str, Any]
+    payload: Any
+    schedule: dict[str, Any]
+    retry: dict[str, Any]
+    misfire: str
+    misfire_grace_s: int
+    jitter_s: int
+    state: str
+    next_run_at: datetime | None
+    attempt: int
+    created_at: datetime
+    updated_at: datetime
+    last_run: Run | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Job:
+        last_run = data.get("last_run")
+        return cls(
+            id=str(data["id"]),
+            owner=str(data["owner"]),
+            name=data.get("name"),
+            target=dict(data["target"]),
+            payload=data.get("payload"),
+            schedule=dict(data["schedule"]),
+            retry=dict(data["retry"]),
+            misfire=str(data["misfire"]),
+            misfire_grace_s=int(data["misfire_grace_s"]),
+            jitter_s=int(data["jitter_s"]),
+            state=str(data["state"]),
+            next_run_at=_opt_time(data.get("next_run_at")),
+            attempt=int(data["attempt"]),
+            created_at=_time(data["created_at"]),
+            updated_at=_time(data["updated_at"]),
+            last_run=None if last_run is None else Run.from_json(last_run),
+            raw=dict(data),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    items: list[T]
+    next_cursor: str | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewItem:
+    """One occurrence: ``at`` in UTC and ``local`` (naive) on the schedule's wall clock."""
+
+    at: datetime
+    local: str
+    utc_offset: str
+    abbreviation: str | None
+    dst: str | None  # None | "gap_shifted" | "overlap_first" | "overlap_second"
+    shifted_from: str | None = None
+    due_at: datetime | None = None  # job previews: jitter included
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PreviewItem:
+        return cls(
+            at=_time(data["at"]),
+            local=str(data["local"]),
+            utc_offset=str(data["utc_offset"]),
+            abbreviation=data.get("abbreviation"),
+            dst=data.get("dst"),
+            shifted_from=data.get("shifted_from"),
+            due_at=_opt_time(data.get("due_at")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewSkipped:
+    """A spring-forward gap whose wall times a ``dst_gap: skip`` schedule drops."""
+
+    at: datetime
+    local_from: str
+    local_until: str
+    first_skipped: str | None
+    reason: str
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PreviewSkipped:
+        return cls(
+            at=_time(data["at"]),
+            local_from=str(data["local_from"]),
+            local_until=str(data["local_until"]),
+            first_skipped=data.get("first_skipped"),
+            reason=str(data["reason"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    timezone: str
+    start: datetime
+    items: list[PreviewItem]
+    has_more: bool
+    skipped: list[PreviewSkipped]
+    job_id: str | None
+    state: str | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Preview:
+        return cls(
+            timezone=str(data["timezone"]),
+            start=_time(data["from"]),
+            items=[PreviewItem.from_json(i) for i in data["items"]],
+            has_more=bool(data["has_more"]),
+            skipped=[PreviewSkipped.from_json(s) for s in data["skipped"]],
+            job_id=data.get("job_id"),
+            state=data.get("state"),
+            raw=dict(data),
+        )
+
+
+def _job_page(data: Mapping[str, Any]) -> Page[Job]:
+    return Page([Job.from_json(j) for j in data["items"]], data.get("next_cursor"), dict(data))
+
+
+def _run_page(data: Mapping[str, Any]) -> Page[Run]:
+    return Page([Run.from_json(r) for r in data["items"]], data.get("next_cursor"), dict(data))
+
+
+# --- operations: one description per /v1 call, shared by both clients ------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Operation(Generic[T]):
+    """One HTTP call and how to read its answer."""
+
+    method: str
+    path: str
+    parse: Callable[[Any], T]
+    query: dict[str, str] = field(default_factory=dict)
+    body: Any = None
+    has_body: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
+    idempotent: bool = False
+
+
+def _job_path(job_id: str, suffix: str = "") -> str:
+    return "/v1/jobs/" + urllib.parse.quote(job_id, safe="") + suffix
+
+
+def _rfc3339(value: datetime | str) -> str:
+    if isinstance(value, str):
+        return value
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("pass an aware datetime (with a UTC offset), not a naive one")
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _query(**params: str | int | datetime | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, value in params.items():
+        if value is None:
+            continue
+        out[name] = _rfc3339(value) if isinstance(value, datetime) else str(value)
+    return out
+
+
+class Operations:
+    """The /v1 calls as ``Operation`` values.
+
+    ``client.send(Operations.get_job(job_id))`` is what ``client.get_job(job_id)`` does.
+    """
+
+    @staticmethod
+    def create_job(spec: Mapping[str, Any], idempotency_key: str | None = None) -> Operation[Job]:
+        headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+        return Operation(
+            "POST",
+            "/v1/jobs",
+            Job.from_json,
+            body=dict(spec),
+            has_body=True,
+            headers=headers,
+            idempotent=idempotency_key is not None,
+        )
+
+    @staticmethod
+    def get_job(job_id: str) -> Operation[Job]:
+        return Operation("GET", _job_path(job_id), Job.from_json, idempotent=True)
+
+    @staticmethod
+    def list_jobs(
+        state: str | None = None, limit: int | None = None, cursor: str | None = None
+    ) -> Operation[Page[Job]]:
+        query = _query(state=state, limit=limit, cursor=cursor)
+        return Operation("GET", "/v1/jobs", _job_page, query=query, idempotent=True)
+
+    @staticmethod
+    def update_job(job_id: str, patch: Mapping[str, Any]) -> Operation[Job]:
+        return Operation(
+            "PATCH", _job_path(job_id), Job.from_json, body=dict(patch), has_body=True, idempotent=True
+        )
+
+    @staticmethod
+    def cancel_job(job_id: str) -> Operation[Job]:
+        return Operation("DELETE", _job_path(job_id), Job.from_json, idempotent=True)
+
+    @staticmethod
+    def job_action(job_id: str, action: Literal["pause", "resume", "trigger", "replay"]) -> Operation[Job]:
+        return Operation("POST", _job_path(job_id, "/" + action), Job.from_json)
+
+    @staticmethod
+    def list_runs(job_id: str, limit: int | None = None, cursor: str | None = None) -> Operation[Page[Run]]:
+        query = _query(limit=limit, cursor=cursor)
+        return Operation("GET", _job_path(job_id, "/runs"), _run_page, query=query, idempotent=True)
+
+    @staticmethod
+    def preview_schedule(
+        schedule: Mapping[str, Any], count: int | None = None, start: datetime | str | None = None
+    ) -> Operation[Preview]:
+        body: dict[str, Any] = {"schedule": dict(schedule)}
+        if count is not None:
+            body["count"] = count
+        if start is not None:
+            body["from"] = _rfc3339(start)
+        return Operation(
+            "POST", "/v1/schedules/preview", Preview.from_json, body=body, has_body=True, idempotent=True
+        )
+
+    @staticmethod
+    def preview_job(
+        job_id: str, count: int | None = None, start: datetime | str | None = None
+    ) -> Operation[Preview]:
+        query = _query(count=count, **{"from": start})
+        return Operation(
+            "GET", _job_path(job_id, "/preview"), Preview.from_json, query=query, idempotent=True
+        )
+
+
+# --- the shared part of both clients --------------------------------------------------------------
+
+
+def _pages(fetch: Callable[[str | None], Page[T]]) -> Iterator[T]:
+    """Every item of a listing, following ``next_cursor`` until the last page."""
+    cursor: str | None = None
+    while True:
+        page = fetch(cursor)
+        yield from page.items
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
+
+
+async def _async_pages(fetch: Callable[[str | None], Awaitable[Page[T]]]) -> AsyncIterator[T]:
+    cursor: str | None = None
+    while True:
+        page = await fetch(cursor)
+        for item in page.items:
+            yield item
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
+
+
+class _Base:
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        key: str | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        if retries < 0:
+            raise ValueError("retries must be 0 or more")
+        self.url = url.rstrip("/")
+        self._key = key
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_s
+
+    def _url_for(self, op: Operation[Any]) -> str:
+        url = self.url + op.path
+        return url + "?" + urllib.parse.urlencode(op.query) if op.query else url
+
+    def _headers_for(self, op: Operation[Any]) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT, **op.headers}
+        if self._key is not None:
+            headers["Authorization"] = f"Bearer {self._key}"
+        if op.has_body:
+            headers["Content-Type"] = "application/json"
+        return headers
+
+    @staticmethod
+    def _body_for(op: Operation[Any]) -> bytes | None:
+        if not op.has_body:
+            return None
+        return json.dumps(op.body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+    def _attempts(self, op: Operation[Any]) -> int:
+        return 1 + (self.retries if op.idempotent else 0)
+
+    def _delay(self, attempt: int) -> float:
+        return float(self.retry_backoff_s * (2 ** (attempt - 1)))
+
+    @staticmethod
+    def _read(op: Operation[T], status: int, headers: Mapping[str, str], body: bytes) -> T:
+        if not 200 <= status < 300:
+            raise error_from_response(status, headers, body)
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise DuetimeApiError(status, "invalid_response", "The answer is not JSON.") from None
+        return op.parse(data)
+
+
+# --- sync -------------------------------------------------------------------------------------------
+
+
+class DuetimeClient(_Base):
+    """Blocking client on ``urllib.request``: one connection per call, nothing to clean up.
+
+    >>> client = DuetimeClient("http://127.0.0.1:8080", key="dt_...")
+    >>> job = client.create_job({"target": {...}, "schedule": {"cron": "0 3 * * *"}})
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        key: str | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S,
+    ) -> None:
+        super().__init__(url, key, timeout_s=timeout_s, retries=retries, retry_backoff_s=retry_backoff_s)
+        # No redirect following: a 3xx would resend the Authorization header to wherever it points.
+        self._opener = urllib.request.build_opener(_NoRedirect)
+
+    def __enter__(self) -> DuetimeClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing is pooled; present so both clients are used the same way."""
+
+    def send(self, op: Operation[T]) -> T:
+        attempt = 1
+        while True:
+            try:
+                status, headers, body = self._transport(op)
+            except DuetimeConnectionError:
+                if attempt >= self._attempts(op):
+                    raise
+                time.sleep(self._delay(attempt))
+                attempt += 1
+            else:
+                return self._read(op, status, headers, body)
+
+    def _transport(self, op: Operation[Any]) -> tuple[int, dict[str, str], bytes]:
+        url = self._url_for(op)
+        request = urllib.request.Request(
+            url, data=self._body_for(op), headers=self._headers_for(op), method=op.method
+        )
+        try:
+            with self._opener.open(request, timeout=self.timeout_s) as response:
+                return response.status, dict(response.headers.items()), response.read()
+        except urllib.error.HTTPError as exc:
+            with exc:
+                return exc.code, dict(exc.headers.items()), exc.read()
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, TimeoutError):
+                raise DuetimeTimeoutError(
+                    f"no answer from {self.url} within {self.timeout_s:g} s", url=url
+                ) from exc
+            raise DuetimeConnectionError(f"cannot reach {self.url}: {exc.reason}", url=url) from exc
+        except TimeoutError as exc:
+            raise DuetimeTimeoutError(
+                f"no answer from {self.url} within {self.timeout_s:g} s", url=url
+            ) from exc
+        except (OSError, HTTPException) as exc:
+            raise DuetimeConnectionError(f"connection to {self.url} failed: {exc!r}", url=url) from exc
+
+    # The calls, one per /v1 endpoint.
+
+    def create_job(self, spec: JobSpec | Mapping[str, Any], *, idempotency_key: str | None = None) -> Job:
+        return self.send(Operations.create_job(spec, idempotency_key))
+
+    def get_job(self, job_id: str) -> Job:
+        return self.send(Operations.get_job(job_id))
+
+    def list_jobs(
+        self, *, state: str | None = None, limit: int | None = None, cursor: str | None = None
+    ) -> Page[Job]:
+        return self.send(Operations.list_jobs(state, limit, cursor))
+
+    def iter_jobs(self, *, state: str | None = None, page_size: int | None = None) -> Iterator[Job]:
+        """Every job (of ``state``), following ``next_cursor`` page by page."""
+        return _pages(lambda cursor: self.list_jobs(state=state, limit=page_size, cursor=cursor))
+
+    def update_job(self, job_id: str, patch: Mapping[str, Any]) -> Job:
+        return self.send(Operations.update_job(job_id, patch))
+
+    def cancel_job(self, job_id: str) -> Job:
+        return self.send(Operations.cancel_job(job_id))
+
+    def pause_job(self, job_id: str) -> Job:
+        return self.send(Operations.job_action(job_id, "pause"))
+
+    def resume_job(self, job_id: str) -> Job:
+        return self.send(Operations.job_action(job_id, "resume"))
+
+    def trigger_job(self, job_id: str) -> Job:
+        return self.send(Operations.job_action(job_id, "trigger"))
+
+    def replay_job(self, job_id: str) -> Job:
+        return self.send(Operations.job_action(job_id, "replay"))
+
+    def list_runs(self, job_id: str, *, limit: int | None = None, cursor: str | None = None) -> Page[Run]:
+        return self.send(Operations.list_runs(job_id, limit, cursor))
+
+    def iter_runs(self, job_id: str, *, page_size: int | None = None) -> Iterator[Run]:
+        """The job's whole history, newest first."""
+        return _pages(lambda cursor: self.list_runs(job_id, limit=page_size, cursor=cursor))
+
+    def preview_schedule(
+        self,
+        schedule: OneOffScheduleSpec | CronScheduleSpec | Mapping[str, Any],
+        *,
+        count: int | None = None,
+        start: datetime | str | None = None,
+    ) -> Preview:
+        return self.send(Operations.preview_schedule(schedule, count, start))
+
+    def preview_job(
+        self, job_id: str, *, count: int | None = None, start: datetime | str | None = None
+    ) -> Preview:
+        return self.send(Operations.preview_job(job_id, count, start))
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+# --- async ------------------------------------------------------------------------------------------
+
+
+class AsyncDuetimeClient(_Base):
+    """Client on aiohttp, one pooled session; use ``async with`` or call ``close()``.
+
+    >>> async with AsyncDuetimeClient("http://127.0.0.1:8080", key="dt_...") as client:
+    ...     job = await client.get_job(job_id)
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        key: str | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        """``session``: share one you own (it is then not closed here); else one is made on first use."""
+        super().__init__(url, key, timeout_s=timeout_s, retries=retries, retry_backoff_s=retry_backoff_s)
+        self._session = session
+        self._owns_session = session is None
+
+    async def __aenter__(self) -> AsyncDuetimeClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def send(self, op: Operation[T]) -> T:
+        attempt = 1
+        while True:
+            try:
+                status, headers, body = await self._transport(op)
+            except DuetimeConnectionError:
+                if attempt >= self._attempts(op):
+                    raise
+                await asyncio.sleep(self._delay(attempt))
+                attempt += 1
+            else:
+                return self._read(op, status, headers, body)
+
+    async def _transport(self, op: Operation[Any]) -> tuple[int, dict[str, str], bytes]:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+            # aiohttp silently resends an idempotent request once when a pooled connection drops;
+            # retries belong to this client alone (``retries``), so turn that off where it exists.
+            if hasattr(self._session, "_retry_connection"):
+                self._session._retry_connection = False
+        url = self._url_for(op)
+        try:
+            async with self._session.request(
+                op.method,
+                url,
+                data=self._body_for(op),
+                headers=self._headers_for(op),
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                allow_redirects=False,
+            ) as response:
+                return response.status, dict(response.headers.items()), await response.read()
+        except TimeoutError as exc:
+            raise DuetimeTimeoutError(
+                f"no answer from {self.url} within {self.timeout_s:g} s", url=url
+            ) from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
+            raise DuetimeConnectionError(f"cannot reach {self.url}: {exc}", url=url) from exc
+
+    async def create_job(
+        self, spec: JobSpec | Mapping[str, Any], *, idempotency_key: str | None = None
+    ) -> Job:
+        return await self.send(Operations.create_job(spec, idempotency_key))
+
+    async def get_job(self, job_id: str) -> Job:
+        return await self.send(Operations.get_job(job_id))
+
+    async def list_jobs(
+        self, *, state: str | None = None, limit: int | None = None, cursor: str | None = None
+    ) -> Page[Job]:
+        return await self.send(Operations.list_jobs(state, limit, cursor))
+
+    def iter_jobs(self, *, state: str | None = None, page_size: int | None = None) -> AsyncIterator[Job]:
+        """Every job (of ``state``), following ``next_cursor`` page by page."""
+        return _async_pages(lambda cursor: self.list_jobs(state=state, limit=page_size, cursor=cursor))
+
+    async def update_job(self, job_id: str, patch: Mapping[str, Any]) -> Job:
+        return await self.send(Operations.update_job(job_id, patch))
+
+    async def cancel_job(self, job_id: str) -> Job:
+        return await self.send(Operations.cancel_job(job_id))
+
+    async def pause_job(self, job_id: str) -> Job:
+        return await self.send(Operations.job_action(job_id, "pause"))
+
+    async def resume_job(self, job_id: str) -> Job:
+        return await self.send(Operations.job_action(job_id, "resume"))
+
+    async def trigger_job(self, job_id: str) -> Job:
+        return await self.send(Operations.job_action(job_id, "trigger"))
+
+    async def replay_job(self, job_id: str) -> Job:
+        return await self.send(Operations.job_action(job_id, "replay"))
+
+    async def list_runs(
+        self, job_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> Page[Run]:
+        return await self.send(Operations.list_runs(job_id, limit, cursor))
+
+    def iter_runs(self, job_id: str, *, page_size: int | None = None) -> AsyncIterator[Run]:
+        """The job's whole history, newest first."""
+        return _async_pages(lambda cursor: self.list_runs(job_id, limit=page_size, cursor=cursor))
+
+    async def preview_schedule(
+        self,
+        schedule: OneOffScheduleSpec | CronScheduleSpec | Mapping[str, Any],
+        *,
+        count: int | None = None,
+        start: datetime | str | None = None,
+    ) -> Preview:
+        return await self.send(Operations.preview_schedule(schedule, count, start))
+
+    async def preview_job(
+        self, job_id: str, *, count: int | None = None, start: datetime | str | None = None
+    ) -> Preview:
+        return await self.send(Operations.preview_job(job_id, count, start))
