@@ -8,6 +8,7 @@ the source of truth: a run lost with a process is recovered from its lease in Po
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Protocol
 
 from engine import metrics
@@ -25,25 +26,91 @@ class RunQueue(Protocol):
 
 
 class InProcessRunQueue:
+    """A bounded queue with one lane per owner; ``get`` takes the lanes in turn.
+
+    FIFO within an owner, round-robin across owners: when owner A's burst fills the queue, owner
+    B's run waits behind one of A's, not behind all of them. Waiters are woken one at a time (a
+    future each, as ``asyncio.Queue`` does), so a thousand idle workers cost nothing per put.
+    """
+
     def __init__(self, maxsize: int = 10_000) -> None:
-        self._q: asyncio.Queue[FencedRow] = asyncio.Queue(maxsize)
+        self._maxsize = maxsize
+        self._lanes: dict[str, deque[FencedRow]] = {}
+        self._ring: deque[str] = deque()
+        self._size = 0
+        self._getters: deque[asyncio.Future[None]] = deque()
+        self._putters: deque[asyncio.Future[None]] = deque()
+
+    @staticmethod
+    def _wake_one(waiters: deque[asyncio.Future[None]]) -> None:
+        while waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    def put_nowait(self, run: FencedRow) -> None:
+        """Put without waiting; raises ``asyncio.QueueFull`` when the queue is at its bound."""
+        if self._size >= self._maxsize:
+            raise asyncio.QueueFull
+        self._append(run)
 
     async def put(self, run: FencedRow) -> None:
-        await self._q.put(run)
-        metrics.QUEUE_DEPTH.set(self._q.qsize())
+        while self._size >= self._maxsize:
+            fut = asyncio.get_running_loop().create_future()
+            self._putters.append(fut)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                fut.cancel()
+                if self._size < self._maxsize:
+                    self._wake_one(self._putters)
+                raise
+        self._append(run)
+
+    def _append(self, run: FencedRow) -> None:
+        lane = self._lanes.get(run.owner)
+        if lane is None:
+            lane = self._lanes[run.owner] = deque()
+            self._ring.append(run.owner)
+        lane.append(run)
+        self._size += 1
+        metrics.QUEUE_DEPTH.set(self._size)
+        self._wake_one(self._getters)
 
     async def get(self) -> FencedRow:
-        run = await self._q.get()
-        metrics.QUEUE_DEPTH.set(self._q.qsize())
+        while not self._size:
+            fut = asyncio.get_running_loop().create_future()
+            self._getters.append(fut)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                fut.cancel()
+                if self.qsize():  # pass the wake-up on: another getter can take the run
+                    self._wake_one(self._getters)
+                raise
+        run = self._pop()
+        self._wake_one(self._putters)
+        return run
+
+    def _pop(self) -> FencedRow:
+        owner = self._ring.popleft()
+        lane = self._lanes[owner]
+        run = lane.popleft()
+        if lane:
+            self._ring.append(owner)
+        else:
+            del self._lanes[owner]
+        self._size -= 1
+        metrics.QUEUE_DEPTH.set(self._size)
         return run
 
     def get_nowait(self) -> FencedRow | None:
-        try:
-            run = self._q.get_nowait()
-        except asyncio.QueueEmpty:
+        if not self._size:
             return None
-        metrics.QUEUE_DEPTH.set(self._q.qsize())
+        run = self._pop()
+        self._wake_one(self._putters)
         return run
 
     def qsize(self) -> int:
-        return self._q.qsize()
+        return self._size

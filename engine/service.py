@@ -67,7 +67,11 @@ class Engine:
             self.wheel, self._clock, self._on_fire, early_wake_ms=0.0, on_crash=self._driver_crashed
         )
         self._wakeups = {s: asyncio.Event() for s in config.shards}
-        self._fired: deque[bytes] = deque()
+        # Fired, not yet fenced: one deque per owner lane, and the lanes that have entries in the
+        # order they take turns (see _take_fair).
+        self._lanes: dict[int, deque[bytes]] = {}
+        self._ring: deque[int] = deque()
+        self._fired_count = 0
         self._fire_event = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -140,8 +144,10 @@ class Engine:
         self._fire_event.set()
         if self._fencer is not None:
             await self._fencer
-        waiting = self.wheel.drain() + list(self._fired)
-        self._fired.clear()
+        waiting = self.wheel.drain() + [e for lane in self._lanes.values() for e in lane]
+        self._lanes.clear()
+        self._ring.clear()
+        self._fired_count = 0
         metrics.WHEEL_SIZE.set(0)
         if waiting:
             items = [(e.job_id, e.shard, e.lease_token) for e in map(entries.unpack, waiting)]
@@ -231,7 +237,16 @@ class Engine:
                 assert isinstance(decision, FireNow)
                 scheduled_for = decision.scheduled_for
                 due_ms = entries.to_ms(row.db_now)
-            batch.append(entries.pack(due_ms, row.job_id, row.lease_token, scheduled_for, row.shard))
+            batch.append(
+                entries.pack(
+                    due_ms,
+                    row.job_id,
+                    row.lease_token,
+                    scheduled_for,
+                    row.shard,
+                    entries.owner_lane(row.owner),
+                )
+            )
         if batch:
             self._driver.insert_many(batch)  # wakes the driver only if something is earlier
             metrics.WHEEL_SIZE.set(len(self.wheel))
@@ -252,14 +267,50 @@ class Engine:
             self.lateness_probe(late)
         metrics.FIRES.inc(len(fired))
         metrics.WHEEL_SIZE.set(len(self.wheel))
-        self._fired.extend(fired)
+        self._queue_fired(fired)
         self._fire_event.set()
+
+    def _queue_fired(self, fired: Sequence[bytes], *, front: bool = False) -> None:
+        lanes, ring = self._lanes, self._ring
+        for entry in reversed(fired) if front else fired:
+            lane = entries.lane_of(entry)
+            q = lanes.get(lane)
+            if q is None:
+                q = lanes[lane] = deque()
+                ring.append(lane)
+            if front:
+                q.appendleft(entry)
+            else:
+                q.append(entry)
+        self._fired_count += len(fired)
+
+    def _take_fair(self, limit: int) -> list[bytes]:
+        """Up to ``limit`` fired entries, the owner lanes taking equal turns: with one lane this
+        is plain FIFO; with owner A's million and owner B's thousand both due, every batch is
+        half B's until B's are gone."""
+        out: list[bytes] = []
+        lanes, ring = self._lanes, self._ring
+        while ring and len(out) < limit:
+            quota = max(1, (limit - len(out)) // len(ring))  # one round: every lane one turn
+            for _ in range(len(ring)):
+                if len(out) >= limit:
+                    break
+                lane = ring.popleft()
+                q = lanes[lane]
+                n = min(quota, len(q), limit - len(out))
+                out.extend(q.popleft() for _ in range(n))
+                if q:
+                    ring.append(lane)
+                else:
+                    del lanes[lane]
+        self._fired_count -= len(out)
+        return out
 
     async def _fence_loop(self) -> None:
         """Fired entries → one fence statement per batch → the run queue (blocking when full)."""
         cfg = self.config
         while True:
-            if not self._fired:
+            if not self._fired_count:
                 if self._stopping.is_set():
                     return
                 self._fire_event.clear()
@@ -267,8 +318,8 @@ class Engine:
                 continue
             if self._stopping.is_set():
                 return  # what is left is released by stop()
-            take = min(len(self._fired), cfg.fence_batch)
-            batch = [entries.unpack(self._fired.popleft()) for _ in range(take)]
+            raw = self._take_fair(cfg.fence_batch)
+            batch = [entries.unpack(e) for e in raw]
             started = time.perf_counter()
             try:
                 fenced = await self._store.fence_runs(
@@ -277,10 +328,7 @@ class Engine:
                 )
             except Exception:
                 log.exception("fence failed; the batch will be retried")
-                self._fired.extendleft(
-                    entries.pack(e.due_ms, e.job_id, e.lease_token, e.scheduled_for, e.shard)
-                    for e in reversed(batch)
-                )
+                self._queue_fired(raw, front=True)
                 await asyncio.sleep(0.2)
                 continue
             self.fence_time_s += time.perf_counter() - started

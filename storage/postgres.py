@@ -229,6 +229,7 @@ class ClaimedRow:
     run_kind: str
     misfire_spec: dict[str, Any] | None
     db_now: datetime
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -856,6 +857,7 @@ def _claimed(r: asyncpg.Record) -> ClaimedRow:
         run_kind=r["run_kind"],
         misfire_spec=r["misfire_spec"],
         db_now=r["db_now"],
+        owner=r["owner"],
     )
 
 

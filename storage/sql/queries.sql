@@ -101,7 +101,7 @@ UPDATE jobs j SET
     leased_until = greatest(j.next_run_at, now()) + make_interval(secs => $5)
 FROM due
 WHERE j.job_id = due.job_id
-RETURNING j.job_id, j.shard, j.lease_token, j.next_run_at, j.scheduled_for, j.attempt, j.run_kind,
+RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_for, j.attempt, j.run_kind,
     CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0
               AND j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
          THEN j.spec END AS misfire_spec,
@@ -114,7 +114,7 @@ UPDATE jobs j SET
     lease_token = j.lease_token + 1,
     leased_until = greatest(j.next_run_at, now()) + make_interval(secs => $3)
 WHERE j.claimed_by = $1 AND j.phase = 'claimed' AND j.shard = ANY($2::smallint[])
-RETURNING j.job_id, j.shard, j.lease_token, j.next_run_at, j.scheduled_for, j.attempt, j.run_kind,
+RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_for, j.attempt, j.run_kind,
     CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0
               AND j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
          THEN j.spec END AS misfire_spec,
