@@ -24,12 +24,14 @@ from core.ssrf import AddressPolicy
 from core.validation import SpecLimits
 from duetime.settings import Settings
 from engine.leases import LeaseKeeper
+from engine.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
 from engine.runqueue import InProcessRunQueue
 from engine.service import Engine, EngineConfig
-from storage.postgres import PostgresStore
+from storage.postgres import PostgresStore, expire_published_of
 from storage.shardmap import ShardMap
 from workers.dispatch import Dispatcher
 from workers.pool import WorkerPool
+from workers.remote import RemoteWorker
 
 log = logging.getLogger("duetime")
 
@@ -70,6 +72,9 @@ class Node:
     _keeper: LeaseKeeper | None = None
     _dispatcher: Dispatcher | None = None
     _started: list[str] = field(default_factory=list)
+    _publisher: NatsRunPublisher | None = None
+    _published: PublishedLeaseKeeper | None = None
+    _remote: RemoteWorker | None = None
 
     async def start(self) -> None:
         s = self.settings
@@ -79,7 +84,9 @@ class Node:
             notify_horizon_s=max(s.lookahead_s * 2, 120.0),
         )
         policy = address_policy(s)
-        if self.engine or self.workers:
+        if s.run_queue == "nats" and (self.engine or self.workers):
+            await self._start_nats_parts(policy)
+        elif self.engine or self.workers:
             self._keeper = LeaseKeeper(self.store, lease_s=s.lease_s, heartbeat_s=s.heartbeat_s)
             queue = InProcessRunQueue(s.run_queue_max)
             self._dispatcher = Dispatcher(
@@ -108,7 +115,7 @@ class Node:
                 max_jobs_per_owner=s.max_jobs_per_owner,
             )
             if self.api
-            else _ops_app(self.store)
+            else _ops_app(self.store, self._not_ready)
         )
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -121,6 +128,54 @@ class Node:
             port = server.sockets[0].getsockname()[1]
         self.url = f"http://{host}:{port}"
 
+    async def _start_nats_parts(self, policy: AddressPolicy) -> None:
+        """DUETIME_RUN_QUEUE=nats: the engine publishes fenced runs (and keeps their leases until a
+        worker takes them); the workers take them from NATS. Either part, or both, per process."""
+        s = self.settings
+        assert self.store is not None and s.nats_url is not None
+        if self.workers:
+            self._dispatcher = Dispatcher(
+                policy=policy,
+                nats_url=s.nats_url,
+                redis_url=s.redis_url,
+                host_concurrency=s.target_concurrency,
+                host_rate_per_s=s.target_rate,
+            )
+            await self._dispatcher.start()
+            self._remote = RemoteWorker(self.store, self._dispatcher, s)
+            await self._remote.start()
+        if self.engine:
+            self._publisher = NatsRunPublisher(
+                url=s.nats_url,
+                prefix=s.nats_run_subject,
+                publisher=s.engine_id,
+                ack_wait_s=s.nats_ack_wait_s,
+                maxsize=s.run_queue_max,
+            )
+            await self._publisher.start()
+            self._published = PublishedLeaseKeeper(
+                self.store,
+                holder=s.engine_id,
+                lease_s=s.lease_s,
+                heartbeat_s=s.heartbeat_s,
+                max_wait_s=s.queue_wait_max_s,
+            )
+            self._published.start()
+            # Before Engine.start: its own restart step selects without locking, and could finish a
+            # run a worker is taking at that moment (then called twice); this one cannot.
+            expired = await expire_published_of(self.store, s.engine_id, sorted(s.shards))
+            if expired:
+                log.info("finished %d runs published by a previous life of this engine", expired)
+            self._engine = Engine(self.store, self._publisher, self._published, engine_config(s))
+            await self._engine.start()
+
+    def _not_ready(self) -> str | None:
+        if self._publisher is not None and not self._publisher.connected:
+            return "not connected to NATS"
+        if self._remote is not None:
+            return self._remote.ready()
+        return None
+
     def crashed(self) -> BaseException | None:
         return self._engine.crashed if self._engine is not None else None
 
@@ -130,6 +185,15 @@ class Node:
             await self._runner.cleanup()
         if self._engine is not None:
             await self._engine.stop()
+        if self._publisher is not None:
+            await self._publisher.close(s.shutdown_grace_s)
+        if self._published is not None:
+            waiting = await self._published.drain(s.shutdown_grace_s)
+            if waiting:
+                log.warning("%d published runs were not taken by a worker before shutdown", waiting)
+            await self._published.stop()
+        if self._remote is not None:
+            await self._remote.stop()
         if self._pool is not None:
             await self._pool.stop(s.shutdown_grace_s)
         if self._keeper is not None:
@@ -140,7 +204,7 @@ class Node:
             await self.store.close()
 
 
-def _ops_app(store: PostgresStore) -> web.Application:
+def _ops_app(store: PostgresStore, not_ready: Callable[[], str | None] = lambda: None) -> web.Application:
     """/healthz, /readyz and /metrics for a process that does not serve the API."""
 
     async def healthz(_: web.Request) -> web.Response:
@@ -153,6 +217,9 @@ def _ops_app(store: PostgresStore) -> web.Application:
             return web.json_response(
                 {"error": {"code": "not_ready", "message": f"database unreachable: {exc}"}}, status=503
             )
+        reason = not_ready()
+        if reason is not None:
+            return web.json_response({"error": {"code": "not_ready", "message": reason}}, status=503)
         return web.json_response({"status": "ready"})
 
     async def metrics(_: web.Request) -> web.Response:
@@ -279,5 +346,11 @@ async def run_api(settings: Settings, *, ready: Callable[[str], None] | None = N
 
 
 async def run_engine(settings: Settings, *, ready: Callable[[str], None] | None = None) -> None:
-    """An engine for ``settings.shards`` with its own in-process workers (run queue inprocess)."""
-    await _serve(Node(settings, api=False), ready)
+    """An engine for ``settings.shards``: with the in-process run queue it runs its own workers;
+    with DUETIME_RUN_QUEUE=nats it publishes fenced runs for `duetime worker` processes."""
+    await _serve(Node(settings, api=False, workers=settings.run_queue != "nats"), ready)
+
+
+async def run_worker(settings: Settings, *, ready: Callable[[str], None] | None = None) -> None:
+    """`duetime worker`: takes runs from the NATS run queue, calls their targets, records outcomes."""
+    await _serve(Node(settings, api=False, engine=False), ready)

@@ -24,17 +24,20 @@ import os
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from core.errors import DuetimeError, StorageUnavailable
+from core.ids import SHARDS
+from duetime.client import DEFAULT_URL, DuetimeApiError, DuetimeClient, DuetimeConnectionError
 from duetime.embedded_pg import EmbeddedPostgres, running_dsn
 from duetime.settings import (
     Settings,
     SettingsError,
+    format_shard_dsns,
     format_shard_set,
     parse_shard_set,
     redact_dsn,
@@ -110,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     revoke = keys_sub.add_parser("revoke", help="revoke a key, given whole or by its prefix")
     revoke.add_argument("key", metavar="KEY_OR_PREFIX")
+    _add_shards_parser(sub)
+    _add_jobs_parser(sub)
     return parser
 
 
@@ -278,13 +283,241 @@ async def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
             "'nats' for separate worker processes; with the in-process run queue the workers run "
             "inside `duetime engine` and `duetime run`",
         )
-    # Looked up by name: the app gains run_worker together with the NATS run queue.
-    run_worker: Callable[[Settings], Awaitable[None]] | None = getattr(app, "run_worker", None)
-    if run_worker is None:
-        raise DuetimeError(
-            "this version has no separate worker process yet; `duetime engine` runs its own workers"
-        )
-    await run_worker(settings)
+    await app.run_worker(
+        settings, ready=lambda url: _say(f"Duetime worker is running; health and metrics on {url}")
+    )
+    return EXIT_OK
+
+
+# --- shards: moving a logical shard between primaries ---------------------------------------------
+
+
+def _add_shards_parser(sub: Any) -> None:
+    shards = sub.add_parser("shards", help="move a logical shard to another PostgreSQL primary")
+    actions = shards.add_subparsers(dest="shards_command", required=True, metavar="ACTION")
+    move = actions.add_parser(
+        "move",
+        help="copy one shard's rows to another database and delete them at the source",
+        description="Refuses while any row of the shard is claimed or running: first restart the "
+        "engines serving it without it. Writes to the source database wait while the rows are "
+        "copied. Afterwards set the printed DUETIME_SHARD_DSNS on every process and restart them "
+        "(docs/operations.md).",
+    )
+    move.add_argument("--shard", required=True, type=int, choices=range(1, SHARDS), metavar="N")
+    move.add_argument("--to", required=True, metavar="DSN", help="the target database's PostgreSQL URL")
+
+
+async def cmd_shards(settings: Settings, args: argparse.Namespace) -> int:
+    from storage.postgres import move_shard
+
+    settings = database_settings(settings)
+    target = args.to.strip()
+    if not target.lower().startswith(("postgresql://", "postgres://")):
+        raise SettingsError("--to", target, "a PostgreSQL URL such as postgresql://user@host:5432/duetime")
+    dsns = list(settings.shard_dsns())
+    source = dsns[args.shard]
+    async with _about(target):
+        await migrate(target)
+    async with _about(source):
+        report = await move_shard(args.shard, source, target)
+    dsns[args.shard] = target
+    _say(
+        f"moved shard {args.shard}: {report.jobs} jobs, {report.runs} runs, {report.idempotency_keys} "
+        f"idempotency keys from {redact_dsn(source)} to {redact_dsn(target)}"
+    )
+    _say("Set this on every api, engine and worker process and restart them:")
+    _say(f"DUETIME_SHARD_DSNS={redact_dsn(format_shard_dsns(dsns))}")
+    return EXIT_OK
+
+
+# --- jobs: the owner's client on the command line -------------------------------------------------
+
+JOBS_URL_ENV = "DUETIME_URL"
+JOBS_KEY_ENV = "DUETIME_API_KEY"
+_JOB_ACTIONS = ("pause", "resume", "trigger", "cancel", "replay")
+
+
+def _add_jobs_parser(sub: Any) -> None:
+    """``duetime jobs …``: every call goes through ``duetime.client``, output is the API's JSON.
+
+    ``--url`` before the action names the server; after ``create`` it names the job's webhook, as
+    in the API's own spec. ``--server`` and ``--key`` are accepted in both places.
+    """
+    jobs = sub.add_parser(
+        "jobs",
+        help="register and manage jobs through the HTTP API (prints JSON)",
+        description=f"Talk to a Duetime API as an owner. The server is --url/--server, else "
+        f"${JOBS_URL_ENV}, else http://127.0.0.1:8080; the key is --key, else ${JOBS_KEY_ENV}. "
+        "Answers are printed as JSON; an error prints the API's message and exits 2.",
+    )
+    jobs.add_argument("--url", "--server", dest="server", default=None, help="the API's base URL")
+    jobs.add_argument("--key", default=None, help=f"API key (default ${JOBS_KEY_ENV})")
+    jobs.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
+    conn = argparse.ArgumentParser(add_help=False)
+    conn.add_argument("--server", dest="server", default=argparse.SUPPRESS, help="the API's base URL")
+    conn.add_argument("--key", default=argparse.SUPPRESS, help="API key")
+    actions = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
+
+    create = actions.add_parser(
+        "create",
+        parents=[conn],
+        help="register a job from a JSON spec (file or stdin) and/or flags",
+        description="The spec is read from --file (- for stdin); the flags fill in or override "
+        "its fields. Without a file, --url and one of --cron or --run-at make a webhook job.",
+    )
+    create.add_argument("-f", "--file", help="JSON job spec; - reads stdin")
+    create.add_argument("--name", help="the job's name")
+    create.add_argument("--url", dest="target_url", help="webhook URL (target type webhook)")
+    create.add_argument("--method", choices=("POST", "PUT"), help="webhook method (default POST)")
+    create.add_argument("--cron", help="cron expression (5 or 6 fields, or @daily etc.)")
+    create.add_argument("--tz", help="IANA zone for --cron (default UTC)")
+    create.add_argument("--run-at", help="one run at this RFC 3339 time")
+    create.add_argument("--payload", help="JSON sent as the body of each run")
+    create.add_argument("--idempotency-key", help="makes the create safe to repeat (and to retry)")
+
+    for action in ("get", *_JOB_ACTIONS):
+        verb = "cancel (DELETE)" if action == "cancel" else action
+        actions.add_parser(action, parents=[conn], help=f"{verb} a job").add_argument("job_id", metavar="ID")
+    for name, what in (("list", "jobs"), ("runs", "a job's runs, newest first")):
+        listing = actions.add_parser(name, parents=[conn], help=f"list {what}")
+        if name == "runs":
+            listing.add_argument("job_id", metavar="ID")
+        else:
+            listing.add_argument("--state", choices=("scheduled", "paused", "completed", "cancelled", "dead"))
+        listing.add_argument("--limit", type=int, help="page size, 1-1000")
+        listing.add_argument("--cursor", help="next_cursor of the previous page")
+        listing.add_argument("--all", action="store_true", help="follow next_cursor to the end")
+
+    preview = actions.add_parser(
+        "preview",
+        parents=[conn],
+        help="the next occurrences of a job (by ID) or of a schedule (--cron/--run-at)",
+    )
+    preview.add_argument("job_id", metavar="ID", nargs="?")
+    preview.add_argument("--count", type=int, help="how many, 1-100 (default 10)")
+    preview.add_argument("--from", dest="start", help="RFC 3339 instant to preview from (default now)")
+    preview.add_argument("--cron", help="preview this cron expression instead of a job")
+    preview.add_argument("--tz", help="IANA zone for --cron")
+    preview.add_argument("--dst-gap", choices=("shift", "skip"))
+    preview.add_argument("--dst-overlap", choices=("first", "both"))
+    preview.add_argument("--run-at", help="preview a one-off schedule")
+
+
+class _JobsUsage(Exception):
+    """A mistake on the command line itself (exit 2 before any call is made)."""
+
+
+def _json_arg(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise _JobsUsage(f"{what} is not valid JSON: {exc}") from None
+
+
+def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if args.file is not None:
+        try:
+            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise _JobsUsage(f"cannot read {args.file}: {exc.strerror or exc}") from None
+        loaded = _json_arg(text, "the spec from stdin" if args.file == "-" else args.file)
+        if not isinstance(loaded, dict):
+            raise _JobsUsage("the job spec must be a JSON object")
+        spec = loaded
+    if args.name is not None:
+        spec["name"] = args.name
+    if args.target_url is not None or args.method is not None:
+        given = spec.get("target")
+        target: dict[str, Any] = {"type": "webhook", **(given if isinstance(given, dict) else {})}
+        if args.target_url is not None:
+            target["url"] = args.target_url
+        if args.method is not None:
+            target["method"] = args.method
+        spec["target"] = target
+    schedule = _schedule_from_args(args.cron, args.tz, args.run_at)
+    if schedule is not None:
+        spec["schedule"] = schedule
+    if args.payload is not None:
+        spec["payload"] = _json_arg(args.payload, "--payload")
+    if not spec:
+        raise _JobsUsage("give the job spec with --file (- for stdin) or flags such as --url and --cron")
+    return spec
+
+
+def _schedule_from_args(
+    cron: str | None, tz: str | None, run_at: str | None, **extra: str | None
+) -> dict[str, Any] | None:
+    if cron is not None and run_at is not None:
+        raise _JobsUsage("give either --cron or --run-at, not both")
+    if run_at is not None:
+        if tz is not None:
+            raise _JobsUsage("--tz applies to --cron; a --run-at carries its own UTC offset")
+        return {"run_at": run_at}
+    if cron is None:
+        if tz is not None or any(v is not None for v in extra.values()):
+            raise _JobsUsage("--tz, --dst-gap and --dst-overlap go with --cron")
+        return None
+    schedule: dict[str, Any] = {"cron": cron}
+    if tz is not None:
+        schedule["timezone"] = tz
+    schedule.update({k: v for k, v in extra.items() if v is not None})
+    return schedule
+
+
+def _jobs_call(client: DuetimeClient, args: argparse.Namespace) -> Any:
+    """The JSON to print for one ``jobs`` action."""
+    action = args.jobs_command
+    if action == "create":
+        return client.create_job(_spec_from_args(args), idempotency_key=args.idempotency_key).raw
+    if action == "get":
+        return client.get_job(args.job_id).raw
+    if action in _JOB_ACTIONS:
+        return getattr(client, f"{action}_job")(args.job_id).raw
+    if action in ("list", "runs"):
+        if args.all and args.cursor is not None:
+            raise _JobsUsage("--all starts at the first page; leave out --cursor")
+        if action == "list":
+            if args.all:
+                jobs = client.iter_jobs(state=args.state, page_size=args.limit)
+                return {"items": [job.raw for job in jobs], "next_cursor": None}
+            return client.list_jobs(state=args.state, limit=args.limit, cursor=args.cursor).raw
+        if args.all:
+            runs = client.iter_runs(args.job_id, page_size=args.limit)
+            return {"items": [run.raw for run in runs], "next_cursor": None}
+        return client.list_runs(args.job_id, limit=args.limit, cursor=args.cursor).raw
+    schedule = _schedule_from_args(
+        args.cron, args.tz, args.run_at, dst_gap=args.dst_gap, dst_overlap=args.dst_overlap
+    )
+    if (schedule is None) == (args.job_id is None):
+        raise _JobsUsage("preview takes a job ID or a schedule (--cron or --run-at), one of the two")
+    if schedule is not None:
+        return client.preview_schedule(schedule, count=args.count, start=args.start).raw
+    return client.preview_job(args.job_id, count=args.count, start=args.start).raw
+
+
+def run_jobs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``duetime jobs …``: synchronous, no settings or database needed, only the API's URL and key."""
+    url = args.server or environ.get(JOBS_URL_ENV) or DEFAULT_URL
+    key = args.key or environ.get(JOBS_KEY_ENV) or None
+    try:
+        client = DuetimeClient(url, key, timeout_s=args.timeout)
+        answer = _jobs_call(client, args)
+    except _JobsUsage as exc:
+        print(f"duetime: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except DuetimeApiError as exc:
+        where = f", field {exc.field}" if exc.field else ""
+        hint = f" (set ${JOBS_KEY_ENV} or pass --key)" if exc.status == 401 and key is None else ""
+        print(f"duetime: {exc.message}{hint} [{exc.code}{where}; HTTP {exc.status}]", file=sys.stderr)
+        return EXIT_USAGE
+    except DuetimeConnectionError as exc:
+        print(f"duetime: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as exc:  # e.g. --timeout 0
+        print(f"duetime: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps(answer, indent=2, ensure_ascii=False), flush=True)
     return EXIT_OK
 
 
@@ -296,6 +529,7 @@ COMMANDS: dict[str, Command] = {
     "engine": cmd_engine,
     "worker": cmd_worker,
     "keys": cmd_keys,
+    "shards": cmd_shards,
 }
 
 
@@ -386,6 +620,8 @@ def _configure_logging(level: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     environ = dict(os.environ)
+    if args.command == "jobs":
+        return run_jobs(args, environ)
     if getattr(args, "shards", None):
         environ["DUETIME_SHARDS"] = args.shards
     try:

@@ -159,6 +159,18 @@ def parse_shard_dsns(text: str, *, variable: str = "DUETIME_SHARD_DSNS") -> tupl
     return tuple(dsn_of[s] for s in range(SHARDS))
 
 
+def format_shard_dsns(dsns: list[str] | tuple[str, ...]) -> str:
+    """16 DSNs (index = shard) → the shortest DUETIME_SHARD_DSNS value: ``0-7=a,8-15=b``."""
+    entries: list[str] = []
+    start = 0
+    for shard in range(1, len(dsns) + 1):
+        if shard == len(dsns) or dsns[shard] != dsns[start]:
+            key = str(start) if shard - 1 == start else f"{start}-{shard - 1}"
+            entries.append(f"{key}={dsns[start]}")
+            start = shard
+    return ",".join(entries)
+
+
 def default_engine_id(shards: frozenset[int]) -> str:
     """Host name plus shard set: stable across restarts, so a restarted engine takes back its claims."""
     return f"{socket.gethostname()}:{format_shard_set(shards)}"

@@ -990,10 +990,11 @@ async def take_runs(
     *,
     holder: str,
     lease_s: float,
-) -> set[uuid.UUID]:
+) -> set[tuple[uuid.UUID, int]]:
     """items: (job_id, shard, lease_token, publishing engine). The worker ``holder`` takes the
-    leases of those still running under that token and engine; returns the ids it now holds."""
-    taken: set[uuid.UUID] = set()
+    leases of those still running under that token and engine; returns the (id, token) pairs it
+    now holds — by pair, since a stale message may carry the same id with an older token."""
+    taken: set[tuple[uuid.UUID, int]] = set()
     async with _translated():
         for dsn, group in store._by_db((s, (j, t, p)) for j, s, t, p in items).items():
             rows = await store.pool_for_dsn(dsn).fetch(
@@ -1004,7 +1005,7 @@ async def take_runs(
                 holder,
                 float(lease_s),
             )
-            taken.update(r["job_id"] for r in rows)
+            taken.update((r["job_id"], r["lease_token"]) for r in rows)
     return taken
 
 
@@ -1021,6 +1022,23 @@ async def extend_published(
             )
             held.update(r["job_id"] for r in rows)
     return held
+
+
+async def expire_published_of(store: PostgresStore, engine_id: str, shards: Sequence[int]) -> int:
+    """Before a restarted engine starts (DUETIME_RUN_QUEUE=nats): runs its previous life fenced and
+    no worker took are finished as ``lease_expired`` and retried, and their messages, if any, are
+    dropped as stale. Race-free with a worker taking one of them at the same moment."""
+    applied = 0
+    async with _translated():
+        for dsn, held in store.shard_map.databases().items():
+            mine = [s for s in held if s in shards]
+            if not mine:
+                continue
+            async with store.pool_for_dsn(dsn).acquire() as conn, conn.transaction():
+                ids = [r["job_id"] for r in await conn.fetch(Q["published_of_engine"], engine_id, mine)]
+                if ids:
+                    applied += (await store._expire(conn, ids)).applied
+    return applied
 
 
 # ---------------------------------------------------------------------- moving a logical shard

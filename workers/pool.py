@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from core import codec
@@ -32,16 +33,32 @@ class SecretCache:
         self._store = store
         self._ttl = ttl_s
         self._cache: dict[str, tuple[float, str]] = {}
+        # One read per owner in flight: at a burst's first second (and at every expiry) a
+        # thousand workers miss together, and they share one query instead of queueing a
+        # thousand behind the pool.
+        self._loading: dict[str, asyncio.Future[str]] = {}
 
     async def get(self, owner: str) -> str:
         hit = self._cache.get(owner)
-        now = time.monotonic()
-        if hit is not None and hit[0] > now:
+        if hit is not None and hit[0] > time.monotonic():
             return hit[1]
+        loading = self._loading.get(owner)
+        if loading is None:
+            loading = self._loading[owner] = asyncio.ensure_future(self._load(owner))
+            loading.add_done_callback(lambda f: self._loaded(owner, f))
+        return await asyncio.shield(loading)
+
+    def _loaded(self, owner: str, fut: asyncio.Future[str]) -> None:
+        if self._loading.get(owner) is fut:
+            del self._loading[owner]
+        if not fut.cancelled():
+            fut.exception()  # retrieved here too, in case every waiter was cancelled
+
+    async def _load(self, owner: str) -> str:
         secret = await self._store.signing_secret(owner)
         if secret is None:
             raise LookupError(f"owner {owner!r} has no signing secret")
-        self._cache[owner] = (now + self._ttl, secret)
+        self._cache[owner] = (time.monotonic() + self._ttl, secret)
         return secret
 
 
@@ -49,10 +66,18 @@ class Completer:
     """Buffers attempt reports and writes them in batches of up to ``batch`` every few ms."""
 
     def __init__(
-        self, store: PostgresStore, keeper: LeaseKeeper, *, batch: int = 500, linger_s: float = 0.005
+        self,
+        store: PostgresStore,
+        keeper: LeaseKeeper,
+        *,
+        batch: int = 500,
+        linger_s: float = 0.005,
+        on_recorded: Callable[[list[AttemptReport]], None] | None = None,
     ) -> None:
         self._store = store
         self._keeper = keeper
+        # Told once a batch is durable (applied or found stale): a broker message is acked only then.
+        self._on_recorded = on_recorded
         self._batch = batch
         self._linger = linger_s
         self._buffer: list[AttemptReport] = []
@@ -101,6 +126,8 @@ class Completer:
                 metrics.STALE_COMPLETIONS.inc(stats.stale)
             for rep in batch:
                 self._keeper.untrack(rep.job_id, rep.lease_token)
+            if self._on_recorded is not None:
+                self._on_recorded(batch)
 
 
 class WorkerPool:
@@ -112,6 +139,7 @@ class WorkerPool:
         keeper: LeaseKeeper,
         *,
         concurrency: int = 1024,
+        on_recorded: Callable[[list[AttemptReport]], None] | None = None,
     ) -> None:
         self._store = store
         self._queue = queue
@@ -119,7 +147,7 @@ class WorkerPool:
         self._keeper = keeper
         self._concurrency = concurrency
         self._secrets = SecretCache(store)
-        self.completer = Completer(store, keeper)
+        self.completer = Completer(store, keeper, on_recorded=on_recorded)
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self._inflight = 0

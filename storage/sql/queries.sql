@@ -207,7 +207,7 @@ UPDATE jobs j SET claimed_by = $4, leased_until = now() + make_interval(secs => 
 FROM unnest($1::uuid[], $2::bigint[], $3::text[]) AS u(job_id, token, publisher)
 WHERE j.job_id = u.job_id AND j.lease_token = u.token AND j.phase = 'running'
   AND j.claimed_by = u.publisher
-RETURNING j.job_id;
+RETURNING j.job_id, j.lease_token;
 
 -- name: extend_published
 -- An engine keeps the leases of runs it published alive until a worker takes them (the holder
@@ -249,3 +249,11 @@ DELETE FROM runs WHERE shard = $1;
 
 -- name: delete_shard_jobs
 DELETE FROM jobs WHERE shard = $1;
+
+-- name: published_of_engine
+-- A restarted engine (DUETIME_RUN_QUEUE=nats) finishes the runs its previous life fenced and no
+-- worker has taken yet. Locked as they are selected: a row a worker takes at the same moment
+-- either is skipped (its take holds the lock) or no longer matches (its holder changed).
+SELECT job_id FROM jobs
+WHERE claimed_by = $1 AND phase = 'running' AND shard = ANY($2::smallint[])
+FOR UPDATE SKIP LOCKED;

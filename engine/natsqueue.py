@@ -1,0 +1,644 @@
+"""The run queue across processes: NATS JetStream between "due" and "running".
+
+One subject per logical shard (``<prefix>.<shard>``), one work-queue stream capturing them all, one
+durable pull consumer shared by every worker. Each message is one fenced run, msgpack-encoded,
+with ``Nats-Msg-Id = <job id>:<lease token>`` so a publish retried after a lost PubAck is dropped
+by the stream's duplicate window.
+
+The queue is never the source of truth; PostgreSQL is. Who may call a run is decided by the row:
+
+* the engine fences (claimed → running) and publishes; until a worker takes the run, the engine
+  keeps its lease alive (``PublishedLeaseKeeper``) — for at most ``DUETIME_QUEUE_WAIT_MAX_S``, so a
+  message the broker lost is retried by the janitor once its lease lapses;
+* a worker *takes* a run before calling it (``take_runs``: the row must still be running under the
+  message's token and be held by the engine that published it; the worker becomes the holder).
+  A redelivered or duplicated message finds the holder changed and is terminated, never called;
+* the worker heartbeats what it took, records the outcome through the batching completer, and
+  acks the message only once that write is durable.
+
+So a run is called twice only when its lease lapsed (a worker died or stalled mid-call): the
+janitor records ``lease_expired``, the retry gets a higher fencing token, the same Idempotency-Key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgpack
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.client import JetStreamContext
+from prometheus_client import Counter, Gauge, Histogram
+
+from core.errors import StorageUnavailable
+from engine import metrics
+from engine.leases import LeaseKeeper
+from engine.runqueue import InProcessRunQueue
+from storage.postgres import AttemptReport, FencedRow, PostgresStore, extend_published, take_runs
+
+log = logging.getLogger("duetime.natsqueue")
+
+CONSUMER = "duetime-workers"
+FORMAT = 1
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+
+PUBLISHED = Counter("duetime_nats_published_total", "Runs published to the run queue (PubAck received)")
+PUBLISH_RETRIES = Counter(
+    "duetime_nats_publish_retries_total", "Publishes retried after an error or a missing PubAck"
+)
+TAKEN = Counter("duetime_nats_taken_total", "Runs a worker took over from the run queue")
+DROPPED = Counter(
+    "duetime_nats_dropped_total",
+    "Messages terminated without a call: stale (lease already taken over or finished) or unreadable",
+)
+ACKED = Counter("duetime_nats_acked_total", "Messages acked after their outcome was recorded")
+QUEUE_WAIT_ABANDONED = Counter(
+    "duetime_queue_wait_abandoned_total",
+    "Published runs no worker took within DUETIME_QUEUE_WAIT_MAX_S; their leases are left to lapse",
+)
+_STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+PUBLISH_SECONDS = Histogram(
+    "duetime_nats_publish_seconds", "Publishing one batch of runs until every PubAck", buckets=_STAGE_BUCKETS
+)
+TAKE_SECONDS = Histogram(
+    "duetime_nats_take_seconds", "One take statement (a fetched batch) in PostgreSQL", buckets=_STAGE_BUCKETS
+)
+STREAM_PENDING = Gauge(
+    "duetime_nats_pending_runs", "Runs in the stream not yet delivered to any worker (consumer num_pending)"
+)
+STREAM_ACK_PENDING = Gauge(
+    "duetime_nats_ack_pending_runs", "Runs delivered to workers and not yet acked (consumer num_ack_pending)"
+)
+
+
+def stream_name(prefix: str) -> str:
+    """``duetime.runs`` → ``DUETIME_RUNS`` (stream names may not contain dots)."""
+    return prefix.upper().replace(".", "_")
+
+
+def subject_for(prefix: str, shard: int) -> str:
+    return f"{prefix}.{shard}"
+
+
+def _us(moment: datetime) -> int:
+    return (moment - _EPOCH) // _US
+
+
+def encode_run(run: FencedRow, publisher: str) -> bytes:
+    """A fenced run as a msgpack array. The spec travels as JSON text: it is JSON (the payload may
+    hold integers wider than msgpack's 64 bits)."""
+    packed: bytes = msgpack.packb(
+        [
+            FORMAT,
+            run.job_id.bytes,
+            run.shard,
+            run.owner,
+            run.lease_token,
+            _us(run.scheduled_for),
+            _us(run.due_at),
+            run.attempt,
+            json.dumps(run.spec, separators=(",", ":")),
+            run.spec_version,
+            run.run_kind,
+            publisher,
+        ],
+        use_bin_type=True,
+    )
+    return packed
+
+
+def decode_run(data: bytes) -> tuple[FencedRow, str]:
+    """(the run, the engine that published it); ValueError for anything else."""
+    try:
+        fields = msgpack.unpackb(data, raw=False)
+        if not isinstance(fields, list) or len(fields) < 12 or fields[0] != FORMAT:
+            raise ValueError("not a Duetime run message of format 1")
+        (_, job_id, shard, owner, token, scheduled_us, due_us, attempt, spec, version, kind, by) = fields[:12]
+        run = FencedRow(
+            job_id=uuid.UUID(bytes=job_id),
+            shard=int(shard),
+            owner=str(owner),
+            lease_token=int(token),
+            scheduled_for=_EPOCH + scheduled_us * _US,
+            due_at=_EPOCH + due_us * _US,
+            attempt=int(attempt),
+            spec=json.loads(spec),
+            spec_version=int(version),
+            run_kind=str(kind),
+        )
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise ValueError(f"unreadable run message: {exc}") from exc
+    return run, str(by)
+
+
+async def connect(url: str, name: str) -> NatsClient:
+    """Reconnect forever: a broker restart must cost lateness, not the process."""
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("NATS: %s", exc)
+
+    async def on_disconnect() -> None:
+        log.warning("NATS connection lost; reconnecting")
+
+    async def on_reconnect() -> None:
+        log.info("NATS connection re-established")
+
+    nc: NatsClient = await nats.connect(
+        url,
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        connect_timeout=5,
+        error_cb=on_error,
+        disconnected_cb=on_disconnect,
+        reconnected_cb=on_reconnect,
+    )
+    return nc
+
+
+async def ensure_stream(js: JetStreamContext, prefix: str, *, ack_wait_s: float) -> str:
+    """Create the work-queue stream and the shared durable consumer when missing (idempotent:
+    every engine and worker calls it at start)."""
+    name = stream_name(prefix)
+    config = StreamConfig(
+        name=name,
+        subjects=[f"{prefix}.*"],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        duplicate_window=120.0,
+    )
+    try:
+        await js.stream_info(name)
+    except nats.js.errors.NotFoundError:
+        try:
+            await js.add_stream(config)
+        except nats.js.errors.BadRequestError:
+            await js.stream_info(name)  # created by another process at the same moment
+    consumer = ConsumerConfig(
+        durable_name=CONSUMER,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=ack_wait_s,
+        max_deliver=-1,
+        max_ack_pending=-1,
+        max_waiting=4096,
+    )
+    try:
+        await js.add_consumer(name, consumer)
+    except nats.js.errors.BadRequestError as exc:
+        # An existing consumer with other settings (e.g. a different ack wait) keeps working.
+        log.warning("run consumer %s exists with other settings (%s); using it as it is", CONSUMER, exc)
+    return name
+
+
+# ---------------------------------------------------------------------------------- engine side
+
+
+class NatsRunPublisher(InProcessRunQueue):
+    """The engine's run queue with DUETIME_RUN_QUEUE=nats: the fencer puts fenced runs into a bounded
+    local buffer (back-pressure as with the in-process queue); one task takes them off it and
+    publishes them in batches, awaiting every PubAck and republishing what was not acknowledged."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        prefix: str,
+        publisher: str,
+        ack_wait_s: float,
+        maxsize: int = 10_000,
+        batch: int = 512,
+        pub_ack_timeout_s: float = 5.0,
+    ) -> None:
+        super().__init__(maxsize)
+        self._url = url
+        self._prefix = prefix
+        self._publisher = publisher
+        self._ack_wait_s = ack_wait_s
+        self._batch = batch
+        self._timeout = pub_ack_timeout_s
+        self._nc: NatsClient | None = None
+        self._js: JetStreamContext | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._busy = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def connected(self) -> bool:
+        return self._nc is not None and self._nc.is_connected
+
+    async def start(self) -> None:
+        self._nc = await connect(self._url, f"duetime-engine {self._publisher}")
+        self._js = self._nc.jetstream()
+        self._stream = await ensure_stream(self._js, self._prefix, ack_wait_s=self._ack_wait_s)
+        self._task = asyncio.create_task(self._publish_loop(), name="duetime-nats-publisher")
+
+    async def put(self, run: FencedRow) -> None:
+        self._idle.clear()
+        await super().put(run)
+
+    def backlog(self) -> int:
+        """Runs fenced and not yet acknowledged by the broker."""
+        return self.qsize() + self._busy
+
+    async def close(self, grace_s: float) -> None:
+        """Publish what is buffered (within the grace), then close. Anything left unpublished keeps
+        its lease until the heartbeats stop; then the janitor retries it."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout=grace_s)
+        left = self.backlog()
+        if left:
+            log.warning("%d fenced runs were not published before shutdown; their leases will lapse", left)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+
+    async def _publish_loop(self) -> None:
+        while True:
+            batch = [await self.get()]
+            while len(batch) < self._batch and (run := self.get_nowait()) is not None:
+                batch.append(run)
+            self._busy = len(batch)
+            try:
+                with PUBLISH_SECONDS.time():
+                    await self._publish(batch)
+            finally:
+                self._busy = 0
+            if not self.qsize():
+                self._idle.set()
+
+    async def _publish(self, runs: list[FencedRow]) -> None:
+        assert self._js is not None
+        pause = 0.1
+        while runs:
+            futures: list[asyncio.Future[Any] | None] = []
+            for run in runs:
+                try:
+                    fut = await self._js.publish_async(
+                        subject_for(self._prefix, run.shard),
+                        encode_run(run, self._publisher),
+                        headers={"Nats-Msg-Id": f"{run.job_id}:{run.lease_token}"},
+                        wait_stall=self._timeout,
+                    )
+                except (nats.errors.Error, OSError) as exc:
+                    log.debug("publish failed: %s", exc)
+                    fut = None
+                futures.append(fut)
+            results = await asyncio.gather(
+                *(asyncio.wait_for(f, self._timeout) for f in futures if f is not None),
+                return_exceptions=True,
+            )
+            outcome = iter(results)
+            failed = [
+                run
+                for run, fut in zip(runs, futures, strict=True)
+                if fut is None or isinstance(next(outcome), BaseException)
+            ]
+            PUBLISHED.inc(len(runs) - len(failed))
+            if not failed:
+                return
+            PUBLISH_RETRIES.inc(len(failed))
+            log.warning("%d of %d publishes were not acknowledged; retrying", len(failed), len(runs))
+            runs = failed
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+
+class PublishedLeaseKeeper(LeaseKeeper):
+    """The engine's heartbeats with DUETIME_RUN_QUEUE=nats: keeps the lease of each run it published
+    until a worker takes it over (the row's holder changes) or it finishes, and for no longer than
+    ``max_wait_s``: a message the broker lost must not keep its run's lease alive forever."""
+
+    def __init__(
+        self, store: PostgresStore, *, holder: str, lease_s: float, heartbeat_s: float, max_wait_s: float
+    ) -> None:
+        super().__init__(store, lease_s=lease_s, heartbeat_s=heartbeat_s)
+        self._holder = holder
+        self._max_wait = max_wait_s
+        self._since: dict[uuid.UUID, float] = {}
+
+    def track(self, job_id: uuid.UUID, shard: int, token: int) -> None:
+        super().track(job_id, shard, token)
+        self._since[job_id] = time.monotonic()
+
+    def _forget(self, job_id: uuid.UUID, token: int) -> None:
+        held = self._held.get(job_id)
+        if held is not None and held[1] == token:
+            del self._held[job_id]
+            self._since.pop(job_id, None)
+
+    async def beat(self) -> None:
+        now = time.monotonic()
+        overdue = [j for j, t in self._since.items() if now - t > self._max_wait]
+        for job_id in overdue:
+            self._forget(job_id, self._held[job_id][1])
+        if overdue:
+            QUEUE_WAIT_ABANDONED.inc(len(overdue))
+            log.warning("%d published runs waited longer than the queue wait limit", len(overdue))
+        items = [(j, s, t) for j, (s, t) in self._held.items()]
+        for i in range(0, len(items), 1000):
+            chunk = items[i : i + 1000]
+            kept = await extend_published(self._store, chunk, holder=self._holder, lease_s=self._lease_s)
+            metrics.LEASE_EXTENSIONS.inc(len(kept))
+            for job_id, _, token in chunk:
+                if job_id not in kept:
+                    self._forget(job_id, token)
+
+    async def drain(self, within_s: float) -> int:
+        """Shutdown: keep beating until workers took everything published (or the time is up);
+        returns how many were still waiting. Those keep their leases until they lapse, unless a
+        worker takes them first."""
+        deadline = time.monotonic() + within_s
+        while self._held and time.monotonic() < deadline:
+            try:
+                await self.beat()
+            except StorageUnavailable:
+                log.warning("heartbeat failed while draining published runs")
+            if self._held:
+                await asyncio.sleep(0.25)
+        return len(self._held)
+
+
+# ---------------------------------------------------------------------------------- worker side
+
+
+@dataclass(slots=True)
+class _Held:
+    msg: Msg
+    since: float
+
+
+class NatsRunConsumer(InProcessRunQueue):
+    """A worker's run queue with DUETIME_RUN_QUEUE=nats: fetches in batches, never holding more than
+    ``concurrency`` runs (requested, called or being recorded) at once; takes each run's lease over
+    in PostgreSQL before handing it to the worker coroutines; acks once the outcome is recorded.
+
+    Fetching keeps one pull request outstanding at the server (batch = free slots, expiring after
+    a second or two) and hands messages on as they arrive: a client-side ``fetch(n)`` that waits to
+    fill its batch would add up to its timeout to every run's lateness when runs trickle in.
+    """
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        keeper: LeaseKeeper,
+        *,
+        url: str,
+        prefix: str,
+        holder: str,
+        lease_s: float,
+        ack_wait_s: float,
+        concurrency: int,
+        fetch_batch: int = 256,
+    ) -> None:
+        # Never full: the fetch loop asks for no more than the free slots of ``concurrency``.
+        super().__init__(maxsize=concurrency + fetch_batch)
+        self._store = store
+        self._keeper = keeper
+        self._url = url
+        self._prefix = prefix
+        self.holder = holder
+        self._lease_s = lease_s
+        self._ack_wait_s = ack_wait_s
+        self._concurrency = concurrency
+        self._fetch_batch = fetch_batch
+        self._held: dict[tuple[uuid.UUID, int], _Held] = {}
+        self._space = asyncio.Event()
+        self._arrived: list[Msg] = []
+        self._arrival = asyncio.Event()
+        self._requested = 0  # messages the outstanding pull request may still deliver
+        self._taking = 0
+        self._request_over = asyncio.Event()
+        self._acks: list[Msg] = []
+        self._ack_event = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._nc: NatsClient | None = None
+        self._fetcher: asyncio.Task[None] | None = None
+        self._side: list[asyncio.Task[None]] = []
+        self.on_taken: Callable[[int], None] | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._nc is not None and self._nc.is_connected
+
+    def held(self) -> int:
+        return len(self._held)
+
+    async def start(self) -> None:
+        self._nc = await connect(self._url, f"duetime-worker {self.holder}")
+        js = self._nc.jetstream()
+        stream = await ensure_stream(js, self._prefix, ack_wait_s=self._ack_wait_s)
+        self._js = js
+        self._stream = stream
+        self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{CONSUMER}"
+        self._inbox = self._nc.new_inbox()
+        await self._nc.subscribe(
+            self._inbox, cb=self._on_message, pending_msgs_limit=self._concurrency * 4 + 1024
+        )
+        self._fetcher = asyncio.create_task(self._fetch_loop(), name="duetime-nats-fetch")
+        self._side = [
+            asyncio.create_task(self._take_loop(), name="duetime-nats-take"),
+            asyncio.create_task(self._ack_loop(), name="duetime-nats-ack"),
+            asyncio.create_task(self._progress_loop(), name="duetime-nats-progress"),
+            asyncio.create_task(self._depth_loop(), name="duetime-nats-depth"),
+        ]
+
+    def recorded(self, reports: list[AttemptReport]) -> None:
+        """The completer's callback: these outcomes are durable, so their messages are done."""
+        for rep in reports:
+            held = self._held.pop((rep.job_id, rep.lease_token), None)
+            if held is not None:
+                self._acks.append(held.msg)
+        self._ack_event.set()
+        self._space.set()
+
+    async def stop_fetching(self) -> None:
+        """SIGTERM: take nothing more; what was taken is still called and recorded. Messages that
+        arrive after this (the last pull request may still deliver) are handed back at once."""
+        self._stopping.set()
+        self._space.set()
+        if self._fetcher is not None:
+            await self._fetcher
+
+    async def close(self) -> None:
+        """After the workers stopped: send the last acks, then close the connection. A message whose
+        run was taken but never recorded is left unacked: its lease lapses, the janitor retries it,
+        and its redelivery is dropped as stale."""
+        self._stopping.set()
+        self._ack_event.set()
+        for task in self._side:
+            task.cancel()
+        for task in self._side:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._send_acks()
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.flush(timeout=2)
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+
+    async def _on_message(self, msg: Msg) -> None:
+        status = msg.headers.get("Status") if msg.headers else None
+        if status is not None:
+            # 404 no messages, 408 request expired, 409 e.g. consumer deleted: the request is over.
+            if status not in ("100",):
+                self._requested = 0
+                self._request_over.set()
+            return
+        self._requested = max(self._requested - 1, 0)
+        if self._requested == 0:
+            self._request_over.set()
+        self._arrived.append(msg)
+        self._arrival.set()
+
+    async def _fetch_loop(self) -> None:
+        assert self._nc is not None
+        expires_s = 1.0
+        while not self._stopping.is_set():
+            free = self._concurrency - len(self._held) - len(self._arrived) - self._taking
+            if free <= 0:
+                self._space.clear()
+                await self._space.wait()
+                continue
+            batch = min(free, self._fetch_batch)
+            self._requested = batch
+            self._request_over.clear()
+            request = json.dumps({"batch": batch, "expires": int(expires_s * 1e9)}).encode()
+            try:
+                await self._nc.publish(self._next_subject, request, reply=self._inbox)
+            except (nats.errors.Error, OSError) as exc:
+                log.warning("asking NATS for runs failed (%s); retrying", exc)
+                self._requested = 0
+                await asyncio.sleep(0.5)
+                continue
+            # Over when fully delivered or the server says so; a request lost with the connection
+            # gets no answer, so its expiry (plus a margin) ends it too.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._request_over.wait(), timeout=expires_s + 1.0)
+            self._requested = 0
+
+    async def _take_loop(self) -> None:
+        while True:
+            if not self._arrived:
+                self._arrival.clear()
+                await self._arrival.wait()
+                continue
+            msgs, self._arrived = self._arrived, []
+            if self._stopping.is_set():
+                for msg in msgs:  # offered to another worker at once, not after the ack wait
+                    with contextlib.suppress(Exception):
+                        await msg.nak()
+                continue
+            self._taking = len(msgs)
+            try:
+                await self._take(msgs)
+            finally:
+                self._taking = 0
+            self._space.set()
+
+    async def _take(self, msgs: list[Msg]) -> None:
+        runs: list[tuple[FencedRow, str, Msg]] = []
+        seen: set[tuple[uuid.UUID, int]] = set()
+        for msg in msgs:
+            try:
+                run, publisher = decode_run(msg.data)
+            except ValueError as exc:
+                log.error("dropping a message on %s: %s", msg.subject, exc)
+                await self._term(msg)
+                continue
+            key = (run.job_id, run.lease_token)
+            if key in seen or key in self._held:
+                await self._term(msg)  # a duplicate of a run already taken: never called twice
+                continue
+            seen.add(key)
+            runs.append((run, publisher, msg))
+        if not runs:
+            return
+        try:
+            with TAKE_SECONDS.time():
+                taken = await take_runs(
+                    self._store,
+                    [(r.job_id, r.shard, r.lease_token, p) for r, p, _ in runs],
+                    holder=self.holder,
+                    lease_s=self._lease_s,
+                )
+        except StorageUnavailable as exc:
+            log.warning("taking %d runs failed (%s); handing them back", len(runs), exc)
+            for _, _, msg in runs:
+                with contextlib.suppress(Exception):
+                    await msg.nak(delay=1.0)
+            await asyncio.sleep(0.5)
+            return
+        now = time.monotonic()
+        for run, _, msg in runs:
+            if (run.job_id, run.lease_token) not in taken:
+                await self._term(msg)
+                continue
+            self._keeper.track(run.job_id, run.shard, run.lease_token)
+            self._held[(run.job_id, run.lease_token)] = _Held(msg, now)
+            self.put_nowait(run)
+        TAKEN.inc(len(taken))
+        if self.on_taken is not None:
+            self.on_taken(len(taken))
+
+    async def _term(self, msg: Msg) -> None:
+        DROPPED.inc()
+        with contextlib.suppress(Exception):
+            await msg.term()
+
+    async def _send_acks(self) -> None:
+        acks, self._acks = self._acks, []
+        for msg in acks:
+            try:
+                await msg.ack()
+            except nats.errors.MsgAlreadyAckdError:
+                pass
+            except Exception as exc:  # lost with the connection: redelivered later, dropped as stale
+                log.debug("ack failed: %s", exc)
+        ACKED.inc(len(acks))
+
+    async def _ack_loop(self) -> None:
+        while True:
+            self._ack_event.clear()
+            await self._ack_event.wait()
+            await self._send_acks()
+
+    async def _progress_loop(self) -> None:
+        """Calls that run long are marked in progress, so NATS does not offer them to another
+        worker while they are still ours (that worker would only drop them, but why make it look)."""
+        every = max(self._ack_wait_s / 3, 0.2)
+        while True:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            for held in list(self._held.values()):
+                if now - held.since > every:
+                    held.since = now
+                    with contextlib.suppress(Exception):
+                        await held.msg.in_progress()
+
+    async def _depth_loop(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                info = await self._js.consumer_info(self._stream, CONSUMER, timeout=2)
+                STREAM_PENDING.set(info.num_pending or 0)
+                STREAM_ACK_PENDING.set(info.num_ack_pending or 0)
+            await asyncio.sleep(5.0)

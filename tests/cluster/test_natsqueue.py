@@ -1,0 +1,95 @@
+"""The NATS run queue's take step against real NATS and PostgreSQL: a message is called only when
+its own token is the one the row holds, even when a stale and a current message of the same job
+arrive in one batch (a redelivery of a dead worker's message next to the retry's)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from core import codec
+from core.model import JobSpec, OneOffSchedule, WebhookTarget
+from engine.leases import LeaseKeeper
+from engine.natsqueue import CONSUMER, NatsRunConsumer, connect, encode_run, ensure_stream, subject_for
+from storage.postgres import FencedRow, PostgresStore
+from storage.shardmap import ShardMap
+from tests.cluster.harness import NatsServer
+
+
+@pytest.fixture
+async def store(pg_dsn: str) -> AsyncIterator[PostgresStore]:
+    s = await PostgresStore.open(ShardMap.single(pg_dsn), pool_size=2)
+    yield s
+    await s.close()
+
+
+async def _running_job(store: PostgresStore, *, token: int, holder: str) -> FencedRow:
+    owner = "nq_" + uuid.uuid4().hex[:6]
+    await store.create_api_key(owner)
+    due = datetime.now(UTC) + timedelta(hours=1)
+    spec = JobSpec(target=WebhookTarget(url="http://127.0.0.1:9/x"), schedule=OneOffSchedule(due))
+    job, _ = await store.create_job(owner, spec)
+    job_id = uuid.UUID(job.id)
+    await store.pool_for_shard(0).execute(
+        "UPDATE jobs SET phase = 'running', lease_token = $2, claimed_by = $3, "
+        "leased_until = now() + interval '1 minute' WHERE job_id = $1",
+        job_id,
+        token,
+        holder,
+    )
+    return FencedRow(
+        job_id=job_id,
+        shard=0,
+        owner=owner,
+        lease_token=token,
+        scheduled_for=due,
+        due_at=due,
+        attempt=1,
+        spec=codec.spec_to_json(spec),
+        spec_version=1,
+        run_kind="scheduled",
+    )
+
+
+async def test_a_stale_message_next_to_the_current_one_is_dropped_not_called(
+    store: PostgresStore, nats_server: NatsServer
+) -> None:
+    from dataclasses import replace
+
+    current = await _running_job(store, token=2, holder="engine-x")
+    stale = replace(current, lease_token=1)  # e.g. redelivered from a worker that died
+    nc = await connect(nats_server.url, "test")
+    try:
+        js = nc.jetstream()
+        stream = await ensure_stream(js, "nqtest", ack_wait_s=5)
+        for run in (stale, current):
+            await js.publish(subject_for("nqtest", run.shard), encode_run(run, "engine-x"))
+        sub = await js.pull_subscribe_bind(CONSUMER, stream)
+        msgs = await sub.fetch(2, timeout=5)
+        assert len(msgs) == 2
+        keeper = LeaseKeeper(store, lease_s=60, heartbeat_s=20)
+        consumer = NatsRunConsumer(
+            store,
+            keeper,
+            url=nats_server.url,
+            prefix="nqtest",
+            holder="worker-y",
+            lease_s=60,
+            ack_wait_s=5,
+            concurrency=10,
+        )
+        await consumer._take(msgs)  # one batch, as the fetch loop hands it over
+        handed: list[FencedRow] = []
+        while (got := consumer.get_nowait()) is not None:
+            handed.append(got)
+        assert [r.lease_token for r in handed] == [2]
+        assert consumer.held() == 1
+        holder = await store.pool_for_shard(0).fetchval(
+            "SELECT claimed_by FROM jobs WHERE job_id = $1", current.job_id
+        )
+        assert holder == "worker-y"
+    finally:
+        await nc.close()
