@@ -556,6 +556,7 @@ JOB_CALLS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "/trigger", None),
     ("POST", "/replay", None),
     ("GET", "/runs", None),
+    ("GET", "/preview", None),
 ]
 
 

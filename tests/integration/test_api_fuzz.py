@@ -1,9 +1,12 @@
 """Schemathesis against a live API server on the real database: no 5xx, answers match the schema.
 
-Run alone with ``.venv/bin/pytest tests/integration/test_api_fuzz.py`` (or ``-k fuzz``). The
-server runs in a background thread with its own event loop, on a real port, because schemathesis
-calls it synchronously. The schema is our own ``build_openapi`` (the same document /openapi.json
-serves, which the fixture asserts), so pytest gets one test per operation.
+Run alone with ``.venv/bin/pytest tests/integration/test_api_fuzz.py`` (or ``-k fuzz``). Scale it
+up with ``DUETIME_FUZZ_EXAMPLES`` (examples per operation, default 300):
+``DUETIME_FUZZ_EXAMPLES=3000 .venv/bin/pytest tests/integration/test_api_fuzz.py --timeout=0 -s``
+makes tens of thousands of requests and prints how many. The server runs in a background thread
+with its own event loop, on a real port, because schemathesis calls it synchronously. The schema
+is our own ``build_openapi`` (the same document /openapi.json serves, which the fixture asserts),
+so pytest gets one test per operation.
 
 Both generation modes run: positive (valid by the schema, mostly refused by deeper validation)
 and negative (wrong types, missing fields, bad media types). Most generated job ids are swapped
@@ -14,6 +17,7 @@ one real job has a run history so Run answers are checked too.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import uuid
 from collections import Counter
@@ -43,7 +47,8 @@ from core.validation import SpecLimits
 from storage.postgres import PostgresStore
 from storage.shardmap import ShardMap
 
-MAX_EXAMPLES = 300  # per operation; with the coverage and negative cases, a few hundred requests each
+# Per operation; with the coverage and negative cases, a few hundred requests each by default.
+MAX_EXAMPLES = int(os.environ.get("DUETIME_FUZZ_EXAMPLES") or 300)
 MIN_REQUESTS_PER_OPERATION = 200
 CHECKS = [
     not_a_server_error,
@@ -174,6 +179,8 @@ def live_api(pg_dsn: str) -> Iterator[LiveApi]:
         yield server
     finally:
         server.stop()
+        total = sum(server.requests.values())
+        print(f"\nschemathesis: {total} requests over {len(server.requests)} operations")
     # Only when every operation ran (not under -k selecting one); the other labels seen are
     # schemathesis' probes with undeclared methods, which answer 405.
     if set(server.requests) >= OPERATIONS:
@@ -189,6 +196,19 @@ def _aim_at_real_jobs(case: Any, job_ids: list[str]) -> None:
         case.path_parameters["job_id"] = job_ids[len(generated) % len(job_ids)]
 
 
+# Headers that frame the HTTP message itself. A generated value (``Transfer-Encoding: bxEr`` next
+# to the client's ``Content-Length``) makes a request HTTP cannot parse: aiohttp's parser answers
+# 400 before any of our code runs, which is right but outside the API's contract. Found by the
+# scaled-up run (DUETIME_FUZZ_EXAMPLES=2000).
+_FRAMING_HEADERS = frozenset({"transfer-encoding", "content-length", "host", "connection", "upgrade"})
+
+
+def _drop_framing_headers(case: Any) -> None:
+    if case.headers:
+        for name in [n for n in case.headers if n.lower() in _FRAMING_HEADERS]:
+            del case.headers[name]
+
+
 @schema.parametrize()
 @settings(
     deadline=None,
@@ -197,6 +217,7 @@ def _aim_at_real_jobs(case: Any, job_ids: list[str]) -> None:
 )
 def test_fuzz_api(case: Any, live_api: LiveApi) -> None:
     _aim_at_real_jobs(case, live_api.job_ids)
+    _drop_framing_headers(case)
     live_api.requests[f"{case.method} {case.path}"] += 1
     case.call_and_validate(
         base_url=live_api.base_url,
