@@ -193,7 +193,12 @@ class JobsApi:
         current = await self._registry.get_job(owner, job_id)
         merged = merge_patch(spec_to_json(current.spec), patch)
         _restore_redacted_headers(merged, current.spec)
-        spec = parse_job_spec(merged, now=datetime.now(UTC), limits=self._limits)
+        # Time-dependent checks (an end_at already passed, the run_at horizon) judge a schedule
+        # when it is set: an unchanged one is judged as of the job's creation, so renaming a job
+        # whose bounded cron has just ended is not refused as "never fires".
+        schedule_changed = isinstance(patch, dict) and "schedule" in patch
+        anchor = datetime.now(UTC) if schedule_changed else current.created_at
+        spec = parse_job_spec(merged, now=anchor, limits=self._limits)
         if isinstance(patch, dict) and "target" in patch:
             await self._check_target(spec)
         job = await self._registry.update_job(owner, job_id, spec)

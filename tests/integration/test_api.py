@@ -998,3 +998,25 @@ async def test_openapi_is_served_without_auth(client: Client) -> None:
     resp = await client.get("/openapi.json")
     assert resp.status == 200 and resp.content_type == "application/json"
     assert (await resp.json())["openapi"].startswith("3.1")
+
+
+async def test_patch_of_other_fields_after_a_bounded_cron_ended_is_not_refused(
+    client: Client, store: PostgresStore
+) -> None:
+    """Regression: once end_at had passed, a PATCH of only the name re-checked the unchanged
+    schedule against the current time and answered 422 cron_never_fires."""
+    auth = await new_owner(store)
+    end_at = (datetime.now(UTC) + timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    spec = webhook_spec(schedule={"cron": "* * * * * *", "end_at": end_at})
+    resp = await client.post("/v1/jobs", json=spec, headers=auth)
+    assert resp.status == 201
+    job = await resp.json()
+    await asyncio.sleep(3)  # no engine here: the job is still scheduled, its end_at has passed
+    resp = await client.patch(f"/v1/jobs/{job['id']}", json={"name": "renamed"}, headers=auth)
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["name"] == "renamed"
+    # a schedule that is itself changed is still judged against now
+    resp = await client.patch(
+        f"/v1/jobs/{job['id']}", json={"schedule": {"cron": "* * * * * *", "end_at": end_at}}, headers=auth
+    )
+    assert resp.status == 422
