@@ -91,12 +91,14 @@ async def seed_jobs(
     *,
     chunk: int = 50_000,
     progress: Callable[[int], None] | None = None,
+    return_ids: bool = True,
 ) -> list[uuid.UUID]:
     """Write ``jobs`` into the database of each one's shard, ``chunk`` rows per COPY.
 
     ``dsns_by_shard`` is the DSN of each of the 16 logical shards (``Settings.shard_dsns()``).
-    Returns the job ids in the order given. ``progress`` is told the running total after each
-    chunk, so a ten-million-row fill can say how far it is.
+    Returns the job ids in the order given (none with ``return_ids=False``: ten million ids are
+    half a gigabyte). ``progress`` is told the running total after each chunk, so a
+    ten-million-row fill can say how far it is.
     """
     conns: dict[str, asyncpg.Connection] = {}
     pending: dict[str, list[tuple[Any, ...]]] = {}
@@ -107,7 +109,8 @@ async def seed_jobs(
             conns[dsn] = await asyncpg.connect(dsn)
             pending[dsn] = []
         for row in job_rows(jobs, now):
-            ids.append(row[0])
+            if return_ids:
+                ids.append(row[0])
             dsn = dsns_by_shard[row[1]]
             bucket = pending[dsn]
             bucket.append(row)
@@ -164,4 +167,19 @@ async def table_writes(dsns: Iterable[str]) -> dict[str, int]:
         # Databases on one server share its WAL: count each server once.
         wal_by_server[dsn.rpartition("/")[0]] = wal
     out["wal_bytes"] = sum(wal_by_server.values())
+    return out
+
+
+async def outcome_counts(dsns: Iterable[str]) -> dict[str, tuple[int, str | None]]:
+    """History rows by outcome, with one error text each: a benchmark's failed runs, explained."""
+    out: dict[str, tuple[int, str | None]] = {}
+    for dsn in dict.fromkeys(dsns):
+        conn = await asyncpg.connect(dsn)
+        try:
+            rows = await conn.fetch("SELECT outcome, count(*) AS n, min(error) AS error FROM runs GROUP BY 1")
+        finally:
+            await conn.close()
+        for r in rows:
+            n, err = out.get(r["outcome"], (0, None))
+            out[r["outcome"]] = (n + r["n"], err or r["error"])
     return out

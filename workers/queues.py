@@ -84,6 +84,100 @@ def _failed(error: str, *, retryable: bool) -> Verdict:
     return Verdict(Outcome.FAILED, retryable, None, error)
 
 
+_Pending = tuple[str, dict[str, bytes | str], "asyncio.Future[Any]", float]  # key, fields, reply, deadline
+
+
+class _RedisBatcher:
+    """Concurrent XADDs leave as pipelines: every XADD asked for while one pipeline is on the
+    wire goes out in the next one, up to ``max_batch`` commands and ``max_inflight`` pipelines.
+
+    At a midnight burst a thousand workers XADD at once. One command per connection would need a
+    thousand connections (the client's pool refuses past its limit) and a round trip each; a
+    pipeline of hundreds costs one round trip and one connection. Each run still gets its own
+    stream entry and its own reply (entry id or error), so outcomes stay per run. The pipeline is
+    not a transaction and is never re-sent: a broken connection fails every command in it, each
+    as a retryable failure for the scheduler to retry.
+
+    Each XADD has a deadline ``timeout_s`` after it was asked for; a pipeline waits at most until
+    the earliest deadline among its commands (one timer per pipeline, not one per run), and a
+    command whose deadline passed before it could be sent fails with ``TimeoutError`` unsent.
+    """
+
+    def __init__(
+        self, client: aioredis.Redis, *, timeout_s: float, max_batch: int = 500, max_inflight: int = 4
+    ) -> None:
+        self._client = client
+        self._timeout_s = timeout_s
+        self._max_batch = max_batch
+        self._slots = asyncio.Semaphore(max_inflight)
+        self._pending: list[_Pending] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._sending: set[asyncio.Task[None]] = set()
+
+    async def xadd(self, key: str, fields: dict[str, bytes | str]) -> Any:
+        """The entry id; raises the command's own error, or ``TimeoutError`` past the deadline."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._pending.append((key, fields, fut, loop.time() + self._timeout_s))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name="duetime-redis-pipeline")
+        return await fut
+
+    async def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            await self._slots.acquire()
+            batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
+            now = loop.time()
+            live: list[_Pending] = []
+            for item in batch:
+                if item[2].done():  # the caller was cancelled
+                    continue
+                if item[3] <= now:
+                    item[2].set_exception(TimeoutError())
+                    continue
+                live.append(item)
+            if not live:
+                self._slots.release()
+                continue
+            task = asyncio.create_task(self._send(live), name="duetime-redis-pipeline-send")
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[_Pending]) -> None:
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for key, fields, _, _ in batch:
+                pipe.xadd(key, fields)  # type: ignore[arg-type]
+            try:
+                async with asyncio.timeout_at(min(item[3] for item in batch)):
+                    replies = await pipe.execute(raise_on_error=False)
+            except BaseException as exc:
+                for _, _, fut, _ in batch:
+                    if not fut.done():
+                        fut.set_exception(
+                            exc if isinstance(exc, Exception) else redis_errors.ConnectionError()
+                        )
+                if not isinstance(exc, Exception):
+                    raise
+                return
+            for (_, _, fut, _), reply in zip(batch, replies, strict=True):
+                if fut.done():  # the caller timed out; its outcome is already "timed out"
+                    continue
+                if isinstance(reply, Exception):
+                    fut.set_exception(reply)
+                else:
+                    fut.set_result(reply)
+        finally:
+            self._slots.release()
+
+    async def close(self) -> None:
+        for task in list(self._sending) + ([self._flusher] if self._flusher else []):
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
 class QueuePublisher:
     """One lazily made connection per configured broker, shared by all deliveries."""
 
@@ -94,6 +188,7 @@ class QueuePublisher:
         self._nats: Any = None  # nats.aio.client.Client: the package ships no type hints
         self._nats_connecting: asyncio.Task[Any] | None = None
         self._redis: aioredis.Redis | None = None
+        self._redis_batcher: _RedisBatcher | None = None
         self._closed = False
 
     async def publish(self, d: Delivery, target: QueueTarget, body: bytes) -> Verdict:
@@ -178,6 +273,11 @@ class QueuePublisher:
 
     # Redis streams -------------------------------------------------------------------------
 
+    def _redis_pipeline(self) -> _RedisBatcher:
+        if self._redis_batcher is None:
+            self._redis_batcher = _RedisBatcher(self._redis_client(), timeout_s=self._timeout_s)
+        return self._redis_batcher
+
     def _redis_client(self) -> aioredis.Redis:
         if self._redis is None:
             assert self._redis_url is not None
@@ -196,8 +296,8 @@ class QueuePublisher:
         if self._redis_url is None:
             return _failed("broker not configured (set DUETIME_REDIS_URL)", retryable=False)
         try:
-            async with asyncio.timeout(self._timeout_s):
-                await self._redis_client().xadd(key, redis_fields(d, body))  # type: ignore[arg-type]
+            # The batcher enforces the timeout: one timer per pipeline instead of one per run.
+            await self._redis_pipeline().xadd(key, redis_fields(d, body))
         except TimeoutError:
             return Verdict(Outcome.TIMED_OUT, True, None, f"Redis did not answer within {self._timeout_s:g}s")
         except _REDIS_TRANSIENT as exc:
@@ -222,6 +322,9 @@ class QueuePublisher:
             with contextlib.suppress(Exception):
                 await self._nats.close()
             self._nats = None
+        if self._redis_batcher is not None:
+            await self._redis_batcher.close()
+            self._redis_batcher = None
         if self._redis is not None:
             await self._redis.aclose()
             self._redis = None

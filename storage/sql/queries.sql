@@ -131,6 +131,7 @@ UPDATE jobs j SET
 FROM unnest($1::uuid[], $2::bigint[], $4::timestamptz[]) AS u(job_id, token, scheduled_for)
 WHERE j.job_id = u.job_id AND j.lease_token = u.token
   AND j.phase = 'claimed' AND j.state = 'scheduled'
+  AND j.job_id = ANY($1::uuid[])  -- the batch by primary key, whatever the statistics say (0002)
 RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.scheduled_for, j.next_run_at, j.attempt,
     j.spec, j.spec_version, j.run_kind;
 
@@ -138,6 +139,7 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.scheduled_for, j.next_run
 UPDATE jobs j SET leased_until = now() + make_interval(secs => $3)
 FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
 WHERE j.job_id = u.job_id AND j.lease_token = u.token AND j.phase <> 'idle'
+  AND j.job_id = ANY($1::uuid[])
 RETURNING j.job_id;
 
 -- name: release_claims
@@ -145,6 +147,7 @@ RETURNING j.job_id;
 UPDATE jobs j SET phase = 'idle', claimed_by = NULL, leased_until = NULL
 FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
 WHERE j.job_id = u.job_id AND j.lease_token = u.token AND j.phase = 'claimed'
+  AND j.job_id = ANY($1::uuid[])
 RETURNING j.job_id;
 
 -- name: lock_for_completion

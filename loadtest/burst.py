@@ -1,0 +1,819 @@
+"""The midnight burst: N one-off jobs due at one instant T, and how fast Duetime starts them all.
+
+    python -m loadtest.burst --jobs 100000 --target redis --topology all-in-one \\
+        --seed-mode bulk --processes 2
+
+Registers N jobs due at the same whole second T, either through the HTTP API with many concurrent
+clients (``--seed-mode api``: a ``duetime api`` process, ``--clients`` connections) or straight
+into storage with COPY (``--seed-mode bulk``: ``storage.bulk``, for the million-row case; the
+output says which). Then it waits and records when each run *started at the target*, from the
+target's own clock so that the measuring side is never the bottleneck:
+
+* ``webhook``: a uvloop receiver in its own process (``loadtest.common.ReceiverProcess``), arrival
+  time per call;
+* ``redis``: the stream entry id of each XADD (its first part is the Redis server's ms clock);
+* ``nats``: the JetStream stored-message timestamp (message metadata).
+
+``--topology all-in-one`` runs P node processes, each an engine for its share of the shards with
+in-process workers (what ``DUETIME_PROCESSES=P duetime run`` does). ``--topology cluster`` runs
+separate ``duetime engine`` and ``duetime worker`` processes over the NATS run queue and needs it
+to exist.
+
+Prints one JSON line and a table: registration rate, claims/s before T, starts/s after T (a
+per-second series), completions/s, start lateness p50/p90/p99/max, drain time (last start − T),
+lost and duplicated runs, database row writes per run (pg_stat_user_tables deltas, minus the N
+inserts of the jobs themselves), WAL bytes per run, engine RSS per run waiting in the wheel, and
+peak RSS of every process; writes a PNG under loadtest/out/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import asyncio
+import contextlib
+import dataclasses
+import json
+import multiprocessing as mp
+import os
+import resource
+import secrets
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from core import codec
+from core.model import Broker, JobSpec, OneOffSchedule, QueueTarget, RetryPolicy, Target, WebhookTarget
+from duetime.app import split_shards
+from duetime.settings import Settings
+from loadtest.common import ReceiverProcess, free_port, print_report, quantiles, scratch_database
+from loadtest.plot import cumulative_to_rate, per_second, write_burst_plot
+from storage.bulk import BulkJob, analyze_jobs, outcome_counts, seed_jobs, table_writes
+from storage.postgres import PostgresStore
+from storage.shardmap import ShardMap
+
+REDIS_URL = os.environ.get("DUETIME_BENCH_REDIS", "redis://127.0.0.1:6379/0")
+NATS_URL = os.environ.get("DUETIME_BENCH_NATS", "nats://127.0.0.1:4222")
+OUT_DIR = Path(__file__).parent / "out"
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class TopologyUnavailable(RuntimeError):
+    """The asked-for topology needs a part this checkout does not have yet."""
+
+
+# ---------------------------------------------------------------- accounting (pure)
+
+
+@dataclass
+class StartAccount:
+    """What the target saw, against what was registered: lateness, lost, duplicated."""
+
+    lateness_ms: list[float]
+    first_start_s: dict[str, float]
+    lost: int
+    duplicated: int
+    unexpected: int
+
+
+def account_starts(expected: set[str], starts: Sequence[tuple[str, float]], t_due_s: float) -> StartAccount:
+    """``starts`` are (job id, start instant in epoch seconds) as the target recorded them, in any
+    order. The first start of a job counts for its lateness; each further one is a duplicate."""
+    first: dict[str, float] = {}
+    duplicated = 0
+    unexpected = 0
+    for job_id, at in starts:
+        if job_id not in expected:
+            unexpected += 1
+            continue
+        seen = first.get(job_id)
+        if seen is None:
+            first[job_id] = at
+        else:
+            duplicated += 1
+            first[job_id] = min(seen, at)
+    lateness = [(at - t_due_s) * 1000.0 for at in first.values()]
+    return StartAccount(
+        lateness_ms=lateness,
+        first_start_s=first,
+        lost=len(expected) - len(first),
+        duplicated=duplicated,
+        unexpected=unexpected,
+    )
+
+
+def job_id_of_key(key: str) -> str:
+    """The job id part of an Idempotency-Key ``<job id>:<occurrence>``."""
+    return key.partition(":")[0]
+
+
+def redis_entry_ms(entry_id: bytes | str) -> int:
+    """The server's ms clock at XADD: the first half of an auto-generated stream entry id."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.partition("-")[0])
+
+
+def writes_per_run(before: dict[str, int], after: dict[str, int], runs: int, seeded: int) -> dict[str, float]:
+    """Row writes (inserts + updates in jobs and runs) and WAL per run between two reads of
+    ``storage.bulk.table_writes``; the ``seeded`` job inserts are the registration, not the run."""
+    ins = after["ins"] - before["ins"] - seeded
+    upd = after["upd"] - before["upd"]
+    hot = after["hot_upd"] - before["hot_upd"]
+    n = max(runs, 1)
+    return {
+        "inserts_per_run": round(ins / n, 2),
+        "updates_per_run": round(upd / n, 2),
+        "row_writes_per_run": round((ins + upd) / n, 2),
+        "hot_update_share": round(hot / upd, 3) if upd else 0.0,
+        "wal_bytes_per_run": round((after["wal_bytes"] - before["wal_bytes"]) / n),
+    }
+
+
+def wheel_bytes_per_run(samples: Sequence[tuple[float, int, float, float, float]]) -> float | None:
+    """RSS growth per run waiting in the wheel, from a node's samples
+    (t, wheel entries, claims, completions, rss bytes): RSS at the wheel's peak minus RSS before
+    the first claim, over the entries then waiting."""
+    if not samples:
+        return None
+    base = next((s[4] for s in samples if s[2] == 0), samples[0][4])
+    peak = max(samples, key=lambda s: s[1])
+    if peak[1] <= 0:
+        return None
+    return (peak[4] - base) / peak[1]
+
+
+# ---------------------------------------------------------------- node processes
+
+
+@dataclass
+class NodeSamples:
+    pid: int
+    shards: list[int]
+    # (t, wheel entries, claims so far, completions so far, rss bytes), every 100 ms
+    samples: list[tuple[float, int, float, float, float]]
+    fire_lateness_ms: list[int]
+    peak_rss_mb: float
+    fence_statements: int
+    fence_time_s: float
+
+
+def _rss_bytes() -> float:
+    with open("/proc/self/statm") as f:
+        return float(f.read().split()[1]) * _PAGE
+
+
+def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any) -> None:
+    """One all-in-one node (engine + in-process workers) that samples itself every 100 ms."""
+    from duetime.app import Node
+    from engine import metrics
+
+    def total(counter: Any) -> float:
+        # Only this counter's samples: the registry-wide collect reads /proc and every histogram.
+        return float(sum(x.value for m in counter.collect() for x in m.samples if x.name.endswith("_total")))
+
+    async def main() -> None:
+        node = Node(settings, api=False)
+        await node.start()
+        assert node._engine is not None
+        engine = node._engine
+        late = array.array("q")
+        engine.lateness_probe = late.extend
+
+        samples: list[tuple[float, int, float, float, float]] = []
+        started.set()
+        while not stop.is_set():
+            completions = total(metrics.COMPLETIONS)
+            samples.append((time.time(), len(engine.wheel), total(metrics.CLAIMS), completions, _rss_bytes()))
+            done.value = int(completions)
+            await asyncio.sleep(0.1)
+        statements, spent = engine.fence_statements, engine.fence_time_s
+        await node.stop()
+        out.send(
+            NodeSamples(
+                pid=os.getpid(),
+                shards=sorted(settings.shards),
+                samples=samples,
+                fire_lateness_ms=late.tolist(),
+                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                fence_statements=statements,
+                fence_time_s=spent,
+            )
+        )
+        out.close()
+
+    uvloop.run(main())
+
+
+class BurstNodes:
+    """P all-in-one nodes in child processes, each owning a share of the shards."""
+
+    def __init__(self, settings: Settings, processes: int) -> None:
+        ctx = mp.get_context("spawn")
+        self._stop = ctx.Event()
+        self._procs: list[tuple[Any, Any, Any, Any]] = []
+        for i, group in enumerate(split_shards(settings.shards, processes)):
+            child = dataclasses.replace(settings, shards=group, engine_id=f"burst-{i}", http_port=0)
+            started = ctx.Event()
+            done = ctx.Value("q", 0, lock=False)
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=_node_main, args=(child, started, self._stop, done, send), name=f"burst-node-{i}"
+            )
+            self._procs.append((proc, started, done, recv))
+
+    def start(self) -> None:
+        for proc, _, _, _ in self._procs:
+            proc.start()
+        for proc, started, _, _ in self._procs:
+            if not started.wait(60):
+                raise RuntimeError(f"burst node {proc.pid} did not start")
+
+    def pids(self) -> list[int]:
+        return [p.pid for p, _, _, _ in self._procs]
+
+    def completions(self) -> int:
+        return sum(int(d.value) for _, _, d, _ in self._procs)
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p, _, _, _ in self._procs)
+
+    def stop(self) -> list[NodeSamples]:
+        self._stop.set()
+        reports: list[NodeSamples] = []
+        for proc, _, _, recv in self._procs:
+            if recv.poll(180):
+                reports.append(recv.recv())
+            recv.close()
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        return reports
+
+
+# ---------------------------------------------------------------- targets
+
+
+class BurstTarget:
+    """Where runs land and how their start instants are read back."""
+
+    name = "?"
+
+    async def setup(self) -> Target:
+        raise NotImplementedError
+
+    async def starts(self) -> list[tuple[str, float]]:
+        """(job id, start instant, epoch seconds) per delivery, duplicates included."""
+        raise NotImplementedError
+
+    async def count(self) -> int | None:
+        """Deliveries so far, when the target can say cheaply (else None)."""
+        return None
+
+    async def teardown(self) -> None:
+        return None
+
+    def pids(self) -> list[int]:
+        return []
+
+
+class WebhookBurstTarget(BurstTarget):
+    name = "webhook"
+
+    def __init__(self) -> None:
+        self.receiver = ReceiverProcess()
+
+    async def setup(self) -> Target:
+        await asyncio.to_thread(self.receiver.start)
+        return WebhookTarget(url=self.receiver.url + "/hook", timeout_s=30)
+
+    async def starts(self) -> list[tuple[str, float]]:
+        return [(job_id_of_key(k), ns / 1e9) for k, _a, _t, ns in await self.receiver.dump()]
+
+    async def teardown(self) -> None:
+        self.receiver.stop()
+
+    def pids(self) -> list[int]:
+        proc = getattr(self.receiver, "_proc", None)
+        return [proc.pid] if proc is not None and proc.pid else []
+
+
+class RedisBurstTarget(BurstTarget):
+    name = "redis"
+
+    def __init__(self) -> None:
+        import redis.asyncio as aioredis
+
+        self.key = f"duetime-burst-{secrets.token_hex(4)}"
+        # Reading back a million entries is slow for Redis too: a generous per-read timeout.
+        self._r = aioredis.Redis.from_url(REDIS_URL, socket_timeout=300)
+
+    async def setup(self) -> Target:
+        await self._r.delete(self.key)
+        return QueueTarget(broker=Broker.REDIS, topic=self.key)
+
+    async def count(self) -> int | None:
+        n: int = await self._r.xlen(self.key)
+        return n
+
+    async def starts(self) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        start = "-"
+        while True:
+            batch: list[tuple[bytes, dict[bytes, bytes]]] = await self._r.xrange(
+                self.key, min=start, count=5_000
+            )  # type: ignore[assignment]
+            if not batch:
+                return out
+            for entry_id, fields in batch:
+                key = fields[b"idempotency_key"].decode()
+                out.append((job_id_of_key(key), redis_entry_ms(entry_id) / 1000.0))
+            start = "(" + batch[-1][0].decode()
+
+    async def teardown(self) -> None:
+        await self._r.delete(self.key)
+        await self._r.aclose()
+
+
+class NatsBurstTarget(BurstTarget):
+    name = "nats"
+
+    def __init__(self) -> None:
+        tag = secrets.token_hex(4)
+        self.stream = f"DUETIME_BURST_{tag}"
+        self.subject = f"duetime.burst.{tag}"
+        self._nc: Any = None
+
+    async def setup(self) -> Target:
+        import nats
+
+        self._nc = await nats.connect(NATS_URL)
+        js = self._nc.jetstream()
+        await js.add_stream(name=self.stream, subjects=[self.subject])
+        return QueueTarget(broker=Broker.NATS, topic=self.subject)
+
+    async def count(self) -> int | None:
+        info = await self._nc.jetstream().stream_info(self.stream)
+        n: int = info.state.messages
+        return n
+
+    async def starts(self) -> list[tuple[str, float]]:
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        js = self._nc.jetstream()
+        sub = await js.pull_subscribe(
+            self.subject,
+            stream=self.stream,
+            config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL),
+        )
+        total = (await js.stream_info(self.stream)).state.messages
+        out: list[tuple[str, float]] = []
+        try:
+            while len(out) < total:
+                try:
+                    msgs = await sub.fetch(5000, timeout=5)
+                except TimeoutError:
+                    break
+                for m in msgs:
+                    key = (m.headers or {}).get("Idempotency-Key", "")
+                    out.append((job_id_of_key(key), m.metadata.timestamp.timestamp()))
+        finally:
+            await sub.unsubscribe()
+        return out
+
+    async def teardown(self) -> None:
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.jetstream().delete_stream(self.stream)
+            await self._nc.close()
+
+
+def make_target(name: str) -> BurstTarget:
+    if name == "webhook":
+        return WebhookBurstTarget()
+    if name == "redis":
+        return RedisBurstTarget()
+    if name == "nats":
+        return NatsBurstTarget()
+    raise ValueError(f"unknown target {name!r}")
+
+
+# ---------------------------------------------------------------- registration
+
+
+def burst_spec(target: Target, due: datetime) -> JobSpec:
+    # One attempt: a failed start is a lost run in this benchmark, not a retry a minute later.
+    return JobSpec(target=target, schedule=OneOffSchedule(due), retry=RetryPolicy(max_attempts=1))
+
+
+async def seed_bulk(settings: Settings, spec: JobSpec, n: int) -> list[str]:
+    now = datetime.now(UTC)
+    dsns = settings.shard_dsns()
+    last = [0.0]
+
+    def progress(done: int) -> None:
+        if time.monotonic() - last[0] > 5:
+            last[0] = time.monotonic()
+            print(f"  seeded {done}/{n}", file=sys.stderr, flush=True)
+
+    ids = await seed_jobs(dsns, (BulkJob("bench", spec) for _ in range(n)), now, progress=progress)
+    await analyze_jobs(dsns)
+    return [str(i) for i in ids]
+
+
+@contextlib.asynccontextmanager
+async def api_process(settings_env: dict[str, str]) -> AsyncIterator[str]:
+    """A real ``duetime api`` process; yields its base URL."""
+    port = free_port()
+    env = {**os.environ, **settings_env, "DUETIME_HTTP_PORT": str(port), "DUETIME_LOG_LEVEL": "WARNING"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "duetime", "api", env=env, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=60)
+        if b"serving" not in line:
+            raise RuntimeError(f"duetime api did not start: {line!r}")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.feed_eof()
+
+
+async def seed_api(url: str, api_key: str, spec: JobSpec, n: int, clients: int) -> list[str]:
+    import aiohttp
+
+    body = json.dumps(codec.spec_to_json(spec)).encode()
+    headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+    ids: list[str] = []
+    next_i = [0]
+
+    async def client(http: aiohttp.ClientSession) -> None:
+        while next_i[0] < n:
+            next_i[0] += 1
+            async with http.post(url + "/v1/jobs", data=body, headers=headers) as resp:
+                data = await resp.json()
+                if resp.status != 201:
+                    raise RuntimeError(f"create answered {resp.status}: {data}")
+                ids.append(data["id"])
+
+    conn = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=conn) as http:
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+    return ids
+
+
+# ---------------------------------------------------------------- the benchmark
+
+
+@dataclass
+class BurstArgs:
+    jobs: int
+    target: str
+    topology: str
+    seed_mode: str
+    processes: int
+    lead_s: float | None = None
+    clients: int = 64
+    timeout_s: float | None = None
+    settings_env: dict[str, str] = field(default_factory=dict)
+    plot: bool = True
+    label: str = ""
+
+
+def default_lead(a: BurstArgs, lookahead_s: float) -> float:
+    """Registration must end before claiming starts (T − lookahead) for "claims before T" to mean
+    what it says: a generous estimate of the registration time, plus the lookahead, plus 10 s."""
+    rate = 40_000.0 if a.seed_mode == "bulk" else 700.0
+    return round(a.jobs / rate + lookahead_s + 10.0)
+
+
+class _RssWatch:
+    """Peak RSS of processes this benchmark did not write a reporter into (receiver, API)."""
+
+    def __init__(self) -> None:
+        self.peak: dict[str, float] = {}
+
+    def sample(self, named_pids: dict[str, int]) -> None:
+        import psutil  # type: ignore[import-untyped]
+
+        for name, pid in named_pids.items():
+            with contextlib.suppress(psutil.Error):
+                rss = psutil.Process(pid).memory_info().rss
+                self.peak[name] = max(self.peak.get(name, 0.0), rss / 2**20)
+
+
+async def run_burst(a: BurstArgs) -> dict[str, Any]:
+    if a.topology == "cluster":
+        from duetime import app
+
+        if not (
+            hasattr(app, "run_worker")
+            and Path(__file__).parent.parent.joinpath("engine/natsqueue.py").exists()
+        ):
+            raise TopologyUnavailable(
+                "--topology cluster needs the NATS run queue (engine/natsqueue.py and "
+                "duetime.app.run_worker), which this checkout does not have yet; use --topology all-in-one"
+            )
+        raise TopologyUnavailable("--topology cluster is not wired into this benchmark yet; use all-in-one")
+    target = make_target(a.target)
+    spec_target = await target.setup()
+    rss = _RssWatch()
+    try:
+        async with scratch_database("duetime_burst") as dsn:
+            env = {
+                "DUETIME_DATABASE_URL": dsn,
+                "DUETIME_HTTP_PORT": "0",
+                "DUETIME_WEBHOOK_ALLOW_PRIVATE": "1",
+                "DUETIME_REDIS_URL": REDIS_URL,
+                "DUETIME_NATS_URL": NATS_URL,
+                "DUETIME_LOG_LEVEL": "WARNING",
+                **a.settings_env,
+            }
+            settings = Settings.from_env(env)
+            lead = a.lead_s if a.lead_s is not None else default_lead(a, settings.lookahead_s)
+            store = await PostgresStore.open(ShardMap.single(dsn), pool_size=4)
+            api_key, _secret = await store.create_api_key("bench")
+            await store.close()
+            nodes = BurstNodes(settings, a.processes)
+            await asyncio.to_thread(nodes.start)
+            try:
+                return await _measure(
+                    a,
+                    settings=settings,
+                    env=env,
+                    dsn=dsn,
+                    nodes=nodes,
+                    target=target,
+                    spec_target=spec_target,
+                    lead=lead,
+                    api_key=api_key,
+                    rss=rss,
+                )
+            finally:
+                if nodes.alive():
+                    nodes.stop()
+    finally:
+        await target.teardown()
+
+
+async def _measure(
+    a: BurstArgs,
+    *,
+    settings: Settings,
+    env: dict[str, str],
+    dsn: str,
+    nodes: BurstNodes,
+    target: BurstTarget,
+    spec_target: Target,
+    lead: float,
+    api_key: str,
+    rss: _RssWatch,
+) -> dict[str, Any]:
+    t_due = (datetime.now(UTC) + timedelta(seconds=lead)).replace(microsecond=0)
+    t_due_s = t_due.timestamp()
+    spec = burst_spec(spec_target, t_due)
+    writes_before = await table_writes([dsn])
+    reg_started = time.time()
+    if a.seed_mode == "bulk":
+        ids = await seed_bulk(settings, spec, a.jobs)
+    else:
+        async with api_process({k: v for k, v in env.items() if k != "DUETIME_HTTP_PORT"}) as url:
+            ids = await seed_api(url, api_key, spec, a.jobs, a.clients)
+    reg_done = time.time()
+    reg_s = reg_done - reg_started
+    ahead_s = t_due_s - reg_done
+    print(
+        f"  registered {a.jobs} in {reg_s:.1f} s ({a.jobs / reg_s:.0f}/s, {a.seed_mode}); "
+        f"T is {ahead_s:.1f} s ahead",
+        file=sys.stderr,
+        flush=True,
+    )
+    if ahead_s <= 0:
+        raise SystemExit(f"registration ended {-ahead_s:.1f} s after T; raise --lead")
+
+    timeout = a.timeout_s if a.timeout_s is not None else max(120.0, a.jobs / 2000.0)
+    deadline = t_due_s + timeout
+    named = {f"node-{i}": pid for i, pid in enumerate(nodes.pids())}
+    named |= {f"{target.name}-receiver": pid for pid in target.pids()}
+    last_print = 0.0
+    while time.time() < deadline:
+        rss.sample(named)
+        done = nodes.completions()
+        if done >= a.jobs:
+            break
+        if not nodes.alive():
+            raise RuntimeError("a burst node died; see its log above")
+        if time.time() - last_print > 10:
+            last_print = time.time()
+            print(f"  T{time.time() - t_due_s:+.0f} s: {done} completed", file=sys.stderr, flush=True)
+        await asyncio.sleep(0.25)
+    await asyncio.sleep(1.5)  # backends flush their table statistics once idle, at most once a second
+    writes_after = await table_writes([dsn])
+    outcomes = await outcome_counts([dsn])
+    starts = await target.starts()
+    reports = await asyncio.to_thread(nodes.stop)
+    return summarise(
+        a,
+        t_due_s=t_due_s,
+        reg_s=reg_s,
+        ahead_s=ahead_s,
+        ids=ids,
+        starts=starts,
+        reports=reports,
+        writes_before=writes_before,
+        writes_after=writes_after,
+        rss=rss,
+        outcomes=outcomes,
+    )
+
+
+def summarise(
+    a: BurstArgs,
+    *,
+    t_due_s: float,
+    reg_s: float,
+    ahead_s: float,
+    ids: Sequence[str],
+    starts: Sequence[tuple[str, float]],
+    reports: Sequence[NodeSamples],
+    writes_before: dict[str, int],
+    writes_after: dict[str, int],
+    rss: _RssWatch,
+    outcomes: dict[str, tuple[int, str | None]],
+) -> dict[str, Any]:
+    acc = account_starts(set(ids), starts, t_due_s)
+    late_q = quantiles(acc.lateness_ms)
+    starts_ps = per_second(list(acc.first_start_s.values()), t_due_s)
+    claims_ps: dict[int, float] = {}
+    completions_ps: dict[int, float] = {}
+    claim_times: list[float] = []
+    for r in reports:
+        for k, v in cumulative_to_rate([(s[0], s[2]) for s in r.samples], t_due_s).items():
+            claims_ps[k] = claims_ps.get(k, 0.0) + v
+        for k, v in cumulative_to_rate([(s[0], s[3]) for s in r.samples], t_due_s).items():
+            completions_ps[k] = completions_ps.get(k, 0.0) + v
+        prev = 0.0
+        for s in r.samples:
+            if s[2] > prev and s[0] < t_due_s:
+                claim_times.append(s[0])
+            prev = s[2]
+    claimed_before = sum(v for k, v in claims_ps.items() if k < 0)
+    # each sample counts the claims of the 100 ms before it
+    claim_span = (max(claim_times) - min(claim_times) + 0.1) if claim_times else 0.0
+    completed = sum(completions_ps.values())
+    comp_keys = [k for k, v in completions_ps.items() if v > 0 and k >= 0]
+    comp_span = (max(comp_keys) + 1) if comp_keys else 0
+    drain_s = max(acc.first_start_s.values()) - t_due_s if acc.first_start_s else float("nan")
+    writes = writes_per_run(writes_before, writes_after, a.jobs, a.jobs)
+    wheel_bytes = [wheel_bytes_per_run(r.samples) for r in reports]
+    fire_q = quantiles([float(x) for r in reports for x in r.fire_lateness_ms])
+    seed_desc = (
+        f"API, {a.clients} concurrent clients, one duetime api process"
+        if a.seed_mode == "api"
+        else "bulk COPY straight into storage (not through the API)"
+    )
+    peak_rss = {f"node-{i}": round(r.peak_rss_mb, 1) for i, r in enumerate(reports)}
+    peak_rss |= {k: round(v, 1) for k, v in rss.peak.items() if not k.startswith("node-")}
+    peak_rss["benchmark"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
+    result: dict[str, Any] = {
+        "label": a.label,
+        "jobs": a.jobs,
+        "target": a.target,
+        "topology": a.topology,
+        "processes": a.processes,
+        "seed_mode": a.seed_mode,
+        "seeding": seed_desc,
+        "settings": a.settings_env,
+        "registration_per_s": round(a.jobs / reg_s),
+        "registered_ahead_s": round(ahead_s, 1),
+        "claimed_before_T": int(claimed_before),
+        "claims_per_s_before_T": round(claimed_before / claim_span) if claim_span > 0 else None,
+        "starts_per_s": {str(k): v for k, v in sorted(starts_ps.items())},
+        "completions_per_s": {str(k): round(v) for k, v in sorted(completions_ps.items()) if k >= 0},
+        "start_rate_mean_per_s": round(len(acc.first_start_s) / drain_s) if drain_s and drain_s > 0 else None,
+        "completion_rate_mean_per_s": round(completed / comp_span) if comp_span else None,
+        "start_lateness_ms": {k: round(v, 1) for k, v in late_q.items()},
+        "fire_lateness_ms": {k: round(v, 1) for k, v in fire_q.items()},
+        "drain_s": round(drain_s, 2),
+        "started": len(acc.first_start_s),
+        "lost": acc.lost,
+        "outcomes": {k: n for k, (n, _) in outcomes.items()},
+        "errors": {k: e for k, (_, e) in outcomes.items() if e},
+        "duplicated": acc.duplicated,
+        **writes,
+        "wheel_rss_bytes_per_run": [round(b) if b is not None else None for b in wheel_bytes],
+        "fence_statements": sum(r.fence_statements for r in reports),
+        "peak_rss_mb": peak_rss,
+    }
+    if a.plot:
+        name = f"burst-{a.target}-{a.jobs}-{a.topology}-{a.seed_mode}-p{a.processes}"
+        if a.label:
+            name += f"-{a.label}"
+        path = write_burst_plot(
+            OUT_DIR / f"{name}.png",
+            title=f"{a.jobs} runs due at T, {a.target}, {a.topology}, P={a.processes}",
+            starts_per_s=starts_ps,
+            completions_per_s={k: v for k, v in completions_ps.items() if k >= -2},
+            claims_per_s=None,
+            lateness_ms=acc.lateness_ms,
+        )
+        result["plot"] = str(path)
+    return result
+
+
+def report(result: dict[str, Any]) -> None:
+    def q(d: dict[str, float]) -> str:
+        return " / ".join(f"{d[k]:.0f}" for k in ("p50", "p90", "p99", "max")) + " ms"
+
+    series = ", ".join(f"{k}:{v}" for k, v in list(result["starts_per_s"].items())[:20])
+    comp = ", ".join(f"{k}:{v}" for k, v in list(result["completions_per_s"].items())[:20])
+    print_report(
+        "burst",
+        result,
+        [
+            (
+                "runs due at T",
+                f"{result['jobs']} → {result['target']}, {result['topology']}, P={result['processes']}",
+            ),
+            ("registration", f"{result['registration_per_s']}/s ({result['seeding']})"),
+            ("registered ahead of T", f"{result['registered_ahead_s']} s"),
+            ("claimed before T", f"{result['claimed_before_T']} at {result['claims_per_s_before_T']}/s"),
+            ("starts/s after T (s:count)", series),
+            ("completions/s after T", comp),
+            (
+                "mean start / completion rate",
+                f"{result['start_rate_mean_per_s']}/s, {result['completion_rate_mean_per_s']}/s",
+            ),
+            ("start lateness p50/p90/p99/max", q(result["start_lateness_ms"])),
+            ("fire lateness at engine", q(result["fire_lateness_ms"])),
+            ("drain (last start − T)", f"{result['drain_s']} s"),
+            (
+                "started / lost / duplicated",
+                f"{result['started']} / {result['lost']} / {result['duplicated']}",
+            ),
+            (
+                "row writes per run (ins + upd)",
+                f"{result['row_writes_per_run']} "
+                f"({result['inserts_per_run']} + {result['updates_per_run']}), "
+                f"HOT {result['hot_update_share']:.0%}, WAL {result['wal_bytes_per_run']} B",
+            ),
+            ("engine RSS per waiting run", ", ".join(f"{b} B" for b in result["wheel_rss_bytes_per_run"])),
+            ("peak RSS", ", ".join(f"{k} {v:.0f} MB" for k, v in result["peak_rss_mb"].items())),
+            ("plot", result.get("plot", "-")),
+        ],
+    )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--jobs", type=int, default=100_000)
+    p.add_argument("--target", choices=("webhook", "redis", "nats"), default="redis")
+    p.add_argument("--topology", choices=("all-in-one", "cluster"), default="all-in-one")
+    p.add_argument("--seed-mode", choices=("api", "bulk"), default="bulk")
+    p.add_argument("--processes", type=int, default=2, help="node processes sharing the 16 shards")
+    p.add_argument("--lead", type=float, default=None, help="seconds from start to T (default: estimated)")
+    p.add_argument("--clients", type=int, default=64, help="concurrent API clients (--seed-mode api)")
+    p.add_argument("--timeout", type=float, default=None, help="give up this long after T")
+    p.add_argument("--set", action="append", default=[], metavar="DUETIME_X=V", help="a node setting")
+    p.add_argument("--label", default="", help="a tag for the output (and the plot's file name)")
+    p.add_argument("--no-plot", action="store_true")
+    a = p.parse_args(argv)
+    env = dict(kv.split("=", 1) for kv in a.set)
+    return BurstArgs(
+        jobs=a.jobs,
+        target=a.target,
+        topology=a.topology,
+        seed_mode=a.seed_mode,
+        processes=a.processes,
+        lead_s=a.lead,
+        clients=a.clients,
+        timeout_s=a.timeout,
+        settings_env=env,
+        plot=not a.no_plot,
+        label=a.label,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    a = parse_args(argv)
+    try:
+        result = uvloop.run(run_burst(a))
+    except TopologyUnavailable as exc:
+        raise SystemExit(f"burst: {exc}") from None
+    report(result)
+    with (OUT_DIR / "burst-results.jsonl").open("a") as f:
+        f.write(json.dumps({"at": datetime.now(UTC).isoformat(), **result}, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()

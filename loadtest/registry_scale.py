@@ -1,0 +1,295 @@
+"""Does a big registry slow the run path or the API? Claim rate and API latency at 100,000 jobs,
+then at 10,000,000 (spread over a year), on the same database.
+
+    python -m loadtest.registry_scale --large 10000000 --small 100000
+
+Fills ``jobs`` with COPY (``storage.bulk``, in chunks, with progress) for 100 owners, one-off
+jobs due uniformly over the next 365 days. At each size it measures:
+
+* claim rate: ``--due`` extra jobs due within the lookahead, claimed by ``claim_due`` over the
+  16 shards (batch 500) as an engine does, in claims/s;
+* API latency: a real ``duetime api`` process, ``--clients`` concurrent clients, ``--requests``
+  GET /v1/jobs/{id} of random existing jobs and as many POST /v1/jobs, p50/p99 in ms.
+
+Prints the ratios large/small (claim rate) and small/large (latencies): 1.0 means the registry's
+size costs nothing; the target is at least 0.8. Check ``df -h`` first: ten million rows are about
+6 GB with their indexes. The database is dropped at the end unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import random
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import uvloop
+
+from core import codec
+from core.ids import new_job_id, shard_of
+from core.model import JobSpec, OneOffSchedule, WebhookTarget
+from loadtest.burst import api_process
+from loadtest.common import ADMIN_DSN, print_report, quantiles
+from storage.bulk import BulkJob, analyze_jobs, copy_jobs, seed_jobs
+from storage.migrate import migrate
+from storage.postgres import PostgresStore
+from storage.shardmap import ShardMap
+
+OWNERS = [f"owner-{i:02d}" for i in range(100)]
+TARGET = WebhookTarget(url="https://hooks.example.com/duetime")
+
+
+def year_of_rows(n: int, now: datetime, rng: random.Random) -> Iterator[tuple[Any, ...]]:
+    """COPY records of ``n`` one-off jobs for 100 owners in turn, due uniformly over the next 365
+    days (from two minutes ahead, so none is claimed during the measurement).
+
+    The rows ``storage.bulk.job_rows`` would make for these jobs, built from one JSON template
+    instead of a ``JobSpec`` per row: ten million of those cost more time than the COPY.
+    """
+    template = json.dumps(
+        codec.spec_to_json(JobSpec(target=TARGET, schedule=OneOffSchedule(now))), separators=(",", ":")
+    )
+    marker = json.dumps(codec.format_time(now))
+    span_s = 365 * 86400 - 120
+    for i in range(n):
+        at = (now + timedelta(seconds=120 + rng.random() * span_s)).replace(microsecond=0)
+        job_id = new_job_id()
+        spec = template.replace(marker, json.dumps(codec.format_time(at)))
+        yield (job_id, shard_of(job_id), OWNERS[i % len(OWNERS)], spec, "scheduled", at, at, 0, now, now)
+
+
+async def fill(dsn: str, n: int, *, label: str, rng: random.Random) -> float:
+    """COPY ``n`` more jobs; returns rows per second."""
+    started = time.perf_counter()
+    last = [started]
+
+    def progress(done: int) -> None:
+        now = time.perf_counter()
+        if now - last[0] >= 10:
+            last[0] = now
+            rate = done / (now - started)
+            eta = (n - done) / rate if rate else float("nan")
+            print(
+                f"  {label}: {done:,}/{n:,} rows, {rate:,.0f}/s, ~{eta:.0f} s left",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        done = 0
+        rows = year_of_rows(n, datetime.now(UTC), rng)
+        while done < n:
+            chunk = list(itertools.islice(rows, 100_000))
+            done += await copy_jobs(conn, chunk)
+            progress(done)
+    finally:
+        await conn.close()
+    await analyze_jobs([dsn])
+    return n / (time.perf_counter() - started)
+
+
+async def claim_rate(dsn: str, due: int) -> float:
+    """Jobs due now, claimed as an engine would: 16 shards, batches of 500."""
+    await seed_jobs(
+        [dsn] * 16,
+        (
+            BulkJob(
+                OWNERS[i % len(OWNERS)], JobSpec(target=TARGET, schedule=OneOffSchedule(datetime.now(UTC)))
+            )
+            for i in range(due)
+        ),
+        datetime.now(UTC),
+        return_ids=False,
+    )
+    store = await PostgresStore.open(ShardMap.single(dsn), pool_size=16)
+    try:
+        started = time.perf_counter()
+
+        async def shard_loop(shard: int) -> int:
+            got = 0
+            while True:
+                rows = await store.claim_due(shard, "registry-scale", lookahead_s=60, lease_s=300, limit=500)
+                got += len(rows)
+                if len(rows) < 500:
+                    return got
+
+        claimed = sum(await asyncio.gather(*(shard_loop(s) for s in range(16))))
+        spent = time.perf_counter() - started
+    finally:
+        await store.close()
+    if claimed < due:
+        raise RuntimeError(f"claimed {claimed} of {due} due jobs")
+    return claimed / spent
+
+
+async def api_latency(dsn: str, requests: int, clients: int) -> dict[str, dict[str, float]]:
+    import aiohttp
+
+    store = await PostgresStore.open(ShardMap.single(dsn), pool_size=2)
+    try:
+        api_key, _ = await store.create_api_key(OWNERS[0])
+    finally:
+        await store.close()
+    conn = await asyncpg.connect(dsn)
+    try:
+        # A random sample of this owner's jobs: GETs hit cold and warm pages alike.
+        rows = await conn.fetch(
+            "SELECT job_id FROM jobs WHERE owner = $1 ORDER BY random() LIMIT $2", OWNERS[0], requests
+        )
+    finally:
+        await conn.close()
+    ids = [str(r["job_id"]) for r in rows]
+    if not ids:
+        raise RuntimeError("no jobs sampled for the GETs")
+    body = json.dumps(
+        {"target": {"type": "webhook", "url": TARGET.url}, "schedule": {"run_at": "2030-01-01T00:00:00Z"}}
+    ).encode()
+    headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+    env = {
+        "DUETIME_DATABASE_URL": dsn,
+        "DUETIME_API_OWNER_RATE": "0",
+        "DUETIME_MAX_JOBS_PER_OWNER": "0",
+    }
+    out: dict[str, dict[str, float]] = {}
+    async with (
+        api_process(env) as url,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as http,
+    ):
+
+        async def timed(method: str, path: str, data: bytes | None, expect: int) -> float:
+            started = time.perf_counter()
+            async with http.request(method, url + path, data=data, headers=headers) as resp:
+                await resp.read()
+                if resp.status != expect:
+                    raise RuntimeError(f"{method} {path} answered {resp.status}")
+            return (time.perf_counter() - started) * 1000
+
+        for name, method, make in (
+            ("GET /v1/jobs/{id}", "GET", lambda i: (f"/v1/jobs/{ids[i % len(ids)]}", None, 200)),
+            ("POST /v1/jobs", "POST", lambda i: ("/v1/jobs", body, 201)),
+        ):
+            for i in range(min(200, requests)):  # warm-up: connections, prepared statements
+                await timed(method, *make(i))
+            latencies = await _run_clients(timed, method, make, requests, clients)
+            out[name] = {k: round(v, 2) for k, v in quantiles(latencies).items()}
+    return out
+
+
+async def _run_clients(timed: Any, method: str, make: Any, requests: int, clients: int) -> list[float]:
+    """``requests`` calls shared by ``clients`` concurrent loops; each call's latency in ms."""
+    latencies: list[float] = []
+    nxt = [0]
+
+    async def client() -> None:
+        while nxt[0] < requests:
+            i = nxt[0]
+            nxt[0] += 1
+            latencies.append(await timed(method, *make(i)))
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return latencies
+
+
+async def measure(dsn: str, label: str, due: int, requests: int, clients: int) -> dict[str, Any]:
+    rate = await claim_rate(dsn, due)
+    api = await api_latency(dsn, requests, clients)
+    conn = await asyncpg.connect(dsn)
+    try:
+        count = await conn.fetchval("SELECT count(*) FROM jobs")
+        size = await conn.fetchval("SELECT pg_total_relation_size('jobs')")
+    finally:
+        await conn.close()
+    print(f"  {label}: {count:,} rows, claims {rate:,.0f}/s, api {api}", file=sys.stderr, flush=True)
+    return {"rows": count, "jobs_bytes": size, "claims_per_s": round(rate), "api_ms": api}
+
+
+async def bench(small: int, large: int, *, due: int, requests: int, clients: int, keep: bool) -> None:
+    rng = random.Random(20261201)
+    name = f"duetime_registry_{int(time.time())}"
+    admin = await asyncpg.connect(ADMIN_DSN)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    dsn = f"{ADMIN_DSN.rpartition('/')[0]}/{name}"
+    try:
+        await migrate(dsn)
+        fill_small = await fill(dsn, small, label="small fill", rng=rng)
+        at_small = await measure(dsn, "small", due, requests, clients)
+        fill_large = await fill(dsn, large - at_small["rows"], label="large fill", rng=rng)
+        at_large = await measure(dsn, "large", due, requests, clients)
+    finally:
+        if not keep:
+            admin = await asyncpg.connect(ADMIN_DSN)
+            try:
+                await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            finally:
+                await admin.close()
+
+    def ratio(a: float, b: float) -> float:
+        return round(a / b, 3) if b else float("nan")
+
+    ratios = {
+        "claims": ratio(at_large["claims_per_s"], at_small["claims_per_s"]),
+        **{
+            f"{ep} {q}": ratio(at_small["api_ms"][ep][q], at_large["api_ms"][ep][q])
+            for ep in at_small["api_ms"]
+            for q in ("p50", "p99")
+        },
+    }
+    result: dict[str, Any] = {
+        "small": at_small,
+        "large": at_large,
+        "fill_rows_per_s": {"small": round(fill_small), "large": round(fill_large)},
+        "ratios": ratios,
+        "target_ratio": 0.8,
+        "met": all(v >= 0.8 for v in ratios.values()),
+        "database": name if keep else None,
+    }
+    rows = [
+        ("rows", f"{at_small['rows']:,} → {at_large['rows']:,}"),
+        (
+            "jobs table + indexes",
+            f"{at_small['jobs_bytes'] / 2**20:,.0f} MB → {at_large['jobs_bytes'] / 2**30:,.1f} GB",
+        ),
+        ("fill (COPY)", f"{result['fill_rows_per_s']['large']:,} rows/s"),
+        (
+            "claims/s",
+            f"{at_small['claims_per_s']:,} → {at_large['claims_per_s']:,} (ratio {ratios['claims']})",
+        ),
+    ]
+    for ep in at_small["api_ms"]:
+        s, lg = at_small["api_ms"][ep], at_large["api_ms"][ep]
+        rows.append(
+            (
+                f"{ep} p50 / p99",
+                f"{s['p50']:.1f} / {s['p99']:.1f} ms → {lg['p50']:.1f} / {lg['p99']:.1f} ms "
+                f"(ratios {ratios[ep + ' p50']} / {ratios[ep + ' p99']})",
+            )
+        )
+    rows.append(("target: every ratio ≥ 0.8", "met" if result["met"] else "NOT met"))
+    print_report("registry_scale", result, rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--small", type=int, default=100_000)
+    p.add_argument("--large", type=int, default=10_000_000)
+    p.add_argument("--due", type=int, default=20_000, help="jobs due now, claimed at each size")
+    p.add_argument("--requests", type=int, default=2000, help="GETs and POSTs at each size")
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--keep", action="store_true", help="keep the database (and say its name)")
+    a = p.parse_args()
+    uvloop.run(bench(a.small, a.large, due=a.due, requests=a.requests, clients=a.clients, keep=a.keep))
+
+
+if __name__ == "__main__":
+    main()

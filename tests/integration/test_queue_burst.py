@@ -1,0 +1,120 @@
+"""Queue targets under a burst: many concurrent publishes from one worker process.
+
+Regression: every XADD took its own connection from redis-py's pool, which refuses a 101st
+concurrent connection (``MaxConnectionsError``); with the default 1024 workers and 256 calls per
+host, most runs of a burst to a Redis stream failed. XADDs now leave as pipelines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import uuid
+from datetime import UTC, datetime
+
+import redis.asyncio as aioredis
+
+from core import ssrf
+from core.model import Broker, Outcome, QueueTarget
+from workers.dispatch import Delivery, Dispatcher
+
+REDIS_URL = os.environ.get("DUETIME_TEST_REDIS", "redis://127.0.0.1:6379/0")
+SCHEDULED_FOR = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)
+
+
+def _delivery(target: QueueTarget, n: int) -> Delivery:
+    return Delivery(
+        job_id=str(uuid.uuid4()),
+        scheduled_for=SCHEDULED_FOR,
+        attempt=1,
+        fencing_token=n,
+        owner="burst",
+        signing_secret="whsec_" + "A" * 32,
+        payload={"n": n},
+        target=target,
+    )
+
+
+async def test_redis_burst_of_concurrent_xadds_each_get_their_own_entry() -> None:
+    key = f"duetime-test-burst-{secrets.token_hex(6)}"
+    target = QueueTarget(broker=Broker.REDIS, topic=key)
+    dispatcher = Dispatcher(
+        policy=ssrf.AddressPolicy(),
+        nats_url=None,
+        redis_url=REDIS_URL,
+        host_concurrency=1000,
+        total_concurrency=1000,
+    )
+    await dispatcher.start()
+    client = aioredis.Redis.from_url(REDIS_URL)
+    deliveries = [_delivery(target, n) for n in range(600)]
+    try:
+        results = await asyncio.gather(*(dispatcher.deliver(d) for d in deliveries))
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(key)  # type: ignore[assignment]
+    finally:
+        await dispatcher.close()
+        await client.delete(key)
+        await client.aclose()
+    errors = {r.error for r in results if r.outcome is not Outcome.SUCCEEDED}
+    assert errors == set()
+    assert len(entries) == 600
+    assert len({e[0] for e in entries}) == 600
+    assert {f[b"duetime_job_id"].decode() for _, f in entries} == {d.job_id for d in deliveries}
+    assert {f[b"duetime_fencing_token"] for _, f in entries} == {str(n).encode() for n in range(600)}
+
+
+async def test_redis_burst_errors_stay_per_run() -> None:
+    """One run's refusal (WRONGTYPE) fails that run only, not the pipeline it travelled in."""
+    good = f"duetime-test-burst-{secrets.token_hex(6)}"
+    bad = f"duetime-test-burst-{secrets.token_hex(6)}"
+    client = aioredis.Redis.from_url(REDIS_URL)
+    await client.set(bad, "not a stream")
+    dispatcher = Dispatcher(policy=ssrf.AddressPolicy(), nats_url=None, redis_url=REDIS_URL)
+    await dispatcher.start()
+    try:
+        targets = [QueueTarget(broker=Broker.REDIS, topic=bad if n % 10 == 0 else good) for n in range(200)]
+        results = await asyncio.gather(*(dispatcher.deliver(_delivery(t, n)) for n, t in enumerate(targets)))
+        length = await client.xlen(good)
+    finally:
+        await dispatcher.close()
+        await client.delete(good, bad)
+        await client.aclose()
+    failed = [n for n, r in enumerate(results) if r.outcome is Outcome.FAILED]
+    assert failed == list(range(0, 200, 10))
+    assert all(not results[n].retryable and "WRONGTYPE" in (results[n].error or "") for n in failed)
+    assert length == 180
+
+
+async def test_redis_that_never_answers_times_out_every_run_of_the_pipeline() -> None:
+    """A server that accepts and then says nothing: every XADD of the burst is timed out (and
+    retryable) after the broker timeout, none waits for a second one behind a stuck pipeline."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    dispatcher = Dispatcher(
+        policy=ssrf.AddressPolicy(),
+        nats_url=None,
+        redis_url=f"redis://127.0.0.1:{port}/0",
+        broker_timeout_s=1.0,
+        host_concurrency=1000,
+    )
+    await dispatcher.start()
+    target = QueueTarget(broker=Broker.REDIS, topic="duetime-silent")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        results = await asyncio.gather(*(dispatcher.deliver(_delivery(target, n)) for n in range(3000)))
+        elapsed = loop.time() - started
+    finally:
+        await dispatcher.close()
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+    assert {(r.outcome, r.retryable) for r in results} == {(Outcome.TIMED_OUT, True)}
+    assert elapsed < 5.0  # 1 s each, all at once: not 3000 / (500 x 4) rounds of 1 s
