@@ -16,14 +16,16 @@ from datetime import UTC, datetime
 
 from core import codec
 from core.errors import StorageUnavailable
-from core.model import Outcome
+from core.model import Outcome, WebhookTarget
 from engine import metrics
 from engine.leases import LeaseKeeper
 from engine.runqueue import RunQueue
 from storage.postgres import AttemptReport, FencedRow, PostgresStore
-from workers.dispatch import Delivery, Dispatcher
+from workers.dispatch import CallResult, Delivery, Dispatcher
 
 log = logging.getLogger("duetime.workers")
+
+WATCHDOG_S = 300
 
 
 class SecretCache:
@@ -139,6 +141,7 @@ class WorkerPool:
         keeper: LeaseKeeper,
         *,
         concurrency: int = 1024,
+        watchdog_s: float = WATCHDOG_S,
         on_recorded: Callable[[list[AttemptReport]], None] | None = None,
     ) -> None:
         self._store = store
@@ -146,6 +149,7 @@ class WorkerPool:
         self._dispatcher = dispatcher
         self._keeper = keeper
         self._concurrency = concurrency
+        self._watchdog_s = watchdog_s
         self._secrets = SecretCache(store)
         self.completer = Completer(store, keeper, on_recorded=on_recorded)
         self._tasks: list[asyncio.Task[None]] = []
@@ -216,7 +220,23 @@ class WorkerPool:
             payload=spec.payload,
             target=spec.target,
         )
-        result = await self._dispatcher.deliver(delivery)
+        # A last-resort watchdog: the dispatcher has its own timeouts, so this only fires when a
+        # call hangs where nothing else would notice (a client library that never answers). A
+        # worker that waits forever would fill the run queue and stall the engine's fencer.
+        limit = (spec.target.timeout_s if isinstance(spec.target, WebhookTarget) else 10) + self._watchdog_s
+        try:
+            async with asyncio.timeout(limit):
+                result = await self._dispatcher.deliver(delivery)
+        except TimeoutError:
+            log.error("a call to job %s hung past %s s; recorded as timed out", run.job_id, limit)
+            result = CallResult(
+                outcome=Outcome.TIMED_OUT,
+                retryable=True,
+                status_code=None,
+                error=f"the call did not finish within {limit} s (worker watchdog)",
+                started_at=now,
+                finished_at=datetime.now(UTC),
+            )
         metrics.CALLS.labels(result.outcome.value).inc()
         metrics.START_LATENESS.observe(max((result.started_at - run.due_at).total_seconds(), 0.0))
         metrics.TARGET_LATENCY.observe((result.finished_at - result.started_at).total_seconds())

@@ -161,7 +161,7 @@ class _RedisBatcher:
                 if not isinstance(exc, Exception):
                     raise
                 return
-            for (_, _, fut, _), reply in zip(batch, replies, strict=True):
+            for (_, _, fut, _), reply in zip(batch, replies, strict=False):
                 if fut.done():  # the caller timed out; its outcome is already "timed out"
                     continue
                 if isinstance(reply, Exception):
@@ -169,6 +169,11 @@ class _RedisBatcher:
                 else:
                     fut.set_result(reply)
         finally:
+            # No caller may wait forever: whatever this pipeline did not answer (a short reply
+            # list, an error while building it) fails as a connection error, which is retried.
+            for _, _, fut, _ in batch:
+                if not fut.done():
+                    fut.set_exception(redis_errors.ConnectionError("no reply for this command"))
             self._slots.release()
 
     async def close(self) -> None:
