@@ -17,6 +17,13 @@ from tests.e2e.harness import Owner, Receiver, fast_settings, parse
 async def test_missed_run_policies_after_a_ten_second_outage(pg_dsn: str, receiver: Receiver) -> None:
     api_only = Node(fast_settings(pg_dsn), engine=False, workers=False)
     await api_only.start()
+    try:
+        await _outage_and_recovery(api_only, pg_dsn, receiver)
+    finally:
+        await api_only.stop()  # also when an assertion fails: no listening socket left behind
+
+
+async def _outage_and_recovery(api_only: Node, pg_dsn: str, receiver: Receiver) -> None:
     assert api_only.store is not None and api_only.url is not None
     key, secret = await api_only.store.create_api_key("misfire_" + uuid.uuid4().hex[:6])
     ids: dict[str, str] = {}
@@ -66,4 +73,3 @@ async def test_missed_run_policies_after_a_ten_second_outage(pg_dsn: str, receiv
         _, runs = await owner.call("GET", f"/v1/jobs/{ids['skip']}/runs?limit=100")
         outcomes = [r["outcome"] for r in runs["items"]]
         assert outcomes.count("skipped") >= 7, outcomes
-    await api_only.stop()
