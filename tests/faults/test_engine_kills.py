@@ -72,8 +72,10 @@ async def test_engine_sigkill(
     extra: dict[str, str] = {}
     path, jobs, delay = "/ok", 200, 4.0
     if moment == "mid_claim":
-        extra["DUETIME_CLAIM_BATCH"] = "2"
-        jobs = 600
+        # One row per claim statement and enough rows that claiming lasts seconds, not the
+        # ~0.2 s that 600 rows in pairs took on a quiet machine (the kill then came too late).
+        extra["DUETIME_CLAIM_BATCH"] = "1"
+        jobs = 3000
     elif moment == "queued":
         extra["DUETIME_WORKER_CONCURRENCY"] = "4"
         path, jobs = "/slow/0.5", 24

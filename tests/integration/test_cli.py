@@ -20,6 +20,7 @@ import pytest
 
 from duetime.cli import ensure_dev_key
 from duetime.embedded_pg import candidate_bindirs
+from storage.migrate import migration_files
 from storage.postgres import PostgresStore
 from storage.shardmap import ShardMap
 from tests.conftest import ADMIN_DSN, _dsn_for
@@ -159,9 +160,10 @@ async def test_migrate_applies_to_every_database_of_the_shard_map_once(
     env = _env(DUETIME_SHARD_DSNS=f"0-7={a},8-15={b}")
     code, out, err = await duetime("migrate", env=env, cwd=tmp_path)
     assert code == 0, err
+    every = ", ".join(name for _, name, _ in migration_files())  # all of them, in order
     assert out.splitlines() == [
-        f"{a} (shards 0-7): applied 0001_init.sql",
-        f"{b} (shards 8-15): applied 0001_init.sql",
+        f"{a} (shards 0-7): applied {every}",
+        f"{b} (shards 8-15): applied {every}",
     ]
     code, out, err = await duetime("migrate", env=env, cwd=tmp_path)
     assert code == 0, err
@@ -172,7 +174,7 @@ async def test_migrate_applies_to_every_database_of_the_shard_map_once(
     for dsn in (a, b):
         conn = await asyncpg.connect(dsn)
         try:
-            assert await conn.fetchval("SELECT count(*) FROM schema_migrations") == 1
+            assert await conn.fetchval("SELECT count(*) FROM schema_migrations") == len(migration_files())
         finally:
             await conn.close()
 
