@@ -17,11 +17,11 @@ import logging
 import secrets
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -276,6 +276,10 @@ class MissedSkip:
     lease_token: int
     skipped: tuple[datetime, ...]
     next_scheduled_for: datetime | None
+
+
+# What a fenced write is about: an attempt to finish, or missed occurrences to skip.
+_Leased = TypeVar("_Leased", AttemptReport, MissedSkip)
 
 
 @dataclass(slots=True)
@@ -728,38 +732,28 @@ class PostgresStore:
         A report whose token no longer matches (the lease lapsed and was taken over, or the
         owner revoked it) changes nothing and is counted as stale.
         """
-        stats = CompletionStats()
-        now = _utcnow()
-        async with _translated():
-            for dsn, group in self._by_db((r.shard, r) for r in reports).items():
-                async with self._pools[dsn].acquire() as conn, conn.transaction():
-                    rows = {
-                        r["job_id"]: r
-                        for r in await conn.fetch(Q["lock_for_completion"], [g.job_id for g in group])
-                    }
-                    writer = _BatchWriter()
-                    for rep in group:
-                        row = rows.get(rep.job_id)
-                        if (
-                            row is None
-                            or row["lease_token"] != rep.lease_token
-                            or row["phase"] == "idle"
-                            or rep.job_id in writer.seen
-                        ):
-                            stats.stale += 1
-                            continue
-                        writer.finish(row, rep, now)
-                    await writer.flush(conn)
-                    stats.applied += len(writer.seen)
-                    stats.history += writer.history_count
-        return stats
+        return await self._under_lease(
+            reports, lambda phase: phase != "idle", lambda w, row, rep, now: w.finish(row, rep, now)
+        )
 
     async def skip_missed(self, items: Sequence[MissedSkip]) -> CompletionStats:
         """Record skipped occurrences and move claimed rows on to their next occurrence."""
+        return await self._under_lease(
+            items, lambda phase: phase == "claimed", lambda w, row, item, now: w.skip(row, item, now)
+        )
+
+    async def _under_lease(
+        self,
+        items: Sequence[_Leased],
+        phase_ok: Callable[[str], bool],
+        apply: Callable[[_BatchWriter, asyncpg.Record, _Leased, datetime], None],
+    ) -> CompletionStats:
+        """The fenced write shared by completions and skips: lock the rows, drop the items whose
+        lease no longer holds (counted stale), let ``apply`` decide the rest, write in one go."""
         stats = CompletionStats()
         now = _utcnow()
         async with _translated():
-            for dsn, group in self._by_db((m.shard, m) for m in items).items():
+            for dsn, group in self._by_db((i.shard, i) for i in items).items():
                 async with self._pools[dsn].acquire() as conn, conn.transaction():
                     rows = {
                         r["job_id"]: r
@@ -771,12 +765,12 @@ class PostgresStore:
                         if (
                             row is None
                             or row["lease_token"] != item.lease_token
-                            or row["phase"] != "claimed"
+                            or not phase_ok(row["phase"])
                             or item.job_id in writer.seen
                         ):
                             stats.stale += 1
                             continue
-                        writer.skip(row, item, now)
+                        apply(writer, row, item, now)
                     await writer.flush(conn)
                     stats.applied += len(writer.seen)
                     stats.history += writer.history_count
