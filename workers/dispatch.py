@@ -76,6 +76,7 @@ class Dispatcher:
         self._total_concurrency = total_concurrency
         self._limiter = HostLimiter(host_concurrency, host_rate_per_s, host_burst)
         self._total = asyncio.Semaphore(total_concurrency)
+        self.broker_timeout_s = broker_timeout_s
         self._queues = QueuePublisher(nats_url=nats_url, redis_url=redis_url, timeout_s=broker_timeout_s)
         self._clock = clock
         self._ssl_context = ssl_context

@@ -196,14 +196,8 @@ class WorkerPool:
         try:
             secret = await self._secrets.get(run.owner)
         except (LookupError, StorageUnavailable) as exc:
-            return AttemptReport(
-                job_id=run.job_id,
-                shard=run.shard,
-                lease_token=run.lease_token,
-                spec_version=run.spec_version,
-                attempt=run.attempt,
-                scheduled_for=run.scheduled_for,
-                due_at=run.due_at,
+            return _report(
+                run,
                 started_at=None,
                 finished_at=now,
                 outcome=Outcome.FAILED,
@@ -223,7 +217,12 @@ class WorkerPool:
         # A last-resort watchdog: the dispatcher has its own timeouts, so this only fires when a
         # call hangs where nothing else would notice (a client library that never answers). A
         # worker that waits forever would fill the run queue and stall the engine's fencer.
-        limit = (spec.target.timeout_s if isinstance(spec.target, WebhookTarget) else 10) + self._watchdog_s
+        own = (
+            spec.target.timeout_s
+            if isinstance(spec.target, WebhookTarget)
+            else self._dispatcher.broker_timeout_s
+        )
+        limit = own + self._watchdog_s
         try:
             async with asyncio.timeout(limit):
                 result = await self._dispatcher.deliver(delivery)
@@ -240,14 +239,8 @@ class WorkerPool:
         metrics.CALLS.labels(result.outcome.value).inc()
         metrics.START_LATENESS.observe(max((result.started_at - run.due_at).total_seconds(), 0.0))
         metrics.TARGET_LATENCY.observe((result.finished_at - result.started_at).total_seconds())
-        return AttemptReport(
-            job_id=run.job_id,
-            shard=run.shard,
-            lease_token=run.lease_token,
-            spec_version=run.spec_version,
-            attempt=run.attempt,
-            scheduled_for=run.scheduled_for,
-            due_at=run.due_at,
+        return _report(
+            run,
             started_at=result.started_at,
             finished_at=result.finished_at,
             outcome=result.outcome,
@@ -255,3 +248,31 @@ class WorkerPool:
             status_code=result.status_code,
             error=result.error,
         )
+
+
+def _report(
+    run: FencedRow,
+    *,
+    started_at: datetime | None,
+    finished_at: datetime,
+    outcome: Outcome,
+    retryable: bool,
+    status_code: int | None = None,
+    error: str | None = None,
+) -> AttemptReport:
+    """The outcome of ``run``'s attempt, carrying the lease it ran under."""
+    return AttemptReport(
+        job_id=run.job_id,
+        shard=run.shard,
+        lease_token=run.lease_token,
+        spec_version=run.spec_version,
+        attempt=run.attempt,
+        scheduled_for=run.scheduled_for,
+        due_at=run.due_at,
+        started_at=started_at,
+        finished_at=finished_at,
+        outcome=outcome,
+        retryable=retryable,
+        status_code=status_code,
+        error=error,
+    )
