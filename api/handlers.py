@@ -17,7 +17,13 @@ from typing import Any, Final
 from aiohttp import web
 
 from api.body import parse_json, require_json_content_type
-from api.render import job_to_json, jobs_page_to_json, json_response, runs_page_to_json
+from api.render import (
+    backfill_to_json,
+    job_to_json,
+    jobs_page_to_json,
+    json_response,
+    runs_page_to_json,
+)
 from core.codec import REDACTED, spec_to_json
 from core.errors import InvalidRequest, NotFound
 from core.ids import parse_job_id
@@ -27,6 +33,7 @@ from core.validation import (
     SpecLimits,
     canonical_body_hash,
     merge_patch,
+    parse_backfill_range,
     parse_idempotency_key,
     parse_job_spec,
 )
@@ -143,6 +150,7 @@ class JobsApi:
             web.post("/v1/jobs/{job_id}/pause", self.pause_job, name="pause_job"),
             web.post("/v1/jobs/{job_id}/resume", self.resume_job, name="resume_job"),
             web.post("/v1/jobs/{job_id}/trigger", self.trigger_job, name="trigger_job"),
+            web.post("/v1/jobs/{job_id}/backfill", self.backfill_job, name="backfill_job"),
             web.post("/v1/jobs/{job_id}/replay", self.replay_job, name="replay_job"),
             web.get("/v1/jobs/{job_id}/runs", self.list_runs, name="list_runs", allow_head=False),
         ]
@@ -223,6 +231,19 @@ class JobsApi:
     async def replay_job(self, request: web.Request) -> web.Response:
         job = await self._registry.replay_job(request[OWNER], _job_id(request))
         return json_response(job_to_json(job))
+
+    async def backfill_job(self, request: web.Request) -> web.Response:
+        owner, job_id = request[OWNER], _job_id(request)
+        start, end = parse_backfill_range(await _json_body(request))
+        result = await self._registry.backfill_job(
+            owner,
+            job_id,
+            start,
+            end,
+            max_occurrences=self._limits.backfill_max_occurrences,
+            pace_per_s=self._limits.backfill_pace_per_s,
+        )
+        return json_response(backfill_to_json(job_id, start, end, result), status=202)
 
     async def list_runs(self, request: web.Request) -> web.Response:
         owner, job_id = request[OWNER], _job_id(request)

@@ -163,6 +163,14 @@ def _schemas(limits: SpecLimits) -> JsonObject:
         "misfire": {"enum": ["run_once", "run_all", "skip"], "default": "run_once"},
         "misfire_grace_s": {"type": "integer", "minimum": grace_low, "maximum": grace_high, "default": 60},
         "jitter_s": {"type": "integer", "minimum": jitter_low, "maximum": jitter_high, "default": 0},
+        "overlap": {
+            "enum": ["allow", "skip", "buffer_one"],
+            "default": "allow",
+            "description": "A recurring job's occurrence that comes due while its previous run is "
+            "still in flight: `allow` starts it on time beside the other, `skip` records it "
+            "`skipped`, `buffer_one` runs one such occurrence right after the current run ends "
+            "and skips the rest. Ignored for one-off jobs.",
+        },
     }
     job_spec: JsonObject = {
         "type": "object",
@@ -252,6 +260,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "misfire",
             "misfire_grace_s",
             "jitter_s",
+            "overlap",
             "state",
             "next_run_at",
             "attempt",
@@ -271,6 +280,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "misfire": {"enum": ["run_once", "run_all", "skip"]},
             "misfire_grace_s": {"type": "integer"},
             "jitter_s": {"type": "integer"},
+            "overlap": {"enum": ["allow", "skip", "buffer_one"]},
             "state": {"enum": ["scheduled", "paused", "completed", "cancelled", "dead"]},
             "next_run_at": _OPT_TIME,
             "attempt": {"type": "integer", "minimum": 0},
@@ -280,6 +290,31 @@ def _schemas(limits: SpecLimits) -> JsonObject:
         },
     }
     cursor: JsonObject = {"type": ["string", "null"], "description": "null on the last page."}
+    backfill_in: JsonObject = {
+        "type": "object",
+        "required": ["from", "to"],
+        "additionalProperties": False,
+        "properties": {
+            "from": {**_TIME, "description": "Inclusive."},
+            "to": {
+                **_TIME,
+                "description": "Exclusive; occurrences after the request's time are not backfilled.",
+            },
+        },
+    }
+    backfill_out: JsonObject = {
+        "type": "object",
+        "required": ["job_id", "from", "to", "queued", "first", "last"],
+        "additionalProperties": False,
+        "properties": {
+            "job_id": {"type": "string", "format": "uuid"},
+            "from": _TIME,
+            "to": _TIME,
+            "queued": {"type": "integer", "minimum": 0, "maximum": limits.backfill_max_occurrences},
+            "first": _OPT_TIME,
+            "last": _OPT_TIME,
+        },
+    }
     schemas: JsonObject = {
         "JobSpec": job_spec,
         "JobPatch": job_patch,
@@ -294,6 +329,8 @@ def _schemas(limits: SpecLimits) -> JsonObject:
         "Retry": retry_out,
         "Run": run,
         "Job": job,
+        "BackfillRequest": backfill_in,
+        "Backfill": backfill_out,
         "JobPage": {
             "type": "object",
             "required": ["items", "next_cursor"],
@@ -541,6 +578,30 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                 {"200": job_ok},
                 conflict=True,
             )
+        },
+        "/v1/jobs/{job_id}/backfill": {
+            "post": {
+                "operationId": "backfill_job",
+                "summary": "Run every occurrence of a recurring job in [from, to) again, each with its "
+                f"own scheduled_for and Idempotency-Key; at most {limits.backfill_max_occurrences} "
+                "at a time, paced, honouring the job's overlap policy (see docs/api.md).",
+                "parameters": [_JOB_ID_PARAM],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("BackfillRequest")}},
+                },
+                "responses": {
+                    "202": _json("Accepted: how many occurrences were queued.", _ref("Backfill")),
+                    "400": _E400,
+                    "401": _E401,
+                    "404": _E404,
+                    "409": _E409,
+                    "413": _E413,
+                    "415": _E415,
+                    "422": _E422,
+                    "503": _E503,
+                },
+            }
         },
         "/v1/jobs/{job_id}/runs": {
             "get": {

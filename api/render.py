@@ -7,6 +7,8 @@ redacted spec, so no handler can forget to hide a webhook's header values.
 from __future__ import annotations
 
 import json
+import uuid
+from datetime import datetime
 from typing import Any
 
 from aiohttp import web
@@ -14,7 +16,7 @@ from aiohttp import web
 from api.errors import JSON_CONTENT_TYPE
 from core.codec import format_time, run_to_json, spec_to_json
 from core.model import Job, Run
-from storage.base import Page
+from storage.base import Backfill, Page
 
 
 def job_to_json(job: Job) -> dict[str, Any]:
@@ -35,6 +37,17 @@ def jobs_page_to_json(page: Page[Job]) -> dict[str, Any]:
 
 def runs_page_to_json(page: Page[Run]) -> dict[str, Any]:
     return {"items": [run_to_json(run) for run in page.items], "next_cursor": page.next_cursor}
+
+
+def backfill_to_json(job_id: uuid.UUID, start: datetime, end: datetime, result: Backfill) -> dict[str, Any]:
+    return {
+        "job_id": str(job_id),
+        "from": format_time(start),
+        "to": format_time(end),
+        "queued": result.queued,
+        "first": format_time(result.first) if result.first else None,
+        "last": format_time(result.last) if result.last else None,
+    }
 
 
 def dumps(value: Any) -> bytes:

@@ -19,6 +19,7 @@ from core.model import (
     Misfire,
     OneOffSchedule,
     Outcome,
+    Overlap,
     QueueTarget,
     RetryPolicy,
     Run,
@@ -122,6 +123,7 @@ def spec_to_json(spec: JobSpec, *, redact: bool = False) -> dict[str, Any]:
         "misfire": spec.misfire.value,
         "misfire_grace_s": spec.misfire_grace_s,
         "jitter_s": spec.jitter_s,
+        "overlap": spec.overlap.value,
     }
 
 
@@ -141,6 +143,7 @@ def spec_from_json(data: dict[str, Any]) -> JobSpec:
         misfire=Misfire(data.get("misfire", "run_once")),
         misfire_grace_s=int(data.get("misfire_grace_s", 60)),
         jitter_s=int(data.get("jitter_s", 0)),
+        overlap=Overlap(data.get("overlap", "allow")),
     )
 
 

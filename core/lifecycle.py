@@ -17,11 +17,17 @@ from __future__ import annotations
 import random
 import uuid
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from core import jitter, retry
-from core.model import CronSchedule, JobSpec, JobState, OneOffSchedule, Outcome
-from core.schedule import next_occurrence
+from core.model import CronSchedule, JobSpec, JobState, OneOffSchedule, Outcome, Overlap
+from core.schedule import count_between, latest_at_or_before, next_occurrence
+
+#: At most this many occurrences passed over by an overlap policy are written to the history one
+#: by one; the last one written says how many more there were.
+OVERLAP_RECORD_CAP = 100
+
+OVERLAP_SKIP_REASON = "skipped: the previous run of this job was still in flight (overlap policy {policy})"
 
 #: Which owner actions are allowed from which state; anything else answers 409.
 OWNER_TRANSITIONS: dict[str, frozenset[JobState]] = {
@@ -30,6 +36,7 @@ OWNER_TRANSITIONS: dict[str, frozenset[JobState]] = {
     "resume": frozenset({JobState.SCHEDULED, JobState.PAUSED}),
     "trigger": frozenset({JobState.SCHEDULED}),
     "replay": frozenset({JobState.DEAD}),
+    "backfill": frozenset({JobState.SCHEDULED}),
     "cancel": frozenset(JobState),
 }
 
@@ -45,6 +52,13 @@ class RowPlan:
     run_kind: str = "scheduled"  # "scheduled" or "manual" (a trigger)
     resume_at: datetime | None = None  # the regular occurrence a manual run stepped in front of
     pending_triggers: tuple[datetime, ...] = field(default_factory=tuple)
+    # overlap=allow: the latest occurrence already handed to a run of its own while this row's
+    # run was in flight; the schedule goes on after it.
+    handed_upto: datetime | None = None
+    # Output only, never stored: occurrences this plan passed over because they came due while
+    # the previous run was in flight (overlap skip/buffer_one). The writer records them skipped.
+    overlap_skipped: tuple[datetime, ...] = field(default_factory=tuple)
+    overlap_unrecorded: int = 0
 
 
 def _regular(job_id: uuid.UUID, spec: JobSpec, occurrence: datetime | None, state: JobState) -> RowPlan:
@@ -85,10 +99,109 @@ def start_manual(plan: RowPlan, now: datetime) -> RowPlan:
     )
 
 
-def _after_final(job_id: uuid.UUID, spec: JobSpec, plan: RowPlan, succeeded: bool) -> RowPlan:
+def split_point(spec: JobSpec, plan: RowPlan) -> datetime | None:
+    """overlap=allow: the occurrence at which a run still in flight must make way.
+
+    Stored on the row (``split_at``) so the engine can find, with one index range scan, the rows
+    whose next occurrence comes due while their current run is in flight, and start that
+    occurrence in a row of its own. None for everything else: one-offs, other policies, manual
+    runs (a trigger steps in front of the schedule, it does not run beside it).
+    """
+    schedule = spec.schedule
+    if (
+        spec.overlap is not Overlap.ALLOW
+        or not isinstance(schedule, CronSchedule)
+        or plan.state is not JobState.SCHEDULED
+        or plan.run_kind != "scheduled"
+        or plan.scheduled_for is None
+    ):
+        return None
+    after = plan.scheduled_for
+    if plan.handed_upto is not None and plan.handed_upto > after:
+        after = plan.handed_upto
+    return next_occurrence(schedule, after)
+
+
+@dataclass(frozen=True, slots=True)
+class _Overdue:
+    came: list[datetime]  # the first OVERLAP_RECORD_CAP occurrences already due
+    more: int  # how many more were due
+    last: datetime | None  # the last occurrence that was due
+    following: datetime | None  # the first occurrence not yet due
+
+
+def _overlapping(
+    job_id: uuid.UUID, spec: JobSpec, first: datetime, now: datetime, done_upto: datetime | None
+) -> _Overdue:
+    """Occurrences from ``first`` on that were already due at ``now``, leaving out those after
+    ``first`` up to ``done_upto`` (already run or recorded)."""
+    schedule = spec.schedule
+    came: list[datetime] = []
+    more = 0
+    last: datetime | None = None
+    occ: datetime | None = first
+    while occ is not None and jitter.due_at(job_id, occ, spec.jitter_s) <= now:
+        if len(came) == OVERLAP_RECORD_CAP:
+            # A long run under a fast cron: count the rest instead of walking them one by one.
+            horizon = max(now - timedelta(seconds=spec.jitter_s), came[-1])
+            more = count_between(schedule, came[-1], horizon, 10_000_000)
+            if more:
+                last = latest_at_or_before(schedule, horizon, came[-1])
+            occ = next_occurrence(schedule, horizon)
+            while occ is not None and jitter.due_at(job_id, occ, spec.jitter_s) <= now:
+                more += 1
+                last = occ
+                occ = next_occurrence(schedule, occ)
+            break
+        came.append(occ)
+        last = occ
+        occ = next_occurrence(schedule, occ if done_upto is None or done_upto < occ else done_upto)
+    return _Overdue(came, more, last, occ)
+
+
+def _later_than(floor: datetime, *candidates: datetime | None) -> datetime | None:
+    """The latest candidate if it is after ``floor``, else None."""
+    latest = max((c for c in candidates if c is not None), default=None)
+    return latest if latest is not None and latest > floor else None
+
+
+def _apply_overlap(job_id: uuid.UUID, spec: JobSpec, base: RowPlan, now: datetime | None) -> RowPlan:
+    """skip / buffer_one: occurrences that came due while the run that just ended was in flight."""
+    if (
+        now is None
+        or spec.overlap is Overlap.ALLOW
+        or not isinstance(spec.schedule, CronSchedule)
+        or base.state is not JobState.SCHEDULED
+        or base.scheduled_for is None
+        or base.next_run_at is None
+        or base.next_run_at > now
+    ):
+        return base
+    due = _overlapping(job_id, spec, base.scheduled_for, now, base.handed_upto)
+    if not due.came:
+        return base
+    if spec.overlap is Overlap.BUFFER_ONE:
+        # The first one that came due runs now, right after the run that held it up; the rest
+        # are skipped, and the schedule goes on after the last of them (handed_upto).
+        return replace(
+            base,
+            next_run_at=now,
+            scheduled_for=due.came[0],
+            attempt=0,
+            handed_upto=_later_than(due.came[0], due.last, base.handed_upto),
+            overlap_skipped=tuple(due.came[1:]),
+            overlap_unrecorded=due.more,
+        )
+    nxt = _regular(job_id, spec, due.following, JobState.SCHEDULED if due.following else JobState.COMPLETED)
+    return replace(nxt, overlap_skipped=tuple(due.came), overlap_unrecorded=due.more)
+
+
+def _after_final(
+    job_id: uuid.UUID, spec: JobSpec, plan: RowPlan, succeeded: bool, now: datetime | None = None
+) -> RowPlan:
     """The occurrence is over (succeeded, dead-lettered, or failed for good): what comes next."""
     if plan.run_kind == "manual":
-        base = _regular(job_id, spec, plan.resume_at, plan.state)
+        base = replace(_regular(job_id, spec, plan.resume_at, plan.state), handed_upto=plan.handed_upto)
         if plan.resume_at is None and isinstance(spec.schedule, OneOffSchedule):
             base = replace(base, state=JobState.COMPLETED)
     elif isinstance(spec.schedule, OneOffSchedule):
@@ -100,8 +213,12 @@ def _after_final(job_id: uuid.UUID, spec: JobSpec, plan: RowPlan, succeeded: boo
         )
     else:
         assert isinstance(spec.schedule, CronSchedule)
-        following = next_occurrence(spec.schedule, plan.scheduled_for) if plan.scheduled_for else None
+        after = plan.scheduled_for
+        if plan.handed_upto is not None and (after is None or plan.handed_upto > after):
+            after = plan.handed_upto  # later occurrences already ran beside this one (allow)
+        following = next_occurrence(spec.schedule, after) if after else None
         base = _regular(job_id, spec, following, JobState.SCHEDULED if following else JobState.COMPLETED)
+    base = _apply_overlap(job_id, spec, base, now)
     base = replace(base, pending_triggers=plan.pending_triggers)
     if base.pending_triggers and base.state == JobState.SCHEDULED:
         first, rest = base.pending_triggers[0], base.pending_triggers[1:]
@@ -132,9 +249,32 @@ def after_attempt(
     if not succeeded and outcome is not Outcome.SKIPPED and retry_left:
         return replace(plan, next_run_at=retry.next_retry_at(spec.retry, attempt, now, rng))
     owner_state = plan.state
-    nxt = _after_final(job_id, spec, replace(plan, state=JobState.SCHEDULED), succeeded)
+    nxt = _after_final(job_id, spec, replace(plan, state=JobState.SCHEDULED), succeeded, now)
     if owner_state == JobState.CANCELLED:
         return replace(nxt, state=JobState.CANCELLED, next_run_at=None)
     if owner_state == JobState.PAUSED and nxt.state == JobState.SCHEDULED:
         return replace(nxt, state=JobState.PAUSED)
     return nxt
+
+
+def after_occurrence_attempt(
+    spec: JobSpec,
+    plan: RowPlan,
+    *,
+    attempt: int,
+    outcome: Outcome,
+    retryable: bool,
+    now: datetime,
+    rng: random.Random | None = None,
+) -> RowPlan | None:
+    """An occurrence row (one occurrence of a recurring job run in a row of its own, for
+    overlap=allow or a backfill): its retry, or None when the occurrence is over and the row goes.
+
+    It never advances the schedule (its parent row does that) and an owner's pause or cancel of
+    the parent reaches it as its ``state``: a cancelled occurrence is not retried.
+    """
+    succeeded = outcome is Outcome.SUCCEEDED
+    retry_left = retryable and attempt < spec.retry.max_attempts
+    if succeeded or outcome is Outcome.SKIPPED or not retry_left or plan.state is JobState.CANCELLED:
+        return None
+    return replace(plan, attempt=attempt, next_run_at=retry.next_retry_at(spec.retry, attempt, now, rng))

@@ -41,6 +41,14 @@ class Misfire(enum.StrEnum):
     SKIP = "skip"
 
 
+class Overlap(enum.StrEnum):
+    """What a recurring job does when an occurrence comes due while its previous run is in flight."""
+
+    ALLOW = "allow"  # start it on time, in a run of its own: runs of the job may overlap
+    SKIP = "skip"  # record it as skipped, reason overlap
+    BUFFER_ONE = "buffer_one"  # run one of them right after the current run ends; skip the rest
+
+
 class DstGap(enum.StrEnum):
     SHIFT = "shift"
     SKIP = "skip"
@@ -126,6 +134,7 @@ class JobSpec:
     misfire: Misfire = Misfire.RUN_ONCE
     misfire_grace_s: int = 60
     jitter_s: int = 0
+    overlap: Overlap = Overlap.ALLOW
 
     @property
     def recurring(self) -> bool:

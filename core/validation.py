@@ -45,6 +45,7 @@ from core.model import (
     JobSpec,
     Misfire,
     OneOffSchedule,
+    Overlap,
     QueueTarget,
     RetryPolicy,
     Schedule,
@@ -79,6 +80,8 @@ class SpecLimits:
     backoff_s_max: float = 31_536_000.0  # one year: bound for backoff_initial_s and backoff_max_s
     backoff_multiplier_max: float = 100.0
     run_at_horizon_days: int = 3650  # a run_at later than now + this is refused
+    backfill_max_occurrences: int = 1000  # per backfill call, and waiting per job at a time
+    backfill_pace_per_s: float = 10.0  # overlap=allow: backfilled runs start at most this fast
     min_cron_interval_s: int = 0  # operator setting: >0 refuses crons that fire more often
 
 
@@ -91,6 +94,7 @@ TOP_LEVEL_FIELDS = (
     "misfire",
     "misfire_grace_s",
     "jitter_s",
+    "overlap",
 )
 WEBHOOK_FIELDS = ("type", "url", "method", "headers", "timeout_s")
 QUEUE_FIELDS = ("type", "broker", "topic")
@@ -681,6 +685,7 @@ def parse_job_spec(data: object, *, now: datetime, limits: SpecLimits = SpecLimi
         else 60
     )
     jitter_s = _integer(obj["jitter_s"], "jitter_s", limits.jitter_s_range) if "jitter_s" in obj else 0
+    overlap = _choice(obj["overlap"], "overlap", Overlap) if "overlap" in obj else Overlap.ALLOW
     return JobSpec(
         target=target,
         schedule=schedule,
@@ -690,6 +695,7 @@ def parse_job_spec(data: object, *, now: datetime, limits: SpecLimits = SpecLimi
         misfire=misfire,
         misfire_grace_s=misfire_grace_s,
         jitter_s=jitter_s,
+        overlap=overlap,
     )
 
 
@@ -760,3 +766,15 @@ def parse_idempotency_key(value: str) -> str:
             field="Idempotency-Key",
         )
     return value
+
+
+BACKFILL_FIELDS = ("from", "to")
+
+
+def parse_backfill_range(data: object) -> tuple[datetime, datetime]:
+    """The body of POST /v1/jobs/{id}/backfill: ``{"from": …, "to": …}``, both RFC 3339."""
+    obj = _object(data, None, "a JSON object")
+    _check_keys(obj, BACKFILL_FIELDS, "")
+    start = parse_time(_require(obj, "from", ""), "from")
+    end = parse_time(_require(obj, "to", ""), "to")
+    return start, end

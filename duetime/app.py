@@ -109,7 +109,10 @@ class Node:
                 self.store,
                 policy=policy,
                 limits=SpecLimits(
-                    min_cron_interval_s=s.min_cron_interval_s, run_at_horizon_days=s.run_at_horizon_days
+                    min_cron_interval_s=s.min_cron_interval_s,
+                    run_at_horizon_days=s.run_at_horizon_days,
+                    backfill_max_occurrences=s.backfill_max,
+                    backfill_pace_per_s=s.backfill_pace_per_s,
                 ),
                 owner_rate_per_s=s.api_owner_rate,
                 max_jobs_per_owner=s.max_jobs_per_owner,

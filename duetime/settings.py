@@ -547,6 +547,24 @@ class Settings:
             _integer(1, 36500),
         ),
     )
+    backfill_max: int = field(
+        default=1000,
+        metadata=_meta(
+            "DUETIME_BACKFILL_MAX",
+            "A backfill queues at most this many occurrences per call (422 `backfill_too_large`), and "
+            "a job has at most this many backfilled or overlapping runs waiting (409).",
+            _integer(1, 100_000),
+        ),
+    )
+    backfill_pace_per_s: float = field(
+        default=10.0,
+        metadata=_meta(
+            "DUETIME_BACKFILL_PACE_PER_S",
+            "`overlap: allow` backfills start at most this many runs a second each (skip and "
+            "buffer_one backfills run one at a time).",
+            _positive_number,
+        ),
+    )
     processes: int = field(
         default=1,
         metadata=_meta(

@@ -62,3 +62,7 @@ LEASE_EXTENSIONS = Counter("duetime_lease_extensions_total", "Leases extended by
 LEASES_LOST = Counter("duetime_leases_lost_total", "Heartbeats that found the lease taken over")
 JANITOR_RESCUES = Counter("duetime_janitor_rescues_total", "Rows whose lapsed lease the janitor handled")
 RELEASED = Counter("duetime_released_total", "Claimed rows given back unfired (shutdown)")
+OVERLAP_SPLITS = Counter(
+    "duetime_overlap_splits_total",
+    "Occurrences of overlap=allow jobs started in a row of their own because the previous run was in flight",
+)

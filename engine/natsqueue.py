@@ -115,6 +115,7 @@ def encode_run(run: FencedRow, publisher: str) -> bytes:
             run.spec_version,
             run.run_kind,
             publisher,
+            run.parent_id.bytes if run.parent_id else None,
         ],
         use_bin_type=True,
     )
@@ -139,6 +140,8 @@ def decode_run(data: bytes) -> tuple[FencedRow, str]:
             spec=json.loads(spec),
             spec_version=int(version),
             run_kind=str(kind),
+            # A 13th field (occurrence rows) is optional: messages of older engines lack it.
+            parent_id=uuid.UUID(bytes=fields[12]) if len(fields) > 12 and fields[12] else None,
         )
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise ValueError(f"unreadable run message: {exc}") from exc

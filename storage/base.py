@@ -29,6 +29,15 @@ class Page(Generic[T]):
     next_cursor: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class Backfill:
+    """What a backfill queued: how many occurrences, the oldest and the newest."""
+
+    queued: int
+    first: datetime | None
+    last: datetime | None
+
+
 class Registry(Protocol):
     """What the API needs. Every call is scoped by owner: another owner's job is NotFound."""
 
@@ -64,6 +73,19 @@ class Registry(Protocol):
         ...
 
     async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
+
+    async def backfill_job(
+        self,
+        owner: str,
+        job_id: uuid.UUID,
+        start: datetime,
+        end: datetime,
+        *,
+        max_occurrences: int,
+        pace_per_s: float,
+    ) -> Backfill:
+        """Queue a run of every occurrence of a recurring job in [start, end) (see core.backfill)."""
+        ...
 
     async def list_runs(
         self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None

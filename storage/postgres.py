@@ -26,11 +26,22 @@ from typing import Any, TypeVar
 import asyncpg
 
 from core import codec, jitter
+from core.backfill import plan_backfill
 from core.errors import Conflict, InvalidRequest, NotFound, StorageUnavailable
 from core.ids import SHARDS, new_job_id, shard_of
-from core.lifecycle import OWNER_TRANSITIONS, RowPlan, after_attempt, initial_plan, start_manual
-from core.model import Job, JobSpec, JobState, Outcome, Run
-from storage.base import IdempotencyRequest, Page
+from core.lifecycle import (
+    OVERLAP_SKIP_REASON,
+    OWNER_TRANSITIONS,
+    RowPlan,
+    after_attempt,
+    after_occurrence_attempt,
+    initial_plan,
+    split_point,
+    start_manual,
+)
+from core.model import Job, JobSpec, JobState, Outcome, Overlap, Run
+from core.schedule import next_occurrence
+from storage.base import Backfill, IdempotencyRequest, Page
 from storage.queries import Q
 from storage.shardmap import ShardMap
 
@@ -122,6 +133,7 @@ def _plan_of(row: asyncpg.Record) -> RowPlan:
         run_kind=row["run_kind"],
         resume_at=row["resume_at"],
         pending_triggers=tuple(sorted(row["pending_triggers"] or ())),
+        handed_upto=row["handed_upto"],
     )
 
 
@@ -246,6 +258,13 @@ class FencedRow:
     spec: dict[str, Any]
     spec_version: int
     run_kind: str
+    # Set on an occurrence row (overlap=allow, backfill): the job it runs an occurrence of. The
+    # target sees this id (Duetime-Job-Id, Idempotency-Key); the lease is the row's own.
+    parent_id: uuid.UUID | None = None
+
+    @property
+    def public_id(self) -> uuid.UUID:
+        return self.parent_id or self.job_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,6 +380,7 @@ class PostgresStore:
             plan.scheduled_for,
             plan.attempt,
             now,
+            split_point(spec, plan),
         )
         if idempotency is None:
             await self._inserters[self.shard_map.dsn_for(shard)].insert(args)
@@ -416,6 +436,13 @@ class PostgresStore:
             self._notify_pending.add(shard)
             if self._notify_task is None or self._notify_task.done():
                 self._notify_task = asyncio.get_running_loop().create_task(self._send_notifies())
+
+    def _hint(self, shards: Iterable[int]) -> None:
+        """Wake the engines of these shards: a run there became due now."""
+        for shard in shards:
+            self._notify_pending.add(shard)
+        if self._notify_pending and (self._notify_task is None or self._notify_task.done()):
+            self._notify_task = asyncio.get_running_loop().create_task(self._send_notifies())
 
     async def _send_notifies(self) -> None:
         while self._notify_pending:
@@ -507,6 +534,8 @@ class PostgresStore:
             plan.resume_at,
             list(plan.pending_triggers),
             revoke,
+            split_point(codec.spec_from_json(spec if spec is not None else row["spec"]), plan),
+            plan.handed_upto,
         )
         action.wake = plan
         return job_from_row(out)
@@ -529,6 +558,8 @@ class PostgresStore:
                 plan = replace(fresh, pending_triggers=plan.pending_triggers)
                 if keep_state in (JobState.PAUSED, JobState.DEAD) and plan.state == JobState.SCHEDULED:
                     plan = replace(plan, state=keep_state)
+            if new_json != old:
+                await action.conn.execute(Q["cascade_spec"], job_id, new_json)
             return await self._write(
                 action, spec=new_json, spec_version=version, plan=plan, revoke=timing_changed
             )
@@ -539,6 +570,8 @@ class PostgresStore:
             if row["state"] == JobState.CANCELLED.value:
                 return job_from_row(row)
             plan = replace(_plan_of(row), state=JobState.CANCELLED, next_run_at=None, pending_triggers=())
+            await action.conn.fetch(Q["cascade_state"], job_id, JobState.CANCELLED.value)
+            await action.conn.execute(Q["drop_idle_occurrences"], job_id)
             return await self._write(action, plan=plan, revoke=True)
 
     async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job:
@@ -548,6 +581,7 @@ class PostgresStore:
             if row["state"] == JobState.PAUSED.value:
                 return job_from_row(row)
             plan = replace(_plan_of(row), state=JobState.PAUSED)
+            await action.conn.fetch(Q["cascade_state"], job_id, JobState.PAUSED.value)
             return await self._write(action, plan=plan, revoke=True)
 
     async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job:
@@ -559,6 +593,7 @@ class PostgresStore:
             # Occurrences missed while paused are left overdue on purpose: the claim applies the
             # job's misfire policy to them, the same rule as after an outage.
             plan = replace(_plan_of(row), state=JobState.SCHEDULED)
+            await action.conn.fetch(Q["cascade_state"], job_id, JobState.SCHEDULED.value)
             return await self._write(action, plan=plan, revoke=False)
 
     async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
@@ -586,6 +621,61 @@ class PostgresStore:
                 _plan_of(row), state=JobState.SCHEDULED, attempt=0, next_run_at=now, run_kind="scheduled"
             )
             return await self._write(action, plan=plan, revoke=False)
+
+    async def backfill_job(
+        self,
+        owner: str,
+        job_id: uuid.UUID,
+        start: datetime,
+        end: datetime,
+        *,
+        max_occurrences: int,
+        pace_per_s: float,
+    ) -> Backfill:
+        now = _utcnow()
+        async with self._locked(owner, job_id) as action:
+            row, conn = action.row, action.conn
+            self._require("backfill", row)
+            spec = codec.spec_from_json(row["spec"])
+            pending = int(await conn.fetchval(Q["count_occurrences"], job_id))
+            runs = plan_backfill(
+                spec,
+                start,
+                end,
+                now,
+                max_occurrences=max_occurrences,
+                pace_per_s=pace_per_s,
+                chain_busy=spec.overlap is not Overlap.ALLOW and pending > 0,
+            )
+            if pending + len(runs) > max_occurrences:
+                raise Conflict(
+                    f"this job has {pending} backfilled or overlapping runs not finished yet and at "
+                    f"most {max_occurrences} may wait at a time; wait for them, or ask for at most "
+                    f"{max(max_occurrences - pending, 0)} occurrences",
+                    code="backfill_in_progress",
+                )
+            if runs:
+                seq = int(await conn.fetchval(Q["last_backfill_seq"], job_id))
+                n, shard = len(runs), row["shard"]
+                await conn.execute(
+                    Q["insert_occurrences"],
+                    [new_job_id(shard) for _ in runs],
+                    [shard] * n,
+                    [owner] * n,
+                    [row["spec"]] * n,
+                    [r.due_at for r in runs],
+                    [r.scheduled_for for r in runs],
+                    [job_id] * n,
+                    list(range(seq + 1, seq + 1 + n)),
+                )
+                action.wake = RowPlan(
+                    state=JobState.SCHEDULED, next_run_at=now, scheduled_for=None, attempt=0
+                )
+        return Backfill(
+            queued=len(runs),
+            first=runs[0].scheduled_for if runs else None,
+            last=runs[-1].scheduled_for if runs else None,
+        )
 
     async def list_runs(self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None) -> Page[Run]:
         before = int.from_bytes(_decode_cursor(cursor, 8), "big") if cursor else _MAX_RUN_ID
@@ -698,6 +788,7 @@ class PostgresStore:
                         spec=r["spec"],
                         spec_version=r["spec_version"],
                         run_kind=r["run_kind"],
+                        parent_id=r["parent_id"],
                     )
                     for r in rows
                 )
@@ -754,37 +845,42 @@ class PostgresStore:
         now = _utcnow()
         async with _translated():
             for dsn, group in self._by_db((i.shard, i) for i in items).items():
-                async with self._pools[dsn].acquire() as conn, conn.transaction():
-                    rows = {
-                        r["job_id"]: r
-                        for r in await conn.fetch(Q["lock_for_completion"], [g.job_id for g in group])
-                    }
+                async with self._pools[dsn].acquire() as conn:
                     writer = _BatchWriter()
-                    for item in group:
-                        row = rows.get(item.job_id)
-                        if (
-                            row is None
-                            or row["lease_token"] != item.lease_token
-                            or not phase_ok(row["phase"])
-                            or item.job_id in writer.seen
-                        ):
-                            stats.stale += 1
-                            continue
-                        apply(writer, row, item, now)
-                    await writer.flush(conn)
+                    async with conn.transaction():
+                        rows = {
+                            r["job_id"]: r
+                            for r in await conn.fetch(Q["lock_for_completion"], [g.job_id for g in group])
+                        }
+                        for item in group:
+                            row = rows.get(item.job_id)
+                            if (
+                                row is None
+                                or row["lease_token"] != item.lease_token
+                                or not phase_ok(row["phase"])
+                                or item.job_id in writer.seen
+                            ):
+                                stats.stale += 1
+                                continue
+                            apply(writer, row, item, now)
+                        await writer.flush(conn)
                     stats.applied += len(writer.seen)
                     stats.history += writer.history_count
+                    self._hint(await writer.after_commit(conn))
         return stats
 
     async def rescue_expired(self, shard: int, *, limit: int) -> CompletionStats:
         """The janitor: rows whose lease lapsed become due again. A claimed row that never fired
         is released as it was; a running one had an attempt whose outcome nobody recorded, so it
         is finished as ``lease_expired`` and retried under the job's policy."""
-        async with _translated(), self.pool_for_shard(shard).acquire() as conn, conn.transaction():
-            ids = [r["job_id"] for r in await conn.fetch(Q["expired_leases"], shard, limit)]
-            if not ids:
-                return CompletionStats()
-            return await self._expire(conn, ids)
+        async with _translated(), self.pool_for_shard(shard).acquire() as conn:
+            async with conn.transaction():
+                ids = [r["job_id"] for r in await conn.fetch(Q["expired_leases"], shard, limit)]
+                if not ids:
+                    return CompletionStats()
+                stats, writer = await self._expire(conn, ids)
+            self._hint(await writer.after_commit(conn))
+            return stats
 
     async def expire_running_of(self, engine_id: str, shards: Sequence[int]) -> CompletionStats:
         """On restart: calls this engine had in flight when it died have unknown outcomes."""
@@ -794,15 +890,20 @@ class PostgresStore:
                 mine = [s for s in held if s in shards]
                 if not mine:
                     continue
-                async with self._pools[dsn].acquire() as conn, conn.transaction():
-                    ids = [r["job_id"] for r in await conn.fetch(Q["running_of_engine"], engine_id, mine)]
-                    if ids:
-                        stats = await self._expire(conn, ids)
+                async with self._pools[dsn].acquire() as conn:
+                    async with conn.transaction():
+                        ids = [r["job_id"] for r in await conn.fetch(Q["running_of_engine"], engine_id, mine)]
+                        if not ids:
+                            continue
+                        stats, writer = await self._expire(conn, ids)
                         total.applied += stats.applied
                         total.history += stats.history
+                    self._hint(await writer.after_commit(conn))
         return total
 
-    async def _expire(self, conn: asyncpg.Connection, ids: list[uuid.UUID]) -> CompletionStats:
+    async def _expire(
+        self, conn: asyncpg.Connection, ids: list[uuid.UUID]
+    ) -> tuple[CompletionStats, _BatchWriter]:
         now = _utcnow()
         writer = _BatchWriter()
         for row in await conn.fetch(Q["lock_for_completion"], ids):
@@ -827,7 +928,43 @@ class PostgresStore:
             )
             writer.finish(row, rep, now)
         await writer.flush(conn)
-        return CompletionStats(applied=len(writer.seen), history=writer.history_count)
+        return CompletionStats(applied=len(writer.seen), history=writer.history_count), writer
+
+    async def split_overlapping(self, shard: int, *, horizon_s: float, limit: int = 500) -> int:
+        """overlap=allow: every row whose run is still in flight when its next occurrence comes
+        due (within ``horizon_s``) hands that occurrence to an occurrence row of its own, due at
+        its own instant, claimed and fired like any row. Returns how many were handed out."""
+        async with _translated(), self.pool_for_shard(shard).acquire() as conn, conn.transaction():
+            rows = await conn.fetch(Q["overlap_due"], shard, float(horizon_s), limit)
+            if not rows:
+                return 0
+            occurrence_ids, dues, handed, following = [], [], [], []
+            for r in rows:
+                spec = codec.spec_from_json(r["spec"])
+                occ: datetime = r["split_at"]
+                occurrence_ids.append(new_job_id(shard))
+                dues.append(jitter.due_at(r["job_id"], occ, spec.jitter_s))
+                handed.append(occ)
+                following.append(next_occurrence(spec.schedule, occ))
+            n = len(rows)
+            await conn.execute(
+                Q["insert_occurrences"],
+                occurrence_ids,
+                [shard] * n,
+                [r["owner"] for r in rows],
+                [r["spec"] for r in rows],
+                dues,
+                handed,
+                [r["job_id"] for r in rows],
+                [None] * n,
+            )
+            await conn.execute(Q["mark_split"], [r["job_id"] for r in rows], handed, following)
+            return n
+
+    async def release_stalled_backfills(self, shard: int) -> int:
+        async with _translated():
+            rows = await self.pool_for_shard(shard).fetch(Q["release_stalled_backfills"], shard)
+        return len(rows)
 
     async def db_now(self, shard: int = 0) -> datetime:
         async with _translated():
@@ -856,18 +993,28 @@ def _claimed(r: asyncpg.Record) -> ClaimedRow:
 
 
 class _BatchWriter:
-    """Collects the row updates and history of one transaction and writes each as one statement."""
+    """Collects the row updates and history of one transaction and writes each as one statement.
+
+    Occurrence rows (overlap=allow, backfill) are finished here too: their history goes under the
+    parent's id, a finished one is deleted, and what must touch the parent or the occurrence's
+    siblings (the job's ``last_run``, the next backfilled run) is kept for ``after_commit``.
+    """
 
     def __init__(self) -> None:
         self.seen: set[uuid.UUID] = set()
-        self.plans: list[tuple[uuid.UUID, RowPlan, datetime | None, dict[str, Any] | None]] = []
+        self.plans: list[
+            tuple[uuid.UUID, RowPlan, datetime | None, dict[str, Any] | None, datetime | None]
+        ] = []
         self.runs: list[tuple[Any, ...]] = []
         self.history_count = 0
+        self.finished_occurrences: list[uuid.UUID] = []
+        self.parent_last: dict[uuid.UUID, dict[str, Any]] = {}
+        self.backfill_parents: set[uuid.UUID] = set()
 
     def _history(self, row: asyncpg.Record, run: Run, fencing_token: int) -> dict[str, Any]:
         self.runs.append(
             (
-                row["job_id"],
+                row["parent_id"] or row["job_id"],
                 row["shard"],
                 run.scheduled_for,
                 run.attempt,
@@ -886,9 +1033,10 @@ class _BatchWriter:
     def finish(self, row: asyncpg.Record, rep: AttemptReport, now: datetime) -> None:
         self.seen.add(rep.job_id)
         spec = codec.spec_from_json(row["spec"])
+        parent = row["parent_id"]
         lateness = None
         if rep.started_at is not None:
-            nominal_due = jitter.due_at(rep.job_id, rep.scheduled_for, spec.jitter_s)
+            nominal_due = jitter.due_at(parent or rep.job_id, rep.scheduled_for, spec.jitter_s)
             lateness = int((rep.started_at - nominal_due).total_seconds() * 1000)
         run = Run(
             scheduled_for=rep.scheduled_for,
@@ -902,9 +1050,26 @@ class _BatchWriter:
         )
         last = self._history(row, run, rep.lease_token)
         current = _plan_of(row)
+        if parent is not None:
+            self.parent_last[parent] = last
+            nxt = after_occurrence_attempt(
+                spec,
+                current,
+                attempt=rep.attempt,
+                outcome=rep.outcome,
+                retryable=rep.retryable,
+                now=now,
+            )
+            if nxt is None:
+                self.finished_occurrences.append(rep.job_id)
+                if row["backfill_seq"] is not None:
+                    self.backfill_parents.add(parent)
+            else:
+                self.plans.append((rep.job_id, nxt, None, last, None))
+            return
         if row["spec_version"] != rep.spec_version:
             # The schedule was replaced while this attempt ran: the owner's new plan stands.
-            self.plans.append((rep.job_id, current, None, last))
+            self.plans.append((rep.job_id, current, None, last, split_point(spec, current)))
             return
         plan = after_attempt(
             rep.job_id,
@@ -915,10 +1080,38 @@ class _BatchWriter:
             retryable=rep.retryable,
             now=now,
         )
+        if plan.overlap_skipped:
+            last = self._overlap_skips(row, plan, spec.overlap.value, now) or last
         consumed = None
         if len(plan.pending_triggers) < len(current.pending_triggers):
             consumed = current.pending_triggers[0]
-        self.plans.append((rep.job_id, plan, consumed, last))
+        self.plans.append((rep.job_id, plan, consumed, last, split_point(spec, plan)))
+
+    def _overlap_skips(
+        self, row: asyncpg.Record, plan: RowPlan, policy: str, now: datetime
+    ) -> dict[str, Any] | None:
+        """Occurrences that came due while the run was in flight and the policy passes over."""
+        reason = OVERLAP_SKIP_REASON.format(policy=policy)
+        last = None
+        for i, occurrence in enumerate(plan.overlap_skipped):
+            error = reason
+            if plan.overlap_unrecorded and i == len(plan.overlap_skipped) - 1:
+                error += (
+                    f"; {plan.overlap_unrecorded} later occurrences were skipped too, not recorded one by one"
+                )
+            last = self._history(
+                row,
+                Run(
+                    scheduled_for=occurrence,
+                    attempt=0,
+                    started_at=None,
+                    finished_at=now,
+                    outcome=Outcome.SKIPPED,
+                    error=error,
+                ),
+                row["lease_token"],
+            )
+        return last
 
     def skip(self, row: asyncpg.Record, item: MissedSkip, now: datetime) -> None:
         self.seen.add(item.job_id)
@@ -948,11 +1141,11 @@ class _BatchWriter:
                 scheduled_for=item.next_scheduled_for,
                 attempt=0,
             )
-        self.plans.append((item.job_id, plan, None, last))
+        self.plans.append((item.job_id, plan, None, last, split_point(spec, plan)))
 
     def release(self, row: asyncpg.Record) -> None:
         self.seen.add(row["job_id"])
-        self.plans.append((row["job_id"], _plan_of(row), None, None))
+        self.plans.append((row["job_id"], _plan_of(row), None, None, row["split_at"]))
 
     async def flush(self, conn: asyncpg.Connection) -> None:
         if self.plans:
@@ -969,10 +1162,26 @@ class _BatchWriter:
                 [x[2] is not None for x in p],
                 [x[2] for x in p],
                 [x[3] for x in p],
+                [x[4] for x in p],
+                [x[1].handed_upto for x in p],
             )
         if self.runs:
             cols = list(zip(*self.runs, strict=True))
             await conn.execute(Q["insert_runs"], *[list(c) for c in cols])
+        if self.finished_occurrences:
+            await conn.execute(Q["delete_occurrences"], self.finished_occurrences)
+
+    async def after_commit(self, conn: asyncpg.Connection) -> set[int]:
+        """What touches rows other than the ones locked: in statements of their own, after the
+        commit, so they never take locks in the opposite order of an owner action. Losing them
+        to a crash costs a stale ``last_run`` (the history has the run) or a backfilled run that
+        waits for the janitor's next round. Returns the shards that have a run due now."""
+        if self.parent_last:
+            await conn.execute(Q["parent_last_run"], list(self.parent_last), list(self.parent_last.values()))
+        if not self.backfill_parents:
+            return set()
+        rows = await conn.fetch(Q["release_next_backfill"], list(self.backfill_parents))
+        return {r["shard"] for r in rows}
 
 
 # ---------------------------------------------------------------------- run queue across processes
@@ -1028,10 +1237,14 @@ async def expire_published_of(store: PostgresStore, engine_id: str, shards: Sequ
             mine = [s for s in held if s in shards]
             if not mine:
                 continue
-            async with store.pool_for_dsn(dsn).acquire() as conn, conn.transaction():
-                ids = [r["job_id"] for r in await conn.fetch(Q["published_of_engine"], engine_id, mine)]
-                if ids:
-                    applied += (await store._expire(conn, ids)).applied
+            async with store.pool_for_dsn(dsn).acquire() as conn:
+                async with conn.transaction():
+                    ids = [r["job_id"] for r in await conn.fetch(Q["published_of_engine"], engine_id, mine)]
+                    if not ids:
+                        continue
+                    stats, writer = await store._expire(conn, ids)
+                    applied += stats.applied
+                store._hint(await writer.after_commit(conn))
     return applied
 
 

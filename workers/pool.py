@@ -205,7 +205,7 @@ class WorkerPool:
                 error=f"signing secret unavailable: {exc}",
             )
         delivery = Delivery(
-            job_id=str(run.job_id),
+            job_id=str(run.public_id),
             scheduled_for=run.scheduled_for,
             attempt=run.attempt,
             fencing_token=run.lease_token,

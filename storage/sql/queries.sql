@@ -3,16 +3,19 @@
 -- the run path below works on arrays of hundreds of rows at a time.
 
 -- name: insert_job
-INSERT INTO jobs (job_id, shard, owner, spec, state, next_run_at, scheduled_for, attempt, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+INSERT INTO jobs (job_id, shard, owner, spec, state, next_run_at, scheduled_for, attempt, created_at, updated_at,
+                  split_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10)
 RETURNING *;
 
 -- name: insert_jobs
 -- Many creates in one statement: concurrent POSTs on one database are coalesced by the store.
-INSERT INTO jobs (job_id, shard, owner, spec, state, next_run_at, scheduled_for, attempt, created_at, updated_at)
-SELECT j, s, o, sp, st, n, sf, a, c, c
+INSERT INTO jobs (job_id, shard, owner, spec, state, next_run_at, scheduled_for, attempt, created_at, updated_at,
+                  split_at)
+SELECT j, s, o, sp, st, n, sf, a, c, c, sa
 FROM unnest($1::uuid[], $2::smallint[], $3::text[], $4::jsonb[], $5::text[], $6::timestamptz[],
-            $7::timestamptz[], $8::int[], $9::timestamptz[]) AS u(j, s, o, sp, st, n, sf, a, c);
+            $7::timestamptz[], $8::int[], $9::timestamptz[], $10::timestamptz[])
+     AS u(j, s, o, sp, st, n, sf, a, c, sa);
 
 -- name: insert_idempotency_key
 INSERT INTO idempotency_keys (owner, key, body_hash, job_id)
@@ -23,21 +26,24 @@ RETURNING job_id;
 -- name: get_idempotency_key
 SELECT body_hash, job_id FROM idempotency_keys WHERE owner = $1 AND key = $2;
 
+-- Occurrence rows (parent_id set, migration 0003) are internal: no owner-facing statement
+-- returns, lists or counts them.
+
 -- name: get_job
-SELECT * FROM jobs WHERE job_id = $1 AND owner = $2;
+SELECT * FROM jobs WHERE job_id = $1 AND owner = $2 AND parent_id IS NULL;
 
 -- name: lock_job
-SELECT * FROM jobs WHERE job_id = $1 AND owner = $2 FOR UPDATE;
+SELECT * FROM jobs WHERE job_id = $1 AND owner = $2 AND parent_id IS NULL FOR UPDATE;
 
 -- name: list_jobs
 SELECT * FROM jobs
-WHERE owner = $1 AND job_id > $2
+WHERE owner = $1 AND job_id > $2 AND parent_id IS NULL
 ORDER BY job_id
 LIMIT $3;
 
 -- name: list_jobs_by_state
 SELECT * FROM jobs
-WHERE owner = $1 AND state = $2 AND job_id > $3
+WHERE owner = $1 AND state = $2 AND job_id > $3 AND parent_id IS NULL
 ORDER BY job_id
 LIMIT $4;
 
@@ -46,6 +52,7 @@ LIMIT $4;
 UPDATE jobs SET
     spec = $3, spec_version = $4, state = $5, next_run_at = $6, scheduled_for = $7,
     attempt = $8, run_kind = $9, resume_at = $10, pending_triggers = $11,
+    split_at = $13, handed_upto = $14,
     phase = CASE WHEN $12::bool AND phase = 'claimed' THEN 'idle' ELSE phase END,
     claimed_by = CASE WHEN $12::bool AND phase = 'claimed' THEN NULL ELSE claimed_by END,
     leased_until = CASE WHEN $12::bool AND phase = 'claimed' THEN NULL ELSE leased_until END,
@@ -54,10 +61,10 @@ WHERE job_id = $1 AND owner = $2
 RETURNING *;
 
 -- name: count_active_jobs
-SELECT count(*) FROM jobs WHERE owner = $1 AND state IN ('scheduled', 'paused');
+SELECT count(*) FROM jobs WHERE owner = $1 AND state IN ('scheduled', 'paused') AND parent_id IS NULL;
 
 -- name: job_exists
-SELECT 1 FROM jobs WHERE job_id = $1 AND owner = $2;
+SELECT 1 FROM jobs WHERE job_id = $1 AND owner = $2 AND parent_id IS NULL;
 
 -- name: list_runs
 SELECT * FROM runs WHERE job_id = $1 AND run_id < $2 ORDER BY run_id DESC LIMIT $3;
@@ -102,7 +109,7 @@ UPDATE jobs j SET
 FROM due
 WHERE j.job_id = due.job_id
 RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_for, j.attempt, j.run_kind,
-    CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0
+    CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0 AND j.parent_id IS NULL
               AND j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
          THEN j.spec END AS misfire_spec,
     now() AS db_now;
@@ -115,7 +122,7 @@ UPDATE jobs j SET
     leased_until = greatest(j.next_run_at, now()) + make_interval(secs => $3)
 WHERE j.claimed_by = $1 AND j.phase = 'claimed' AND j.shard = ANY($2::smallint[])
 RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_for, j.attempt, j.run_kind,
-    CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0
+    CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0 AND j.parent_id IS NULL
               AND j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
          THEN j.spec END AS misfire_spec,
     now() AS db_now;
@@ -133,7 +140,7 @@ WHERE j.job_id = u.job_id AND j.lease_token = u.token
   AND j.phase = 'claimed' AND j.state = 'scheduled'
   AND j.job_id = ANY($1::uuid[])  -- the batch by primary key, whatever the statistics say (0002)
 RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.scheduled_for, j.next_run_at, j.attempt,
-    j.spec, j.spec_version, j.run_kind;
+    j.spec, j.spec_version, j.run_kind, j.parent_id;
 
 -- name: extend_leases
 UPDATE jobs j SET leased_until = now() + make_interval(secs => $3)
@@ -155,7 +162,8 @@ RETURNING j.job_id;
 -- write, so "what comes next" is computed from the row as it is (a pause, cancel or PATCH that
 -- landed while the call was in flight is seen).
 SELECT job_id, shard, owner, spec, spec_version, state, phase, lease_token, scheduled_for,
-       next_run_at, attempt, run_kind, resume_at, pending_triggers
+       next_run_at, attempt, run_kind, resume_at, pending_triggers, parent_id, handed_upto, split_at,
+       backfill_seq
 FROM jobs WHERE job_id = ANY($1::uuid[])
 ORDER BY job_id
 FOR UPDATE;
@@ -167,13 +175,15 @@ UPDATE jobs j SET
     pending_triggers = CASE WHEN u.triggers_changed THEN
         COALESCE((SELECT array_agg(t ORDER BY t) FROM unnest(j.pending_triggers) t
                   WHERE t > u.consumed_trigger_at), '{}') ELSE j.pending_triggers END,
+    split_at = u.split_at, handed_upto = u.handed_upto,
     phase = 'idle', claimed_by = NULL, leased_until = NULL,
     last_run = COALESCE(u.last_run, j.last_run),
     updated_at = now()
 FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::int[], $6::text[],
-            $7::timestamptz[], $8::bool[], $9::timestamptz[], $10::jsonb[])
+            $7::timestamptz[], $8::bool[], $9::timestamptz[], $10::jsonb[], $11::timestamptz[],
+            $12::timestamptz[])
      AS u(job_id, state, next_run_at, scheduled_for, attempt, run_kind, resume_at,
-          triggers_changed, consumed_trigger_at, last_run)
+          triggers_changed, consumed_trigger_at, last_run, split_at, handed_upto)
 WHERE j.job_id = u.job_id;
 
 -- name: insert_runs
@@ -260,3 +270,99 @@ DELETE FROM jobs WHERE shard = $1;
 SELECT job_id FROM jobs
 WHERE claimed_by = $1 AND phase = 'running' AND shard = ANY($2::smallint[])
 FOR UPDATE SKIP LOCKED;
+
+-- ---------------------------------------------------------------------- overlap and backfill (0003)
+
+-- name: overlap_due
+-- overlap=allow: rows whose run is in flight (or waits for a retry) while their next occurrence
+-- comes due within the horizon. Locked so two engines never hand the same occurrence out twice.
+SELECT job_id, shard, owner, spec, split_at, next_run_at FROM jobs
+WHERE shard = $1 AND split_at IS NOT NULL AND (phase = 'running' OR attempt > 0)
+  AND split_at <= now() + make_interval(secs => $2)
+  AND state = 'scheduled' AND run_kind = 'scheduled' AND parent_id IS NULL
+ORDER BY split_at
+LIMIT $3
+FOR UPDATE SKIP LOCKED;
+
+-- name: mark_split
+UPDATE jobs j SET handed_upto = u.handed_upto, split_at = u.split_at
+FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[]) AS u(job_id, handed_upto, split_at)
+WHERE j.job_id = u.job_id;
+
+-- name: insert_occurrences
+-- Occurrence rows: one occurrence of a recurring job, in a row of its own (overlap=allow, or a
+-- backfill). next_run_at is null for a backfilled run that waits for the one before it.
+INSERT INTO jobs (job_id, shard, owner, spec, spec_version, state, next_run_at, scheduled_for, attempt,
+                  parent_id, backfill_seq)
+SELECT j, s, o, sp, 1, 'scheduled', n, sf, 0, p, q
+FROM unnest($1::uuid[], $2::smallint[], $3::text[], $4::jsonb[], $5::timestamptz[],
+            $6::timestamptz[], $7::uuid[], $8::bigint[]) AS u(j, s, o, sp, n, sf, p, q);
+
+-- name: count_occurrences
+-- A job's occurrence rows that have not run to the end yet (a bound on backfills in progress).
+SELECT count(*) FROM jobs WHERE parent_id = $1;
+
+-- name: last_backfill_seq
+SELECT COALESCE(max(backfill_seq), 0) FROM jobs WHERE parent_id = $1;
+
+-- name: delete_occurrences
+DELETE FROM jobs WHERE job_id = ANY($1::uuid[]) AND parent_id IS NOT NULL;
+
+-- name: release_next_backfill
+-- skip/buffer_one: a backfilled run ended, so the next waiting one of the same job may start,
+-- unless another of its runs is already on its way (the janitor may have been first).
+UPDATE jobs j SET next_run_at = now()
+FROM (
+    SELECT DISTINCT ON (w.parent_id) w.job_id FROM jobs w
+    WHERE w.parent_id = ANY($1::uuid[]) AND w.next_run_at IS NULL AND w.state <> 'cancelled'
+      AND NOT EXISTS (SELECT 1 FROM jobs a WHERE a.parent_id = w.parent_id AND a.next_run_at IS NOT NULL)
+    ORDER BY w.parent_id, w.backfill_seq
+) nxt
+WHERE j.job_id = nxt.job_id
+RETURNING j.shard;
+
+-- name: release_stalled_backfills
+-- The janitor's safety net for the statement above (it runs after a commit, so a crash can lose
+-- it): a job whose backfilled runs all wait, none on its way, gets its next one released.
+UPDATE jobs j SET next_run_at = now()
+FROM (
+    SELECT DISTINCT ON (w.parent_id) w.job_id FROM jobs w
+    WHERE w.shard = $1 AND w.parent_id IS NOT NULL AND w.next_run_at IS NULL AND w.state = 'scheduled'
+      AND NOT EXISTS (SELECT 1 FROM jobs a WHERE a.parent_id = w.parent_id AND a.next_run_at IS NOT NULL)
+    ORDER BY w.parent_id, w.backfill_seq
+) nxt
+WHERE j.job_id = nxt.job_id
+RETURNING j.job_id;
+
+-- name: parent_last_run
+-- An occurrence row's attempt is the job's latest run too. Its own statement after the
+-- completion commits: taking the parent's lock inside it could deadlock with an owner action,
+-- which locks the parent first and its occurrence rows second.
+UPDATE jobs j SET last_run = u.last_run, updated_at = now()
+FROM unnest($1::uuid[], $2::jsonb[]) AS u(job_id, last_run)
+WHERE j.job_id = u.job_id
+  AND (j.last_run IS NULL
+       OR (j.last_run->>'finished_at')::timestamptz <= (u.last_run->>'finished_at')::timestamptz);
+
+-- name: cascade_state
+-- An owner's pause, resume or cancel reaches the job's occurrence rows; a claimed one gives its
+-- lease back (as the job's own row does), a running one finishes and is recorded.
+UPDATE jobs SET
+    state = $2,
+    phase = CASE WHEN phase = 'claimed' THEN 'idle' ELSE phase END,
+    claimed_by = CASE WHEN phase = 'claimed' THEN NULL ELSE claimed_by END,
+    leased_until = CASE WHEN phase = 'claimed' THEN NULL ELSE leased_until END,
+    updated_at = now()
+WHERE parent_id = $1 AND state <> 'cancelled'
+RETURNING shard;
+
+-- name: cascade_spec
+-- A PATCH reaches the occurrence rows too (target, payload, retry); their schedule is their own.
+UPDATE jobs SET spec = jsonb_set($2::jsonb, '{schedule}', spec->'schedule'), updated_at = now()
+WHERE parent_id = $1;
+
+-- name: drop_idle_occurrences
+-- A cancel: occurrence rows that are not in flight will never run; they go (history says nothing
+-- ran for them). One in flight finishes and is deleted by its completion.
+DELETE FROM jobs WHERE parent_id = $1 AND phase = 'idle'
+RETURNING scheduled_for;

@@ -557,6 +557,7 @@ JOB_CALLS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "/replay", None),
     ("GET", "/runs", None),
     ("GET", "/preview", None),
+    ("POST", "/backfill", {"from": "2025-01-01T00:00:00Z", "to": "2025-01-02T00:00:00Z"}),
 ]
 
 

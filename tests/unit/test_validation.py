@@ -1043,6 +1043,7 @@ def test_full_spec_round_trips_through_the_codec() -> None:
         "misfire": "run_all",
         "misfire_grace_s": 86400,
         "jitter_s": 3600,
+        "overlap": "buffer_one",
     }
     spec = parse_job_spec(data, now=NOW)
     expected = copy.deepcopy(data)
