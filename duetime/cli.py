@@ -373,6 +373,9 @@ def _add_jobs_parser(sub: Any) -> None:
     create.add_argument("--tz", help="IANA zone for --cron (default UTC)")
     create.add_argument("--run-at", help="one run at this RFC 3339 time")
     create.add_argument("--payload", help="JSON sent as the body of each run")
+    create.add_argument(
+        "--overlap", choices=("allow", "skip", "buffer_one"), help="when a run is still in flight"
+    )
     create.add_argument("--idempotency-key", help="makes the create safe to repeat (and to retry)")
 
     for action in ("get", *_JOB_ACTIONS):
@@ -387,6 +390,15 @@ def _add_jobs_parser(sub: Any) -> None:
         listing.add_argument("--limit", type=int, help="page size, 1-1000")
         listing.add_argument("--cursor", help="next_cursor of the previous page")
         listing.add_argument("--all", action="store_true", help="follow next_cursor to the end")
+
+    backfill = actions.add_parser(
+        "backfill",
+        parents=[conn],
+        help="run every occurrence of a recurring job in [--from, --to) again",
+    )
+    backfill.add_argument("job_id", metavar="ID")
+    backfill.add_argument("--from", dest="start", required=True, help="RFC 3339 instant, inclusive")
+    backfill.add_argument("--to", dest="end", required=True, help="RFC 3339 instant, exclusive")
 
     preview = actions.add_parser(
         "preview",
@@ -440,6 +452,8 @@ def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
         spec["schedule"] = schedule
     if args.payload is not None:
         spec["payload"] = _json_arg(args.payload, "--payload")
+    if args.overlap is not None:
+        spec["overlap"] = args.overlap
     if not spec:
         raise _JobsUsage("give the job spec with --file (- for stdin) or flags such as --url and --cron")
     return spec
@@ -474,6 +488,8 @@ def _jobs_call(client: DuetimeClient, args: argparse.Namespace) -> Any:
         return client.get_job(args.job_id).raw
     if action in _JOB_ACTIONS:
         return getattr(client, f"{action}_job")(args.job_id).raw
+    if action == "backfill":
+        return client.backfill_job(args.job_id, args.start, args.end).raw
     if action in ("list", "runs"):
         if args.all and args.cursor is not None:
             raise _JobsUsage("--all starts at the first page; leave out --cursor")

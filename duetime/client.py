@@ -119,6 +119,7 @@ class JobSpec(TypedDict):
     misfire: NotRequired[Literal["run_once", "run_all", "skip"]]
     misfire_grace_s: NotRequired[int]
     jitter_s: NotRequired[int]
+    overlap: NotRequired[Literal["allow", "skip", "buffer_one"]]
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -286,6 +287,7 @@ class Job:
     misfire: str
     misfire_grace_s: int
     jitter_s: int
+    overlap: str
     state: str
     next_run_at: datetime | None
     attempt: int
@@ -308,12 +310,38 @@ class Job:
             misfire=str(data["misfire"]),
             misfire_grace_s=int(data["misfire_grace_s"]),
             jitter_s=int(data["jitter_s"]),
+            overlap=str(data.get("overlap", "allow")),
             state=str(data["state"]),
             next_run_at=_opt_time(data.get("next_run_at")),
             attempt=int(data["attempt"]),
             created_at=_time(data["created_at"]),
             updated_at=_time(data["updated_at"]),
             last_run=None if last_run is None else Run.from_json(last_run),
+            raw=dict(data),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Backfill:
+    """What ``backfill_job`` queued: how many occurrences, the oldest and the newest."""
+
+    job_id: str
+    start: datetime
+    end: datetime
+    queued: int
+    first: datetime | None
+    last: datetime | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Backfill:
+        return cls(
+            job_id=str(data["job_id"]),
+            start=_time(data["from"]),
+            end=_time(data["to"]),
+            queued=int(data["queued"]),
+            first=_opt_time(data.get("first")),
+            last=_opt_time(data.get("last")),
             raw=dict(data),
         )
 
@@ -485,6 +513,12 @@ class Operations:
     @staticmethod
     def job_action(job_id: str, action: Literal["pause", "resume", "trigger", "replay"]) -> Operation[Job]:
         return Operation("POST", _job_path(job_id, "/" + action), Job.from_json)
+
+    @staticmethod
+    def backfill_job(job_id: str, start: datetime | str, end: datetime | str) -> Operation[Backfill]:
+        """Not idempotent (a second call queues the occurrences again), so never resent."""
+        body = {"from": _rfc3339(start), "to": _rfc3339(end)}
+        return Operation("POST", _job_path(job_id, "/backfill"), Backfill.from_json, body=body, has_body=True)
 
     @staticmethod
     def list_runs(job_id: str, limit: int | None = None, cursor: str | None = None) -> Operation[Page[Run]]:
@@ -698,6 +732,10 @@ class DuetimeClient(_Base):
     def replay_job(self, job_id: str) -> Job:
         return self.send(Operations.job_action(job_id, "replay"))
 
+    def backfill_job(self, job_id: str, start: datetime | str, end: datetime | str) -> Backfill:
+        """Run every occurrence of a recurring job in [start, end) again (see docs/api.md)."""
+        return self.send(Operations.backfill_job(job_id, start, end))
+
     def list_runs(self, job_id: str, *, limit: int | None = None, cursor: str | None = None) -> Page[Run]:
         return self.send(Operations.list_runs(job_id, limit, cursor))
 
@@ -835,6 +873,10 @@ class AsyncDuetimeClient(_Base):
 
     async def replay_job(self, job_id: str) -> Job:
         return await self.send(Operations.job_action(job_id, "replay"))
+
+    async def backfill_job(self, job_id: str, start: datetime | str, end: datetime | str) -> Backfill:
+        """Run every occurrence of a recurring job in [start, end) again (see docs/api.md)."""
+        return await self.send(Operations.backfill_job(job_id, start, end))
 
     async def list_runs(
         self, job_id: str, *, limit: int | None = None, cursor: str | None = None

@@ -117,6 +117,18 @@ def _sync_scenario(served: Served) -> None:
         r.outcome for r in client.list_runs(job.id).items
     ]
 
+    backfill = client.backfill_job(job.id, "2020-01-01T00:00:00Z", datetime(2023, 1, 1, tzinfo=UTC))
+    assert (backfill.job_id, backfill.queued) == (job.id, 3)
+    assert backfill.first == datetime(2020, 12, 31, 23, 0, tzinfo=UTC)  # Berlin's New Year, in UTC
+    assert backfill.last == datetime(2022, 12, 31, 23, 0, tzinfo=UTC)
+    backfilled = _wait(
+        lambda: [r for r in client.list_runs(job.id).items if r.scheduled_for.year < 2023] or None
+    )
+    assert len(backfilled) >= 1
+    with pytest.raises(ValidationError) as empty_range:
+        client.backfill_job(job.id, "2000-01-01T00:00:00Z", "2000-01-01T00:00:00Z")
+    assert empty_range.value.field == "to"
+
     preview = client.preview_job(job.id, count=3)
     assert preview.job_id == job.id and len(preview.items) == 3 and preview.has_more
     assert all(i.due_at is not None for i in preview.items)
@@ -201,6 +213,8 @@ async def test_async_client_covers_every_call(served: Served) -> None:
         assert job.id in [j.id async for j in client.iter_jobs(page_size=3)]
         page = await client.list_runs(job.id, limit=1)
         assert len(page.items) == 1
+        backfill = await client.backfill_job(job.id, datetime(2024, 1, 1, tzinfo=UTC), "2026-01-01T00:00:00Z")
+        assert backfill.queued == 2 and backfill.raw["job_id"] == job.id
         preview = await client.preview_job(job.id, count=2, start="2026-10-24T00:00:00Z")
         assert [i.at for i in preview.items] == [
             datetime(2026, 12, 31, 23, 0, tzinfo=UTC),
@@ -416,6 +430,10 @@ async def test_cli_jobs_lifecycle(served: Served) -> None:
     assert (code, resumed["state"]) == (0, "scheduled"), err
     code, _, err = await duetime_jobs(served, "trigger", job_id)
     assert code == 0, err
+    code, backfill, err = await duetime_jobs(
+        served, "backfill", job_id, "--from", "2025-01-01T00:00:00Z", "--to", "2026-01-01T00:00:00Z"
+    )
+    assert (code, backfill["queued"], backfill["first"]) == (0, 1, "2025-12-31T23:00:00Z"), err
     await served.receiver.wait_for("/cli", 1)
     for _ in range(100):
         code, runs, err = await duetime_jobs(served, "runs", job_id)
