@@ -1092,13 +1092,26 @@ class _BatchWriter:
     ) -> dict[str, Any] | None:
         """Occurrences that came due while the run was in flight and the policy passes over."""
         reason = OVERLAP_SKIP_REASON.format(policy=policy)
+        last_reason = reason
+        if plan.overlap_unrecorded:
+            last_reason += (
+                f"; {plan.overlap_unrecorded} later occurrences were skipped too, not recorded one by one"
+            )
+        return self._skipped(row, plan.overlap_skipped, reason, now, last_reason=last_reason)
+
+    def _skipped(
+        self,
+        row: asyncpg.Record,
+        occurrences: Sequence[datetime],
+        reason: str,
+        now: datetime,
+        *,
+        last_reason: str | None = None,
+    ) -> dict[str, Any] | None:
+        """History rows for occurrences that did not run; the last one's JSON (for last_run)."""
         last = None
-        for i, occurrence in enumerate(plan.overlap_skipped):
-            error = reason
-            if plan.overlap_unrecorded and i == len(plan.overlap_skipped) - 1:
-                error += (
-                    f"; {plan.overlap_unrecorded} later occurrences were skipped too, not recorded one by one"
-                )
+        for i, occurrence in enumerate(occurrences):
+            error = last_reason if last_reason is not None and i == len(occurrences) - 1 else reason
             last = self._history(
                 row,
                 Run(
@@ -1115,21 +1128,12 @@ class _BatchWriter:
 
     def skip(self, row: asyncpg.Record, item: MissedSkip, now: datetime) -> None:
         self.seen.add(item.job_id)
-        last = None
-        for occurrence in item.skipped:
-            last = self._history(
-                row,
-                Run(
-                    scheduled_for=occurrence,
-                    attempt=0,
-                    started_at=None,
-                    finished_at=now,
-                    outcome=Outcome.SKIPPED,
-                    error="missed while the system was down or the job paused; "
-                    "skipped by the job's misfire policy",
-                ),
-                row["lease_token"],
-            )
+        last = self._skipped(
+            row,
+            item.skipped,
+            "missed while the system was down or the job paused; skipped by the job's misfire policy",
+            now,
+        )
         spec = codec.spec_from_json(row["spec"])
         current = _plan_of(row)
         if item.next_scheduled_for is None:

@@ -121,6 +121,19 @@ class Owner:
         assert status == 201, body
         return body  # type: ignore[no-any-return]
 
+    async def runs(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's whole run history, newest first."""
+        items: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            path = f"/v1/jobs/{job_id}/runs?limit=1000" + (f"&cursor={cursor}" if cursor else "")
+            status, page = await self.call("GET", path)
+            assert status == 200, page
+            items.extend(page["items"])
+            cursor = page["next_cursor"]
+            if not cursor:
+                return items
+
     async def cancel_all(self) -> None:
         cursor = None
         while True:

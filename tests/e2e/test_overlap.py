@@ -17,19 +17,6 @@ def _slots(calls: list[Call]) -> list[datetime]:
     return [parse(c.headers["Duetime-Scheduled-For"]) for c in calls]
 
 
-async def _history(owner: Owner, job_id: str) -> list[dict[str, Any]]:
-    runs: list[dict[str, Any]] = []
-    cursor = None
-    while True:
-        q = f"/v1/jobs/{job_id}/runs?limit=1000" + (f"&cursor={cursor}" if cursor else "")
-        status, page = await owner.call("GET", q)
-        assert status == 200, page
-        runs.extend(page["items"])
-        cursor = page["next_cursor"]
-        if not cursor:
-            return runs
-
-
 async def _every_second(owner: Owner, receiver: Receiver, path: str, overlap: str) -> dict[str, Any]:
     receiver.delay[path] = SLOW_S
     return await owner.create(
@@ -62,9 +49,7 @@ async def test_allow_starts_each_occurrence_on_time_beside_the_slow_one(
     assert any(b.arrived < a.arrived + timedelta(seconds=SLOW_S) for a, b in itertools.pairwise(calls))
     # the history is the job's, one succeeded run per occurrence
     await asyncio.sleep(SLOW_S + 1)
-    done = {
-        parse(r["scheduled_for"]) for r in await _history(owner, job["id"]) if r["outcome"] == "succeeded"
-    }
+    done = {parse(r["scheduled_for"]) for r in await owner.runs(job["id"]) if r["outcome"] == "succeeded"}
     assert set(slots) <= done
     status, got = await owner.call("GET", f"/v1/jobs/{job['id']}")
     assert status == 200 and got["last_run"] is not None
@@ -82,7 +67,7 @@ async def test_skip_records_what_came_due_during_a_run_and_never_overlaps(
         assert b.arrived >= a.arrived + timedelta(seconds=SLOW_S) - timedelta(milliseconds=50), (
             "runs overlapped"
         )
-    history = await _history(owner, job["id"])
+    history = await owner.runs(job["id"])
     ran = sorted(parse(r["scheduled_for"]) for r in history if r["outcome"] == "succeeded")
     skipped = sorted(parse(r["scheduled_for"]) for r in history if r["outcome"] == "skipped")
     assert ran[:3] == _slots(calls)[:3]
@@ -109,7 +94,7 @@ async def test_buffer_one_runs_one_right_after_and_skips_the_rest(owner: Owner, 
         assert b.arrived - ended < timedelta(seconds=2), (i, b.arrived - ended)
         # and it is the first occurrence that came due while the previous ran
         assert slots[i + 1] > slots[i]
-    history = await _history(owner, job["id"])
+    history = await owner.runs(job["id"])
     skipped = [r for r in history if r["outcome"] == "skipped"]
     assert skipped and all("overlap policy buffer_one" in r["error"] for r in skipped)
     ran = {parse(r["scheduled_for"]) for r in history if r["outcome"] == "succeeded"}
@@ -146,7 +131,7 @@ async def test_backfill_runs_each_past_occurrence_once_with_its_own_key(
     status, got = await owner.call("GET", f"/v1/jobs/{job['id']}")
     assert got["state"] == "scheduled" and parse(got["next_run_at"]) > now
     assert got["last_run"] is not None and got["last_run"]["outcome"] == "succeeded"
-    history = await _history(owner, job["id"])
+    history = await owner.runs(job["id"])
     assert sorted(parse(r["scheduled_for"]) for r in history) == sorted(_slots(calls))
     # the job's list shows the job once: the backfilled runs' rows are internal
     status, page = await owner.call("GET", "/v1/jobs?limit=1000")
