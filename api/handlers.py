@@ -91,7 +91,7 @@ def _state(request: web.Request) -> JobState | None:
     return state
 
 
-def _job_id(request: web.Request) -> uuid.UUID:
+def job_id_of(request: web.Request) -> uuid.UUID:
     """A malformed id answers 404 like a missing job: ids are opaque to clients."""
     text = request.match_info["job_id"]
     job_id = parse_job_id(text)
@@ -186,7 +186,7 @@ class JobsApi:
         return json_response(job_to_json(job), status=201 if created else 200, headers={"Location": location})
 
     async def get_job(self, request: web.Request) -> web.Response:
-        job = await self._registry.get_job(request[OWNER], _job_id(request))
+        job = await self._registry.get_job(request[OWNER], job_id_of(request))
         return json_response(job_to_json(job))
 
     async def list_jobs(self, request: web.Request) -> web.Response:
@@ -196,7 +196,7 @@ class JobsApi:
 
     async def update_job(self, request: web.Request) -> web.Response:
         owner = request[OWNER]
-        job_id = _job_id(request)
+        job_id = job_id_of(request)
         patch = await _json_body(request)
         current = await self._registry.get_job(owner, job_id)
         merged = merge_patch(spec_to_json(current.spec), patch)
@@ -213,27 +213,27 @@ class JobsApi:
         return json_response(job_to_json(job))
 
     async def cancel_job(self, request: web.Request) -> web.Response:
-        job = await self._registry.cancel_job(request[OWNER], _job_id(request))
+        job = await self._registry.cancel_job(request[OWNER], job_id_of(request))
         return json_response(job_to_json(job))
 
     async def pause_job(self, request: web.Request) -> web.Response:
-        job = await self._registry.pause_job(request[OWNER], _job_id(request))
+        job = await self._registry.pause_job(request[OWNER], job_id_of(request))
         return json_response(job_to_json(job))
 
     async def resume_job(self, request: web.Request) -> web.Response:
-        job = await self._registry.resume_job(request[OWNER], _job_id(request))
+        job = await self._registry.resume_job(request[OWNER], job_id_of(request))
         return json_response(job_to_json(job))
 
     async def trigger_job(self, request: web.Request) -> web.Response:
-        job = await self._registry.trigger_job(request[OWNER], _job_id(request))
+        job = await self._registry.trigger_job(request[OWNER], job_id_of(request))
         return json_response(job_to_json(job), status=202)
 
     async def replay_job(self, request: web.Request) -> web.Response:
-        job = await self._registry.replay_job(request[OWNER], _job_id(request))
+        job = await self._registry.replay_job(request[OWNER], job_id_of(request))
         return json_response(job_to_json(job))
 
     async def backfill_job(self, request: web.Request) -> web.Response:
-        owner, job_id = request[OWNER], _job_id(request)
+        owner, job_id = request[OWNER], job_id_of(request)
         start, end = parse_backfill_range(await _json_body(request))
         result = await self._registry.backfill_job(
             owner,
@@ -246,7 +246,7 @@ class JobsApi:
         return json_response(backfill_to_json(job_id, start, end, result), status=202)
 
     async def list_runs(self, request: web.Request) -> web.Response:
-        owner, job_id = request[OWNER], _job_id(request)
+        owner, job_id = request[OWNER], job_id_of(request)
         limit, cursor = _limit(request), _cursor(request)
         page = await self._registry.list_runs(owner, job_id, limit=limit, cursor=cursor)
         return json_response(runs_page_to_json(page))

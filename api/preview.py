@@ -11,9 +11,9 @@ Occurrences that a ``dst_gap: "skip"`` rule drops leave no instant behind, so th
 walking the same schedule with ``dst_gap: "shift"``: every instant that variant marks as shifted
 out of a gap, and that the real schedule lacks, is a gap the real schedule skips.
 
-The schedule object is judged by ``core.validation``'s own schedule parser, and ``count`` and
-``from`` by its field helpers (imported although private, on purpose), so a preview refuses exactly
-what ``POST /v1/jobs`` refuses, with the same codes, messages and field paths.
+The body is judged by ``core.validation.parse_preview_request``, with the same schedule parser and
+field helpers as a job spec, so a preview refuses exactly what ``POST /v1/jobs`` refuses, with the
+same codes, messages and field paths.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from api.body import parse_json, require_json_content_type
-from api.handlers import OWNER, _job_id
+from api.handlers import OWNER, job_id_of
 from api.render import json_response
 from core.codec import format_time
 from core.cron import parse_cron
@@ -35,20 +35,11 @@ from core.errors import InvalidRequest
 from core.jitter import due_at
 from core.model import CronSchedule, DstGap, Job, JobState, Schedule
 from core.schedule import describe_instant, first_occurrence, load_zone, next_occurrence
-from core.validation import (
-    SpecLimits,
-    _check_keys,
-    _integer,
-    _object,
-    _parse_schedule,
-    _require,
-    parse_time,
-)
+from core.validation import SpecLimits, parse_preview_request, parse_time
 from storage.base import Registry
 
 DEFAULT_COUNT: Final = 10
 MAX_COUNT: Final = 100
-PREVIEW_FIELDS: Final = ("schedule", "count", "from")
 # Only these states can still fire; a cancelled, completed or dead job previews no occurrence.
 _LIVE_STATES: Final = frozenset({JobState.SCHEDULED, JobState.PAUSED})
 # How far the shift-variant walk may run to find skipped gaps: gaps are rare (two a year in most
@@ -203,17 +194,17 @@ class PreviewApi:
 
     async def preview_schedule(self, request: web.Request) -> web.Response:
         require_json_content_type(request)
-        data = parse_json(await request.read())
-        body = _object(data, None, "a JSON object")
-        _check_keys(body, PREVIEW_FIELDS, "")
-        now = datetime.now(UTC)
-        schedule = _parse_schedule(_require(body, "schedule", ""), now, self._limits)
-        count = _integer(body["count"], "count", (1, MAX_COUNT)) if "count" in body else DEFAULT_COUNT
-        start = parse_time(body["from"], "from") if body.get("from") is not None else now
+        schedule, count, start = parse_preview_request(
+            parse_json(await request.read()),
+            now=datetime.now(UTC),
+            limits=self._limits,
+            max_count=MAX_COUNT,
+            default_count=DEFAULT_COUNT,
+        )
         return json_response(preview_to_json(compute_preview(schedule, start, count)))
 
     async def preview_job(self, request: web.Request) -> web.Response:
-        job_id = _job_id(request)
+        job_id = job_id_of(request)
         count = _count_query(request)
         raw_from = request.query.get("from") or None
         start = datetime.now(UTC) if raw_from is None else parse_time(raw_from, "from")

@@ -778,3 +778,19 @@ def parse_backfill_range(data: object) -> tuple[datetime, datetime]:
     start = parse_time(_require(obj, "from", ""), "from")
     end = parse_time(_require(obj, "to", ""), "to")
     return start, end
+
+
+PREVIEW_FIELDS = ("schedule", "count", "from")
+
+
+def parse_preview_request(
+    data: object, *, now: datetime, limits: SpecLimits, max_count: int, default_count: int
+) -> tuple[Schedule, int, datetime]:
+    """The body of POST /v1/schedules/preview: (schedule, count, from). The schedule is judged
+    exactly as a job's would be, so a preview never accepts what registration refuses."""
+    obj = _object(data, None, "a JSON object")
+    _check_keys(obj, PREVIEW_FIELDS, "")
+    schedule = _parse_schedule(_require(obj, "schedule", ""), now, limits)
+    count = _integer(obj["count"], "count", (1, max_count)) if "count" in obj else default_count
+    start = parse_time(obj["from"], "from") if obj.get("from") is not None else now
+    return schedule, count, start
