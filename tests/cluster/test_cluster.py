@@ -194,6 +194,7 @@ async def test_b_an_engine_and_a_worker_killed_mid_burst_lose_nothing(
     arrivals = await wait_for_arrivals(receiver_process, set(ids), within=90 + RUNS / 100, settle_s=6.0)
     _report("killed", arrivals, due)
     print(f"duplicates after the kills: {len(arrivals.duplicated())}")
+    print(f"failed attempts (retried): {await _failed_attempts(store)}")
     assert arrivals.by_job.keys() == set(ids)
     history = await _history(store)
     _assert_duplicates_were_lapsed_leases(arrivals, history)
@@ -217,6 +218,7 @@ async def test_c_a_rolling_restart_under_steady_load_loses_and_doubles_nothing(
     assert seen < n, "the restarts were over before the load was: make the spread longer"
     arrivals = await wait_for_arrivals(receiver_process, set(ids), within=120 + n / 100, settle_s=3.0)
     _report("rolling restart", arrivals, due)
+    print(f"failed attempts (retried): {await _failed_attempts(store)}")
     assert arrivals.by_job.keys() == set(ids)
     assert arrivals.duplicated() == {}, "a graceful restart must not call anything twice"
     assert await _states(store) == {"completed": n}
@@ -235,6 +237,7 @@ async def test_d_nats_restarted_mid_burst_loses_nothing(
     arrivals = await wait_for_arrivals(receiver_process, set(ids), within=90 + RUNS / 100, settle_s=3.0)
     _report("nats restart", arrivals, due)
     print(f"duplicates after the broker restart: {len(arrivals.duplicated())}")
+    print(f"failed attempts (retried): {await _failed_attempts(store)}")
     assert arrivals.by_job.keys() == set(ids)
     _assert_duplicates_were_lapsed_leases(arrivals, await _history(store))
     assert await _states(store) == {"completed": RUNS}
