@@ -73,7 +73,8 @@ async def _burst(
     ids = await register(cluster.api_url, key, specs)
     took = time.monotonic() - started
     print(
-        f"\nregistered {n} jobs in {took:.1f} s ({n / took:.0f}/s); first due at +{REGISTER_BUDGET_S:.1f} s"
+        f"\nregistered {n} jobs in {took:.1f} s ({n / took:.0f}/s); "
+        f"first due at +{REGISTER_BUDGET_S * n / RUNS:.1f} s"
     )
     return ids, {ids[i]: due[i] for i in range(n)}
 
