@@ -143,10 +143,19 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.scheduled_for, j.next_run
     j.spec, j.spec_version, j.run_kind, j.parent_id;
 
 -- name: extend_leases
+-- Rows are locked in job id order first (as by lock_for_completion, take_runs and
+-- extend_published): batches that overlap must not lock in the orders of their input arrays, or
+-- they deadlock under load (see take_runs).
+WITH locked AS (
+    SELECT job_id FROM jobs
+    WHERE job_id = ANY($1::uuid[]) AND phase <> 'idle'
+    ORDER BY job_id
+    FOR UPDATE
+)
 UPDATE jobs j SET leased_until = now() + make_interval(secs => $3)
-FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
-WHERE j.job_id = u.job_id AND j.lease_token = u.token AND j.phase <> 'idle'
-  AND j.job_id = ANY($1::uuid[])
+FROM locked, unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+WHERE j.job_id = locked.job_id AND u.job_id = locked.job_id AND j.lease_token = u.token
+  AND j.phase <> 'idle'
 RETURNING j.job_id;
 
 -- name: release_claims
@@ -216,18 +225,41 @@ DELETE FROM idempotency_keys WHERE created_at < now() - make_interval(secs => $1
 -- still be running under the same token and be held by the engine that published it; from here
 -- the worker holds the lease. A second delivery of the same message (broker redelivery, another
 -- worker) finds the holder changed and takes nothing, so a message is called at most once per token.
+--
+-- The rows are locked in job id order before the update, by primary key. An engine's
+-- extend_published runs on the same rows at the same time; when each locked in the order of its
+-- own array (message order here, fence order there) the two deadlocked in a 20,000-run burst:
+-- both waited deadlock_timeout, one was aborted, and an aborted heartbeat let published leases
+-- lapse (thousands of runs retried as lease_expired).
+-- "claimed_by IS NOT DISTINCT FROM" (the publisher is never NULL) rather than "=": "=" implies
+-- the holder index's predicate (claimed_by IS NOT NULL), and with statistics from before a burst
+-- the planner then scans every row the engine holds once per locked row (seconds per batch).
+WITH locked AS (
+    SELECT job_id FROM jobs
+    WHERE job_id = ANY($1::uuid[]) AND phase = 'running'
+    ORDER BY job_id
+    FOR UPDATE
+)
 UPDATE jobs j SET claimed_by = $4, leased_until = now() + make_interval(secs => $5)
-FROM unnest($1::uuid[], $2::bigint[], $3::text[]) AS u(job_id, token, publisher)
-WHERE j.job_id = u.job_id AND j.lease_token = u.token AND j.phase = 'running'
-  AND j.claimed_by = u.publisher
+FROM locked, unnest($1::uuid[], $2::bigint[], $3::text[]) AS u(job_id, token, publisher)
+WHERE j.job_id = locked.job_id AND u.job_id = locked.job_id AND j.lease_token = u.token
+  AND j.phase = 'running' AND j.claimed_by IS NOT DISTINCT FROM u.publisher
 RETURNING j.job_id, j.lease_token;
 
 -- name: extend_published
 -- An engine keeps the leases of runs it published alive until a worker takes them (the holder
 -- changes) or they are finished; what this does not return is no longer the engine's to keep.
+-- Locked in job id order first, by primary key (see take_runs), and updated by primary key.
+WITH locked AS (
+    SELECT job_id FROM jobs
+    WHERE job_id = ANY($1::uuid[]) AND phase = 'running'
+    ORDER BY job_id
+    FOR UPDATE
+)
 UPDATE jobs j SET leased_until = now() + make_interval(secs => $4)
-FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
-WHERE j.job_id = u.job_id AND j.lease_token = u.token AND j.phase = 'running' AND j.claimed_by = $3
+FROM locked, unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+WHERE j.job_id = locked.job_id AND u.job_id = locked.job_id AND j.lease_token = u.token
+  AND j.phase = 'running' AND j.claimed_by IS NOT DISTINCT FROM $3
 RETURNING j.job_id;
 
 -- name: shard_rows

@@ -173,6 +173,20 @@ async def test_a_burst_keeps_fences_heartbeats_and_releases_on_the_primary_key(f
             [(r.job_id, r.shard, r.lease_token, r.scheduled_for) for r in batch], lease_s=30
         )
         assert len(fenced) == 500
+        # The NATS run path's take and an engine's heartbeat of what it published, on running rows
+        # its holder has: by primary key too, not by the holder index (which the same statistics
+        # make look nearly empty, and which holds every row the engine has fenced).
+        ids, tokens = [r.job_id for r in fenced], [r.lease_token for r in fenced]
+        conn = await asyncpg.connect(dsn)
+        try:
+            plans["take_runs"] = await conn.fetch(
+                "EXPLAIN " + Q["take_runs"], ids, tokens, [ENGINE] * len(ids), "worker-1", 30.0
+            )
+            plans["extend_published"] = await conn.fetch(
+                "EXPLAIN " + Q["extend_published"], ids, tokens, ENGINE, 30.0
+            )
+        finally:
+            await conn.close()
         assert await store.release_claims([(r.job_id, r.shard, r.lease_token) for r in claimed[500:]]) == 3500
     finally:
         await store.close()
