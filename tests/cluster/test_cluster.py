@@ -244,3 +244,52 @@ async def test_d_nats_restarted_mid_burst_loses_nothing(
     assert arrivals.by_job.keys() == set(ids)
     _assert_duplicates_were_lapsed_leases(arrivals, await _history(store))
     assert await _states(store) == {"completed": RUNS}
+
+
+async def _lease_expired_attempts(store: PostgresStore) -> int:
+    total = 0
+    for dsn in store.shard_map.databases():
+        total += await store.pool_for_dsn(dsn).fetchval(
+            "SELECT count(*) FROM runs WHERE outcome = 'lease_expired'"
+        )
+    return int(total)
+
+
+@pytest.mark.timeout(240 + RUNS // 50)
+async def test_e_messages_the_queue_loses_are_recovered_from_their_leases(
+    cluster: Cluster, store: PostgresStore, receiver_process: ReceiverProcess, nats_server: NatsServer
+) -> None:
+    """The queue is never the source of truth. JetStream's file store survives a broker restart
+    (test_d), so here the loss is made certain: the workers are frozen (SIGSTOP) while the engines
+    go on publishing, every message in the stream is purged, and the workers go on. Each run whose
+    message was lost must still start, once its engine stops keeping its lease (after
+    DUETIME_QUEUE_WAIT_MAX_S) and the janitor finishes it as lease_expired and retries it."""
+    import nats
+
+    await _full_cluster(cluster)
+    ids, due = await _burst(cluster, store, receiver_process, RUNS, spread_s=6.0)
+    await _until_a_third_arrived(receiver_process, due)
+    workers = [cluster.procs["w1"], cluster.procs["w2"]]
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        for w in workers:
+            w.signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(1.0)  # the engines publish on; nothing is taken
+            purged = (await js.stream_info("DUETIME_RUNS")).state.messages
+            await js.purge_stream("DUETIME_RUNS")
+        finally:
+            for w in workers:
+                w.signal(signal.SIGCONT)
+    finally:
+        await nc.close()
+    print(f"\npurged {purged} run messages from the stream")
+    assert purged > 0, "nothing was in the stream to lose: the case tested nothing"
+    arrivals = await wait_for_arrivals(receiver_process, set(ids), within=120 + RUNS / 100, settle_s=3.0)
+    _report("queue loss", arrivals, due)
+    print(f"failed attempts (retried): {await _failed_attempts(store)}")
+    assert arrivals.by_job.keys() == set(ids)
+    _assert_duplicates_were_lapsed_leases(arrivals, await _history(store))
+    assert await _states(store) == {"completed": RUNS}
+    assert await _lease_expired_attempts(store) > 0, "no run was recovered from its lease"
