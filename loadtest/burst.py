@@ -38,6 +38,7 @@ import multiprocessing as mp
 import os
 import resource
 import secrets
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -168,6 +169,43 @@ def _rss_bytes() -> float:
         return float(f.read().split()[1]) * _PAGE
 
 
+def _dump_tasks(node: Any) -> None:
+    """``kill -USR1 <node pid>``: what every task of this node is waiting on, grouped by stack,
+    and the engine's queues, to ``loadtest/out/tasks-<pid>.txt``. py-spy shows only the frame
+    that holds the GIL; a stalled asyncio process needs the suspended coroutines' stacks."""
+    import collections
+    import io
+
+    groups: collections.Counter[str] = collections.Counter()
+    for task in asyncio.all_tasks():
+        lines: list[str] = []
+        coro: Any = task.get_coro()
+        while coro is not None and len(lines) < 16:  # the suspended chain, outermost first
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+            if frame is not None:
+                lines.append(f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}\n")
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+        groups[f"{task.get_name().rstrip('0123456789')}\n{''.join(lines)}"] += 1
+    out = io.StringIO()
+    engine, pool = node._engine, node._pool
+    if engine is not None:
+        print(
+            f"wheel={len(engine.wheel)} fired_unfenced={engine._fired_count} "
+            f"lanes={sum(len(q) for q in engine._lanes.values())} fences={engine.fence_statements}",
+            file=out,
+        )
+    if pool is not None:
+        print(
+            f"queue={pool._queue.qsize()} inflight={pool._inflight} "
+            f"completer_pending={pool.completer.pending()} held={len(node._keeper)}",
+            file=out,
+        )
+    for text, n in groups.most_common():
+        print(f"--- {n} task(s): {text}", file=out)
+    OUT_DIR.mkdir(exist_ok=True)
+    (OUT_DIR / f"tasks-{os.getpid()}.txt").write_text(out.getvalue())
+
+
 def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any) -> None:
     """One all-in-one node (engine + in-process workers) that samples itself every 100 ms."""
     from duetime.app import Node
@@ -186,6 +224,7 @@ def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any)
         engine.lateness_probe = late.extend
 
         samples: list[tuple[float, int, float, float, float]] = []
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks, node)
         started.set()
         while not stop.is_set():
             completions = total(metrics.COMPLETIONS)
