@@ -716,6 +716,17 @@ class PostgresStore:
                 held.update(r["job_id"] for r in rows)
         return held
 
+    async def keep_waiting_claims(
+        self, shard: int, engine_id: str, *, within_s: float, extend_s: float, limit: int
+    ) -> int:
+        """Extend the leases of ``engine_id``'s claims on ``shard`` that would lapse within
+        ``within_s``, by ``extend_s`` from now; at most ``limit`` rows. Returns how many."""
+        async with _translated():
+            status: str = await self.pool_for_shard(shard).execute(
+                Q["keep_waiting_claims"], shard, engine_id, float(within_s), float(extend_s), limit
+            )
+        return int(status.rsplit(" ", 1)[-1])
+
     async def release_claims(self, items: Sequence[tuple[uuid.UUID, int, int]]) -> int:
         released = 0
         async with _translated():

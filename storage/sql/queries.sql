@@ -142,6 +142,24 @@ WHERE j.job_id = u.job_id AND j.lease_token = u.token AND j.phase <> 'idle'
   AND j.job_id = ANY($1::uuid[])
 RETURNING j.job_id;
 
+-- name: keep_waiting_claims
+-- An engine keeps the claims it still holds in its wheel from lapsing while a burst drains: rows
+-- it claimed (same holder, still 'claimed', token untouched) whose lease would lapse within $3
+-- seconds get $4 more seconds. Only rows that outlast their lease waiting are written, once per
+-- $4 seconds; a dead engine stops doing this, so its claims lapse and the janitor rescues them.
+WITH held AS (
+    SELECT job_id FROM jobs
+    WHERE shard = $1 AND leased_until IS NOT NULL
+      AND leased_until < now() + make_interval(secs => $3)
+      AND phase = 'claimed' AND claimed_by = $2
+    ORDER BY leased_until
+    LIMIT $5
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j SET leased_until = now() + make_interval(secs => $4)
+FROM held
+WHERE j.job_id = held.job_id;
+
 -- name: release_claims
 -- Give back rows that were claimed but not fired (shutdown): they become claimable at once.
 UPDATE jobs j SET phase = 'idle', claimed_by = NULL, leased_until = NULL
