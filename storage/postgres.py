@@ -246,6 +246,7 @@ class FencedRow:
     spec: dict[str, Any]
     spec_version: int
     run_kind: str
+    spec_text: str = ""  # the spec as the fence read it (jsonb's text), when it came from the fence
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +266,10 @@ class AttemptReport:
     retryable: bool
     status_code: int | None = None
     error: str | None = None
+    # The spec the attempt ran with, parsed, and its text as the fence read it: the completion
+    # reuses it when the row's spec text is still the same, instead of decoding the JSON again.
+    spec: JobSpec | None = None
+    spec_text: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -695,8 +700,9 @@ class PostgresStore:
                         scheduled_for=r["scheduled_for"],
                         due_at=r["next_run_at"],
                         attempt=r["attempt"] + 1,
-                        spec=r["spec"],
+                        spec=json.loads(r["spec"]),
                         spec_version=r["spec_version"],
+                        spec_text=r["spec"],
                         run_kind=r["run_kind"],
                     )
                     for r in rows
@@ -866,6 +872,15 @@ def _claimed(r: asyncpg.Record) -> ClaimedRow:
     )
 
 
+def _locked_spec(row: asyncpg.Record, rep: AttemptReport | None) -> JobSpec:
+    """The spec of a row read by ``lock_for_completion`` (as text): the attempt's own parsed spec
+    when the text is unchanged since its fence, otherwise decoded from the row."""
+    text: str = row["spec"]
+    if rep is not None and rep.spec is not None and rep.spec_text and rep.spec_text == text:
+        return rep.spec
+    return codec.spec_from_json(json.loads(text))
+
+
 class _BatchWriter:
     """Collects the row updates and history of one transaction and writes each as one statement."""
 
@@ -896,7 +911,7 @@ class _BatchWriter:
 
     def finish(self, row: asyncpg.Record, rep: AttemptReport, now: datetime) -> None:
         self.seen.add(rep.job_id)
-        spec = codec.spec_from_json(row["spec"])
+        spec = _locked_spec(row, rep)
         lateness = None
         if rep.started_at is not None:
             nominal_due = jitter.due_at(rep.job_id, rep.scheduled_for, spec.jitter_s)
@@ -948,7 +963,7 @@ class _BatchWriter:
                 ),
                 row["lease_token"],
             )
-        spec = codec.spec_from_json(row["spec"])
+        spec = _locked_spec(row, None)
         current = _plan_of(row)
         if item.next_scheduled_for is None:
             plan = replace(current, state=JobState.COMPLETED, next_run_at=None, attempt=0)

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 from core import codec
 from core.errors import StorageUnavailable
-from core.model import Outcome, WebhookTarget
+from core.model import JobSpec, Outcome, WebhookTarget
 from engine import metrics
 from engine.leases import LeaseKeeper
 from engine.runqueue import RunQueue
@@ -209,8 +209,10 @@ class WorkerPool:
         """One attempt each for runs whose target is a Redis stream, sent together. Queue
         messages carry no signature, so no signing secret is read."""
         deliveries = []
+        specs = []
         for run in runs:
             spec = codec.spec_from_json(run.spec)
+            specs.append(spec)
             deliveries.append(
                 Delivery(
                     job_id=str(run.job_id),
@@ -237,7 +239,7 @@ class WorkerPool:
         lateness = metrics.START_LATENESS.observe
         latency = metrics.TARGET_LATENCY.observe
         reports = []
-        for run, v in zip(runs, verdicts, strict=True):
+        for run, spec, v in zip(runs, specs, verdicts, strict=True):
             outcomes[v.outcome] = outcomes.get(v.outcome, 0) + 1
             lateness(max((started_at - run.due_at).total_seconds(), 0.0))
             latency(took)
@@ -250,6 +252,7 @@ class WorkerPool:
                     retryable=v.retryable,
                     status_code=v.status_code,
                     error=v.error,
+                    spec=spec,
                 )
             )
         for outcome, n in outcomes.items():
@@ -313,6 +316,7 @@ class WorkerPool:
             retryable=result.retryable,
             status_code=result.status_code,
             error=result.error,
+            spec=spec,
         )
 
 
@@ -333,6 +337,7 @@ def _report(
     retryable: bool,
     status_code: int | None = None,
     error: str | None = None,
+    spec: JobSpec | None = None,
 ) -> AttemptReport:
     """The outcome of ``run``'s attempt, carrying the lease it ran under."""
     return AttemptReport(
@@ -349,4 +354,6 @@ def _report(
         retryable=retryable,
         status_code=status_code,
         error=error,
+        spec=spec,
+        spec_text=run.spec_text,
     )

@@ -133,7 +133,7 @@ WHERE j.job_id = u.job_id AND j.lease_token = u.token
   AND j.phase = 'claimed' AND j.state = 'scheduled'
   AND j.job_id = ANY($1::uuid[])  -- the batch by primary key, whatever the statistics say (0002)
 RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.scheduled_for, j.next_run_at, j.attempt,
-    j.spec, j.spec_version, j.run_kind;
+    j.spec::text AS spec, j.spec_version, j.run_kind;
 
 -- name: extend_leases
 UPDATE jobs j SET leased_until = now() + make_interval(secs => $3)
@@ -172,8 +172,10 @@ RETURNING j.job_id;
 -- Completion reads the rows it is about to finish under lock, in the same transaction as the
 -- write, so "what comes next" is computed from the row as it is (a pause, cancel or PATCH that
 -- landed while the call was in flight is seen).
-SELECT job_id, shard, owner, spec, spec_version, state, phase, lease_token, scheduled_for,
-       next_run_at, attempt, run_kind, resume_at, pending_triggers
+-- The spec comes as its text: a completion compares it with the text its fence read and reuses
+-- the spec the worker parsed when they are equal (the common case), instead of decoding it again.
+SELECT job_id, shard, owner, spec::text AS spec, spec_version, state, phase, lease_token,
+       scheduled_for, next_run_at, attempt, run_kind, resume_at, pending_triggers
 FROM jobs WHERE job_id = ANY($1::uuid[])
 ORDER BY job_id
 FOR UPDATE;
