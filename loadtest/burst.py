@@ -33,6 +33,7 @@ import array
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -162,6 +163,8 @@ class NodeSamples:
     peak_rss_mb: float
     fence_statements: int
     fence_time_s: float
+    # time in the cyclic garbage collector after start, per generation (gc.callbacks)
+    gc_s: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
 
 
 def _rss_bytes() -> float:
@@ -215,6 +218,15 @@ def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any)
         # Only this counter's samples: the registry-wide collect reads /proc and every histogram.
         return float(sum(x.value for m in counter.collect() for x in m.samples if x.name.endswith("_total")))
 
+    gc_s = [0.0, 0.0, 0.0]
+    gc_start = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_start[0] = time.perf_counter()
+        else:
+            gc_s[info["generation"]] += time.perf_counter() - gc_start[0]
+
     async def main() -> None:
         node = Node(settings, api=False)
         await node.start()
@@ -225,6 +237,7 @@ def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any)
 
         samples: list[tuple[float, int, float, float, float]] = []
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks, node)
+        gc.callbacks.append(on_gc)
         started.set()
         while not stop.is_set():
             completions = total(metrics.COMPLETIONS)
@@ -242,6 +255,7 @@ def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any)
                 peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
                 fence_statements=statements,
                 fence_time_s=spent,
+                gc_s=[round(x, 2) for x in gc_s],
             )
         )
         out.close()
@@ -752,6 +766,7 @@ def summarise(
         **writes,
         "wheel_rss_bytes_per_run": [round(b) if b is not None else None for b in wheel_bytes],
         "fence_statements": sum(r.fence_statements for r in reports),
+        "gc_seconds_per_node": [r.gc_s for r in reports],
         "peak_rss_mb": peak_rss,
     }
     if a.plot:
