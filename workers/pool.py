@@ -187,7 +187,12 @@ class WorkerPool:
                 # A burst to a Redis stream: take the runs queued behind this one that go to
                 # Redis too and send them as one batch (one coroutine, one limiter slot, one
                 # batcher call) instead of a worker, a slot and a future chain per run.
-                runs = [run, *take_while(_to_redis, REDIS_BATCH - 1)]
+                # Runs in flight stay within the pool's concurrency, as one run per worker did:
+                # without that bound a thousand workers could take the whole run queue each time
+                # the fencer refilled it, and fenced runs (leases held, heartbeats paid, memory
+                # used) would pile up ahead of what the target and the completer take.
+                room = min(REDIS_BATCH, self._concurrency - self._inflight) - 1
+                runs = [run, *take_while(_to_redis, room)] if room > 0 else [run]
                 self._inflight += len(runs)
                 try:
                     reports = await self.call_redis_many(runs)

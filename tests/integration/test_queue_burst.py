@@ -21,6 +21,8 @@ from engine.runqueue import InProcessRunQueue
 from storage.postgres import AttemptReport, FencedRow
 from workers.dispatch import Delivery, Dispatcher
 from workers.pool import WorkerPool, _report
+from workers.queues import PUBLISHED
+from workers.webhook import Verdict
 
 REDIS_URL = os.environ.get("DUETIME_TEST_REDIS", "redis://127.0.0.1:6379/0")
 SCHEDULED_FOR = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)
@@ -195,3 +197,45 @@ async def test_workers_send_a_redis_burst_in_batches_one_entry_and_one_report_pe
     assert sorted(int(f[b"duetime_fencing_token"]) for _, f in entries) == [
         t for t in range(1, 1201) if t % 50
     ]
+
+
+class _HeldDispatcher(Dispatcher):
+    """Holds every batch until released: how many runs the workers took is then visible."""
+
+    def __init__(self, workers: int, queue: InProcessRunQueue) -> None:
+        super().__init__(policy=ssrf.AddressPolicy(), nats_url=None, redis_url=REDIS_URL)
+        self.queue = queue
+        self.sizes: list[int] = []
+        self.release = asyncio.Event()
+        self.all_busy = asyncio.Event()
+        self._workers = workers
+
+    async def deliver_redis_many(self, ds: list[Delivery]) -> tuple[datetime, datetime, list[Verdict]]:
+        self.sizes.append(len(ds))
+        if len(self.sizes) == self._workers or not self.queue.qsize():
+            self.all_busy.set()  # every worker holds a batch, or they took everything
+        await self.release.wait()
+        now = datetime.now(UTC)
+        return now, now, [PUBLISHED] * len(ds)
+
+
+async def test_batched_workers_keep_runs_in_flight_within_the_pool_concurrency() -> None:
+    """Regression: each worker took up to a pipeline's worth (500) off the run queue, so ten
+    workers held 5,000 fenced runs where ten calls were meant; a node's memory and held leases
+    grew with the fencer's rate instead of being bounded by the queue and the workers."""
+    queue = InProcessRunQueue()
+    for n in range(1, 2001):
+        queue.put_nowait(_fenced(QueueTarget(broker=Broker.REDIS, topic="held"), n))
+    dispatcher = _HeldDispatcher(workers=10, queue=queue)
+    pool = WorkerPool(None, queue, dispatcher, None, concurrency=10)  # type: ignore[arg-type]
+    pool.completer.add = lambda report: None  # type: ignore[method-assign]
+    workers = [asyncio.create_task(pool._work()) for _ in range(10)]
+    try:
+        await asyncio.wait_for(dispatcher.all_busy.wait(), timeout=30)
+        taken = sum(dispatcher.sizes)
+    finally:
+        dispatcher.release.set()
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+    assert taken <= 2 * 10  # the concurrency, plus the one run each worker already holds
