@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -66,7 +67,14 @@ class SecretCache:
 
 
 class Completer:
-    """Buffers attempt reports and writes them in batches of up to ``batch`` every few ms."""
+    """Buffers attempt reports and writes them in batches of up to ``batch`` every few ms.
+
+    ``writers`` batches are written at once (one transaction each; their rows are locked in job id
+    order, so two writers cannot deadlock), which keeps the database busy while this process
+    builds the next batch. Workers wait in ``room()`` while ``max_pending`` reports are buffered:
+    a target that takes runs faster than their outcomes are recorded must not pile up outcomes
+    (memory, and leases whose heartbeats grow with them) without bound.
+    """
 
     def __init__(
         self,
@@ -75,6 +83,8 @@ class Completer:
         *,
         batch: int = 500,
         linger_s: float = 0.005,
+        writers: int = 2,
+        max_pending: int = 5000,
         on_recorded: Callable[[list[AttemptReport]], None] | None = None,
     ) -> None:
         self._store = store
@@ -83,45 +93,70 @@ class Completer:
         self._on_recorded = on_recorded
         self._batch = batch
         self._linger = linger_s
-        self._buffer: list[AttemptReport] = []
+        self._writers = writers
+        self._max_pending = max_pending
+        self._buffer: deque[AttemptReport] = deque()
         self._event = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
         self._stopping = False
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     def add(self, report: AttemptReport) -> None:
         self._buffer.append(report)
+        if len(self._buffer) >= self._max_pending:
+            self._room.clear()
         if len(self._buffer) >= self._batch or len(self._buffer) == 1:
             self._event.set()
+
+    async def room(self) -> None:
+        """Return once fewer than ``max_pending`` reports wait to be written."""
+        if not self._room.is_set():
+            await self._room.wait()
 
     def pending(self) -> int:
         return len(self._buffer)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="duetime-completer")
+        self._tasks = [
+            asyncio.create_task(self._run(), name=f"duetime-completer-{i}") for i in range(self._writers)
+        ]
 
     async def stop(self) -> None:
         self._stopping = True
         self._event.set()
-        if self._task is not None:
-            await self._task
+        for task in self._tasks:
+            await task
+
+    def _take(self) -> list[AttemptReport]:
+        buffer = self._buffer
+        batch = [buffer.popleft() for _ in range(min(self._batch, len(buffer)))]
+        if len(buffer) < self._max_pending:
+            self._room.set()
+        return batch
 
     async def _run(self) -> None:
         while True:
             if not self._buffer:
                 if self._stopping:
+                    self._event.set()  # the other writers see the stop too
                     return
                 self._event.clear()
                 await self._event.wait()
                 continue
             if len(self._buffer) < self._batch and not self._stopping:
                 await asyncio.sleep(self._linger)
-            batch, self._buffer = self._buffer[: self._batch], self._buffer[self._batch :]
+                if not self._buffer:
+                    continue  # another writer took them
+            batch = self._take()
+            if self._buffer:
+                self._event.set()  # more for the other writers
             self._keeper.settling([r.job_id for r in batch])
             try:
                 stats = await asyncio.shield(self._store.complete_runs(batch))
             except (StorageUnavailable, OSError) as exc:
                 log.warning("recording %d outcomes failed (%s); retrying", len(batch), exc)
-                self._buffer[:0] = batch
+                self._buffer.extendleft(reversed(batch))
                 await asyncio.sleep(0.5)
                 continue
             metrics.COMPLETIONS.inc(stats.applied)
@@ -200,6 +235,7 @@ class WorkerPool:
                     self._inflight -= len(runs)
                 for report in reports:
                     self.completer.add(report)
+                await self.completer.room()
             else:
                 self._inflight += 1
                 try:
@@ -207,6 +243,7 @@ class WorkerPool:
                 finally:
                     self._inflight -= 1
                 self.completer.add(report)
+                await self.completer.room()
             if not self._inflight and not self._queue.qsize():
                 self._idle.set()
 
