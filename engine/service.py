@@ -221,18 +221,21 @@ class Engine:
                 await asyncio.wait_for(wake.wait(), timeout=cfg.poll_interval_s)
 
     def _claim_slack_s(self) -> float:
-        """How much longer than a lease a claim made now should last: the time the fencer needs
-        for what this engine already holds (waiting in the wheel or fired), at its measured rate
-        (or a cautious 2,000 runs/s before it has one), at most three leases.
+        """How much longer than a lease a claim made now should last: the time the fencer's
+        statements need for what this engine already holds (waiting in the wheel or fired), at
+        most three leases.
 
         A burst's later claims then do not lapse while the earlier ones are fenced, without a
         write per row to keep them (_keep_waiting_claims covers what outlasts the estimate). The
-        cap bounds how long a dead engine's claims wait for the janitor: a lease plus the slack."""
+        rate is the fencer's capacity -- entries per second spent in fence statements, 2,000/s
+        before the first one -- not its throughput, which is low whenever little is due: in
+        steady operation the slack stays near zero and a dead engine's claims reach the janitor
+        as soon as before; after a burst's claims, at most three leases later."""
         held = len(self.wheel) + self._fired_count
         if not held:
             return 0.0
-        rate = self._fence_rate or 2000.0
-        return min(held / rate, 3 * self.config.lease_s)
+        rate = self.fence_progress / self.fence_time_s if self.fence_time_s > 0 else 2000.0
+        return min(held / max(rate, 1.0), 3 * self.config.lease_s)
 
     async def _admit(self, rows: Sequence[ClaimedRow]) -> None:
         """Claimed rows into the wheel; overdue ones first through the misfire policy."""
