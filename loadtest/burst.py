@@ -205,6 +205,13 @@ def _dump_tasks(node: Any) -> None:
         )
     for text, n in groups.most_common():
         print(f"--- {n} task(s): {text}", file=out)
+    import tracemalloc
+
+    if tracemalloc.is_tracing():  # DUETIME_BENCH_TRACEMALLOC=1: where the node's memory is
+        snapshot = tracemalloc.take_snapshot()
+        print(f"--- traced: {tracemalloc.get_traced_memory()[0] / 2**20:.1f} MB", file=out)
+        for stat in snapshot.statistics("lineno")[:25]:
+            print(f"  {stat}", file=out)
     OUT_DIR.mkdir(exist_ok=True)
     (OUT_DIR / f"tasks-{os.getpid()}.txt").write_text(out.getvalue())
 
@@ -228,6 +235,10 @@ def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any)
             gc_s[info["generation"]] += time.perf_counter() - gc_start[0]
 
     async def main() -> None:
+        if os.environ.get("DUETIME_BENCH_TRACEMALLOC") == "1":
+            import tracemalloc
+
+            tracemalloc.start()
         node = Node(settings, api=False)
         await node.start()
         assert node._engine is not None
