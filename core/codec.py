@@ -34,12 +34,15 @@ REDACTED = "<redacted>"
 
 def format_time(value: datetime) -> str:
     """RFC 3339 in UTC with a ``Z``; fractions only when the instant has them."""
-    value = value.astimezone(UTC)
-    if value.microsecond:
-        text = value.strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0")
-    else:
-        text = value.strftime("%Y-%m-%dT%H:%M:%S")
-    return text + "Z"
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    if value.year < 1000:  # strftime's %Y does not pad; keep that spelling for such years
+        if value.microsecond:
+            return value.strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0") + "Z"
+        return value.strftime("%Y-%m-%dT%H:%M:%S") + "Z"
+    # isoformat is several times faster than strftime, and this runs a few times per run.
+    text = value.replace(tzinfo=None).isoformat()
+    return (text.rstrip("0") if value.microsecond else text) + "Z"
 
 
 def parse_time(text: str) -> datetime:

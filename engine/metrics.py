@@ -28,6 +28,9 @@ _LATENESS_BUCKETS = (
 CLAIMS = Counter("duetime_claims_total", "Rows claimed into a wheel", ["shard"])
 CLAIM_BATCHES = Counter("duetime_claim_batches_total", "Claim statements run", ["shard"])
 RETAKEN = Counter("duetime_claims_retaken_total", "Rows taken back by a restarted engine")
+CLAIMS_KEPT = Counter(
+    "duetime_claims_kept_total", "Waiting claims whose lease the engine extended while a burst drained"
+)
 WHEEL_SIZE = Gauge("duetime_wheel_entries", "Runs waiting in this engine's wheel")
 FIRES = Counter("duetime_fires_total", "Wheel entries fired")
 FIRE_LATENESS = Histogram(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 from engine import metrics
@@ -111,6 +112,18 @@ class InProcessRunQueue:
         run = self._pop()
         self._wake_one(self._putters)
         return run
+
+    def take_while(self, accept: Callable[[FencedRow], bool], limit: int) -> list[FencedRow]:
+        """Up to ``limit`` more runs without waiting, in the order ``get`` would give them, as
+        long as each next one is ``accept``-ed (the first one that is not stays queued)."""
+        out: list[FencedRow] = []
+        while self._size and len(out) < limit and accept(self._lanes[self._ring[0]][0]):
+            out.append(self._pop())
+        for _ in out:
+            if not self._putters:
+                break
+            self._wake_one(self._putters)
+        return out
 
     def qsize(self) -> int:
         return self._size

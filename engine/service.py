@@ -93,6 +93,13 @@ class Engine:
         self.lateness_probe: Callable[[list[int]], None] | None = None
         self.fence_time_s = 0.0
         self.fence_statements = 0
+        # Fired entries the fencer has taken off the lanes (fenced or rejected): the janitor keeps
+        # this engine's waiting claims only while this moves (see _keep_waiting_claims).
+        self.fence_progress = 0
+        self._kept_at: tuple[float, int] | None = None
+        self._fence_rate: float | None = None
+        self._progress_seen = 0
+        self._progress_at = time.monotonic()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -205,7 +212,7 @@ class Engine:
                     shard,
                     cfg.engine_id,
                     lookahead_s=cfg.lookahead_s,
-                    lease_s=cfg.lease_s,
+                    lease_s=cfg.lease_s + self._claim_slack_s(),
                     limit=cfg.claim_batch,
                 )
             except Exception:
@@ -233,6 +240,23 @@ class Engine:
                     break
         except Exception:
             log.exception("overlap scan on shard %d failed; the next round retries", shard)
+
+    def _claim_slack_s(self) -> float:
+        """How much longer than a lease a claim made now should last: the time the fencer's
+        statements need for what this engine already holds (waiting in the wheel or fired), at
+        most three leases.
+
+        A burst's later claims then do not lapse while the earlier ones are fenced, without a
+        write per row to keep them (_keep_waiting_claims covers what outlasts the estimate). The
+        rate is the fencer's capacity -- entries per second spent in fence statements, 2,000/s
+        before the first one -- not its throughput, which is low whenever little is due: in
+        steady operation the slack stays near zero and a dead engine's claims reach the janitor
+        as soon as before; after a burst's claims, at most three leases later."""
+        held = len(self.wheel) + self._fired_count
+        if not held:
+            return 0.0
+        rate = self.fence_progress / self.fence_time_s if self.fence_time_s > 0 else 2000.0
+        return min(held / max(rate, 1.0), 3 * self.config.lease_s)
 
     async def _admit(self, rows: Sequence[ClaimedRow]) -> None:
         """Claimed rows into the wheel; overdue ones first through the misfire policy."""
@@ -361,6 +385,7 @@ class Engine:
                 continue
             self.fence_time_s += time.perf_counter() - started
             self.fence_statements += 1
+            self.fence_progress += len(batch)
             metrics.FENCE_SECONDS.observe(time.perf_counter() - started)
             metrics.FENCED.inc(len(fenced))
             metrics.FENCE_REJECTED.inc(len(batch) - len(fenced))
@@ -378,6 +403,7 @@ class Engine:
                 await asyncio.wait_for(self._stopping.wait(), timeout=cfg.janitor_interval_s)
                 return
             try:
+                await self._keep_waiting_claims()
                 for shard in cfg.shards:
                     while True:
                         stats = await self._store.rescue_expired(shard, limit=500)
@@ -393,3 +419,58 @@ class Engine:
                     await self._store.purge_idempotency_keys(cfg.idempotency_ttl_s)
             except Exception:
                 log.exception("janitor round failed; the next one retries")
+
+    async def _keep_waiting_claims(self) -> None:
+        """Keep the claims this engine still holds from lapsing while a burst drains.
+
+        A claim's lease runs until its due instant plus ``lease_s``. When more runs are due at one
+        instant than the fencer gets through within a lease (a million at midnight), the rest
+        lapsed while still waiting in this engine's lanes: the janitor released them, the claim
+        loops re-claimed them under new tokens and appended the new entries behind the old ones,
+        whose fences were then rejected. Once the backlog ahead of an entry took longer than a
+        lease to fence, every entry lapsed before the fencer reached it: the burst was claimed,
+        fired and fenced over and over and nothing started (the million-run stall).
+
+        So each janitor round first extends this engine's own claims that would lapse within half
+        a lease, by a lease plus the time the fencer needs for the backlog: one write per row per
+        extension, and only for rows that outlast their lease. Only while this engine is healthy
+        and draining -- not once it has crashed or is stopping, nor when the fencer has taken
+        nothing off a non-empty backlog for a whole lease: a stuck engine lets its claims lapse,
+        and the janitor (its own or another engine's) rescues them. The fencing token is not
+        touched: a fence still has to match the token the row was claimed under.
+        """
+        cfg = self.config
+        now = time.monotonic()
+        progress = self.fence_progress
+        last, self._kept_at = self._kept_at, (now, progress)
+        if last is not None and progress > last[1] and now > last[0]:
+            rate = (progress - last[1]) / (now - last[0])
+            self._fence_rate = rate if self._fence_rate is None else 0.5 * (self._fence_rate + rate)
+        if progress != self._progress_seen or not self._fired_count:
+            self._progress_seen, self._progress_at = progress, now
+        if self.crashed is not None or self._stopping.is_set():
+            return
+        backlog = self._fired_count
+        if now - self._progress_at > cfg.lease_s:
+            log.warning(
+                "the fencer took none of %d fired runs in %.0f s; their claims are left to lapse",
+                backlog,
+                now - self._progress_at,
+            )
+            return
+        backlog_s = 0.0
+        if backlog and self._fence_rate:
+            backlog_s = min(backlog / self._fence_rate, 10 * cfg.lease_s)
+        within_s = max(cfg.lease_s / 2, 2 * cfg.janitor_interval_s)
+        extend_s = cfg.lease_s + backlog_s
+        kept = 0
+        for shard in cfg.shards:
+            for _ in range(20):  # at most 100,000 rows per shard and round
+                n = await self._store.keep_waiting_claims(
+                    shard, cfg.engine_id, within_s=within_s, extend_s=extend_s, limit=5000
+                )
+                kept += n
+                if n < 5000:
+                    break
+        if kept:
+            metrics.CLAIMS_KEPT.inc(kept)

@@ -33,11 +33,13 @@ import array
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import multiprocessing as mp
 import os
 import resource
 import secrets
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -161,11 +163,57 @@ class NodeSamples:
     peak_rss_mb: float
     fence_statements: int
     fence_time_s: float
+    # time in the cyclic garbage collector after start, per generation (gc.callbacks)
+    gc_s: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
 
 
 def _rss_bytes() -> float:
     with open("/proc/self/statm") as f:
         return float(f.read().split()[1]) * _PAGE
+
+
+def _dump_tasks(node: Any) -> None:
+    """``kill -USR1 <node pid>``: what every task of this node is waiting on, grouped by stack,
+    and the engine's queues, to ``loadtest/out/tasks-<pid>.txt``. py-spy shows only the frame
+    that holds the GIL; a stalled asyncio process needs the suspended coroutines' stacks."""
+    import collections
+    import io
+
+    groups: collections.Counter[str] = collections.Counter()
+    for task in asyncio.all_tasks():
+        lines: list[str] = []
+        coro: Any = task.get_coro()
+        while coro is not None and len(lines) < 16:  # the suspended chain, outermost first
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+            if frame is not None:
+                lines.append(f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}\n")
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+        groups[f"{task.get_name().rstrip('0123456789')}\n{''.join(lines)}"] += 1
+    out = io.StringIO()
+    engine, pool = node._engine, node._pool
+    if engine is not None:
+        print(
+            f"wheel={len(engine.wheel)} fired_unfenced={engine._fired_count} "
+            f"lanes={sum(len(q) for q in engine._lanes.values())} fences={engine.fence_statements}",
+            file=out,
+        )
+    if pool is not None:
+        print(
+            f"queue={pool._queue.qsize()} inflight={pool._inflight} "
+            f"completer_pending={pool.completer.pending()} held={len(node._keeper)}",
+            file=out,
+        )
+    for text, n in groups.most_common():
+        print(f"--- {n} task(s): {text}", file=out)
+    import tracemalloc
+
+    if tracemalloc.is_tracing():  # DUETIME_BENCH_TRACEMALLOC=1: where the node's memory is
+        snapshot = tracemalloc.take_snapshot()
+        print(f"--- traced: {tracemalloc.get_traced_memory()[0] / 2**20:.1f} MB", file=out)
+        for stat in snapshot.statistics("lineno")[:25]:
+            print(f"  {stat}", file=out)
+    OUT_DIR.mkdir(exist_ok=True)
+    (OUT_DIR / f"tasks-{os.getpid()}.txt").write_text(out.getvalue())
 
 
 def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any) -> None:
@@ -177,7 +225,20 @@ def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any)
         # Only this counter's samples: the registry-wide collect reads /proc and every histogram.
         return float(sum(x.value for m in counter.collect() for x in m.samples if x.name.endswith("_total")))
 
+    gc_s = [0.0, 0.0, 0.0]
+    gc_start = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_start[0] = time.perf_counter()
+        else:
+            gc_s[info["generation"]] += time.perf_counter() - gc_start[0]
+
     async def main() -> None:
+        if os.environ.get("DUETIME_BENCH_TRACEMALLOC") == "1":
+            import tracemalloc
+
+            tracemalloc.start()
         node = Node(settings, api=False)
         await node.start()
         assert node._engine is not None
@@ -186,6 +247,8 @@ def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any)
         engine.lateness_probe = late.extend
 
         samples: list[tuple[float, int, float, float, float]] = []
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks, node)
+        gc.callbacks.append(on_gc)
         started.set()
         while not stop.is_set():
             completions = total(metrics.COMPLETIONS)
@@ -203,6 +266,7 @@ def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any)
                 peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
                 fence_statements=statements,
                 fence_time_s=spent,
+                gc_s=[round(x, 2) for x in gc_s],
             )
         )
         out.close()
@@ -713,6 +777,7 @@ def summarise(
         **writes,
         "wheel_rss_bytes_per_run": [round(b) if b is not None else None for b in wheel_bytes],
         "fence_statements": sum(r.fence_statements for r in reports),
+        "gc_seconds_per_node": [r.gc_s for r in reports],
         "peak_rss_mb": peak_rss,
     }
     if a.plot:

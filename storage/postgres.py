@@ -258,6 +258,7 @@ class FencedRow:
     spec: dict[str, Any]
     spec_version: int
     run_kind: str
+    spec_text: str = ""  # the spec as the fence read it (jsonb's text), when it came from the fence
     # Set on an occurrence row (overlap=allow, backfill): the job it runs an occurrence of. The
     # target sees this id (Duetime-Job-Id, Idempotency-Key); the lease is the row's own.
     parent_id: uuid.UUID | None = None
@@ -284,6 +285,10 @@ class AttemptReport:
     retryable: bool
     status_code: int | None = None
     error: str | None = None
+    # The spec the attempt ran with, parsed, and its text as the fence read it: the completion
+    # reuses it when the row's spec text is still the same, instead of decoding the JSON again.
+    spec: JobSpec | None = None
+    spec_text: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -785,8 +790,9 @@ class PostgresStore:
                         scheduled_for=r["scheduled_for"],
                         due_at=r["next_run_at"],
                         attempt=r["attempt"] + 1,
-                        spec=r["spec"],
+                        spec=json.loads(r["spec"]),
                         spec_version=r["spec_version"],
+                        spec_text=r["spec"],
                         run_kind=r["run_kind"],
                         parent_id=r["parent_id"],
                     )
@@ -806,6 +812,17 @@ class PostgresStore:
                 )
                 held.update(r["job_id"] for r in rows)
         return held
+
+    async def keep_waiting_claims(
+        self, shard: int, engine_id: str, *, within_s: float, extend_s: float, limit: int
+    ) -> int:
+        """Extend the leases of ``engine_id``'s claims on ``shard`` that would lapse within
+        ``within_s``, by ``extend_s`` from now; at most ``limit`` rows. Returns how many."""
+        async with _translated():
+            status: str = await self.pool_for_shard(shard).execute(
+                Q["keep_waiting_claims"], shard, engine_id, float(within_s), float(extend_s), limit
+            )
+        return int(status.rsplit(" ", 1)[-1])
 
     async def release_claims(self, items: Sequence[tuple[uuid.UUID, int, int]]) -> int:
         released = 0
@@ -992,6 +1009,15 @@ def _claimed(r: asyncpg.Record) -> ClaimedRow:
     )
 
 
+def _locked_spec(row: asyncpg.Record, rep: AttemptReport | None) -> JobSpec:
+    """The spec of a row read by ``lock_for_completion`` (as text): the attempt's own parsed spec
+    when the text is unchanged since its fence, otherwise decoded from the row."""
+    text: str = row["spec"]
+    if rep is not None and rep.spec is not None and rep.spec_text and rep.spec_text == text:
+        return rep.spec
+    return codec.spec_from_json(json.loads(text))
+
+
 class _BatchWriter:
     """Collects the row updates and history of one transaction and writes each as one statement.
 
@@ -1032,7 +1058,7 @@ class _BatchWriter:
 
     def finish(self, row: asyncpg.Record, rep: AttemptReport, now: datetime) -> None:
         self.seen.add(rep.job_id)
-        spec = codec.spec_from_json(row["spec"])
+        spec = _locked_spec(row, rep)
         parent = row["parent_id"]
         lateness = None
         if rep.started_at is not None:
@@ -1134,7 +1160,7 @@ class _BatchWriter:
             "missed while the system was down or the job paused; skipped by the job's misfire policy",
             now,
         )
-        spec = codec.spec_from_json(row["spec"])
+        spec = _locked_spec(row, None)
         current = _plan_of(row)
         if item.next_scheduled_for is None:
             plan = replace(current, state=JobState.COMPLETED, next_run_at=None, attempt=0)

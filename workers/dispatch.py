@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from core import ssrf
-from core.model import Outcome, QueueTarget, Target, WebhookTarget
+from core.model import Broker, Outcome, QueueTarget, Target, WebhookTarget
 from workers import signing, webhook
 from workers.limits import HostLimiter
 from workers.queues import QueuePublisher
@@ -131,6 +131,22 @@ class Dispatcher:
             started_at=started_at,
             finished_at=max(finished_at, started_at),
         )
+
+    async def deliver_redis_many(self, ds: list[Delivery]) -> tuple[datetime, datetime, list[Verdict]]:
+        """One attempt each for many deliveries to Redis targets, sent together: one limiter slot
+        and one token per call, one batcher call. Returns (started_at, finished_at, verdicts)."""
+        started_at = self._clock()
+        try:
+            async with self._limiter.slot(f"broker:{Broker.REDIS.value}", len(ds)), self._total:
+                started_at = self._clock()
+                verdicts = await self._queues.publish_redis_many(
+                    [(d, d.target.topic, signing.encode_body(d.payload)) for d in ds]  # type: ignore[union-attr]
+                )
+        except Exception as exc:
+            log.exception("delivery of %d Redis runs failed inside the dispatcher", len(ds))
+            failed = Verdict(Outcome.FAILED, True, None, f"internal error ({type(exc).__name__})")
+            verdicts = [failed] * len(ds)
+        return started_at, max(self._clock(), started_at), verdicts
 
     async def _call(
         self, session: aiohttp.ClientSession, d: Delivery, target: Target, body: bytes, now: datetime

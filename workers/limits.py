@@ -59,9 +59,10 @@ class TokenBucket:
     def full(self) -> bool:
         return self.tokens >= self._burst
 
-    async def acquire(self) -> None:
+    async def acquire(self, n: int = 1) -> None:
+        """Take ``n`` tokens (a batch of calls takes one each), waiting until they are earned."""
         self._refill()
-        self._tokens -= 1.0
+        self._tokens -= n
         if self._tokens >= 0:
             return
         try:
@@ -69,7 +70,7 @@ class TokenBucket:
         except BaseException:
             # A cancelled waiter gives its reservation back so it does not slow the others.
             self._refill()
-            self._tokens = min(self._burst, self._tokens + 1.0)
+            self._tokens = min(self._burst, self._tokens + n)
             raise
 
 
@@ -141,12 +142,14 @@ class HostLimiter:
         return len(idle)
 
     @asynccontextmanager
-    async def slot(self, host: str) -> AsyncIterator[None]:
+    async def slot(self, host: str, calls: int = 1) -> AsyncIterator[None]:
+        """One concurrency slot and ``calls`` tokens: a batch of calls sent together (one
+        pipeline to a broker) holds one slot and pays the rate for each call."""
         entry = self._entry(host)
         entry.users += 1
         try:
             async with entry.semaphore:
-                await entry.bucket.acquire()
+                await entry.bucket.acquire(calls)
                 yield
         finally:
             entry.users -= 1

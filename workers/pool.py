@@ -11,17 +11,19 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 
 from core import codec
 from core.errors import StorageUnavailable
-from core.model import Outcome, WebhookTarget
+from core.model import JobSpec, Outcome, WebhookTarget
 from engine import metrics
 from engine.leases import LeaseKeeper
 from engine.runqueue import RunQueue
 from storage.postgres import AttemptReport, FencedRow, PostgresStore
 from workers.dispatch import CallResult, Delivery, Dispatcher
+from workers.webhook import Verdict
 
 log = logging.getLogger("duetime.workers")
 
@@ -65,7 +67,14 @@ class SecretCache:
 
 
 class Completer:
-    """Buffers attempt reports and writes them in batches of up to ``batch`` every few ms."""
+    """Buffers attempt reports and writes them in batches of up to ``batch`` every few ms.
+
+    ``writers`` batches are written at once (one transaction each; their rows are locked in job id
+    order, so two writers cannot deadlock), which keeps the database busy while this process
+    builds the next batch. Workers wait in ``room()`` while ``max_pending`` reports are buffered:
+    a target that takes runs faster than their outcomes are recorded must not pile up outcomes
+    (memory, and leases whose heartbeats grow with them) without bound.
+    """
 
     def __init__(
         self,
@@ -74,6 +83,8 @@ class Completer:
         *,
         batch: int = 500,
         linger_s: float = 0.005,
+        writers: int = 2,
+        max_pending: int = 5000,
         on_recorded: Callable[[list[AttemptReport]], None] | None = None,
     ) -> None:
         self._store = store
@@ -82,45 +93,70 @@ class Completer:
         self._on_recorded = on_recorded
         self._batch = batch
         self._linger = linger_s
-        self._buffer: list[AttemptReport] = []
+        self._writers = writers
+        self._max_pending = max_pending
+        self._buffer: deque[AttemptReport] = deque()
         self._event = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
         self._stopping = False
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     def add(self, report: AttemptReport) -> None:
         self._buffer.append(report)
+        if len(self._buffer) >= self._max_pending:
+            self._room.clear()
         if len(self._buffer) >= self._batch or len(self._buffer) == 1:
             self._event.set()
+
+    async def room(self) -> None:
+        """Return once fewer than ``max_pending`` reports wait to be written."""
+        if not self._room.is_set():
+            await self._room.wait()
 
     def pending(self) -> int:
         return len(self._buffer)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="duetime-completer")
+        self._tasks = [
+            asyncio.create_task(self._run(), name=f"duetime-completer-{i}") for i in range(self._writers)
+        ]
 
     async def stop(self) -> None:
         self._stopping = True
         self._event.set()
-        if self._task is not None:
-            await self._task
+        for task in self._tasks:
+            await task
+
+    def _take(self) -> list[AttemptReport]:
+        buffer = self._buffer
+        batch = [buffer.popleft() for _ in range(min(self._batch, len(buffer)))]
+        if len(buffer) < self._max_pending:
+            self._room.set()
+        return batch
 
     async def _run(self) -> None:
         while True:
             if not self._buffer:
                 if self._stopping:
+                    self._event.set()  # the other writers see the stop too
                     return
                 self._event.clear()
                 await self._event.wait()
                 continue
             if len(self._buffer) < self._batch and not self._stopping:
                 await asyncio.sleep(self._linger)
-            batch, self._buffer = self._buffer[: self._batch], self._buffer[self._batch :]
+                if not self._buffer:
+                    continue  # another writer took them
+            batch = self._take()
+            if self._buffer:
+                self._event.set()  # more for the other writers
             self._keeper.settling([r.job_id for r in batch])
             try:
                 stats = await asyncio.shield(self._store.complete_runs(batch))
             except (StorageUnavailable, OSError) as exc:
                 log.warning("recording %d outcomes failed (%s); retrying", len(batch), exc)
-                self._buffer[:0] = batch
+                self._buffer.extendleft(reversed(batch))
                 await asyncio.sleep(0.5)
                 continue
             metrics.COMPLETIONS.inc(stats.applied)
@@ -179,16 +215,91 @@ class WorkerPool:
         await self.completer.stop()
 
     async def _work(self) -> None:
+        take_while = getattr(self._queue, "take_while", None)
         while True:
             run = await self._queue.get()
-            self._inflight += 1
-            try:
-                report = await self.call(run)
-            finally:
-                self._inflight -= 1
-            self.completer.add(report)
+            if take_while is not None and _to_redis(run):
+                # A burst to a Redis stream: take the runs queued behind this one that go to
+                # Redis too and send them as one batch (one coroutine, one limiter slot, one
+                # batcher call) instead of a worker, a slot and a future chain per run.
+                # Runs in flight stay within the pool's concurrency, as one run per worker did:
+                # without that bound a thousand workers could take the whole run queue each time
+                # the fencer refilled it, and fenced runs (leases held, heartbeats paid, memory
+                # used) would pile up ahead of what the target and the completer take.
+                room = min(REDIS_BATCH, self._concurrency - self._inflight) - 1
+                runs = [run, *take_while(_to_redis, room)] if room > 0 else [run]
+                self._inflight += len(runs)
+                try:
+                    reports = await self.call_redis_many(runs)
+                finally:
+                    self._inflight -= len(runs)
+                for report in reports:
+                    self.completer.add(report)
+                await self.completer.room()
+            else:
+                self._inflight += 1
+                try:
+                    report = await self.call(run)
+                finally:
+                    self._inflight -= 1
+                self.completer.add(report)
+                await self.completer.room()
             if not self._inflight and not self._queue.qsize():
                 self._idle.set()
+
+    async def call_redis_many(self, runs: list[FencedRow]) -> list[AttemptReport]:
+        """One attempt each for runs whose target is a Redis stream, sent together. Queue
+        messages carry no signature, so no signing secret is read."""
+        deliveries = []
+        specs = []
+        for run in runs:
+            spec = codec.spec_from_json(run.spec)
+            specs.append(spec)
+            deliveries.append(
+                Delivery(
+                    job_id=str(run.job_id),
+                    scheduled_for=run.scheduled_for,
+                    attempt=run.attempt,
+                    fencing_token=run.lease_token,
+                    owner=run.owner,
+                    signing_secret="",
+                    payload=spec.payload,
+                    target=spec.target,
+                )
+            )
+        limit = self._dispatcher.broker_timeout_s + self._watchdog_s
+        try:
+            async with asyncio.timeout(limit):
+                started_at, finished_at, verdicts = await self._dispatcher.deliver_redis_many(deliveries)
+        except TimeoutError:
+            log.error("a batch of %d Redis runs hung past %s s; recorded as timed out", len(runs), limit)
+            started_at, finished_at = datetime.now(UTC), datetime.now(UTC)
+            error = f"the call did not finish within {limit} s (worker watchdog)"
+            verdicts = [Verdict(Outcome.TIMED_OUT, True, None, error)] * len(runs)
+        took = (finished_at - started_at).total_seconds()
+        outcomes: dict[Outcome, int] = {}
+        lateness = metrics.START_LATENESS.observe
+        latency = metrics.TARGET_LATENCY.observe
+        reports = []
+        for run, spec, v in zip(runs, specs, verdicts, strict=True):
+            outcomes[v.outcome] = outcomes.get(v.outcome, 0) + 1
+            lateness(max((started_at - run.due_at).total_seconds(), 0.0))
+            latency(took)
+            reports.append(
+                _report(
+                    run,
+                    started_at=started_at,
+                    finished_at=finished_at,
+                    outcome=v.outcome,
+                    retryable=v.retryable,
+                    status_code=v.status_code,
+                    error=v.error,
+                    spec=spec,
+                )
+            )
+        for outcome, n in outcomes.items():
+            metrics.CALLS.labels(outcome.value).inc(n)
+        return reports
 
     async def call(self, run: FencedRow) -> AttemptReport:
         spec = codec.spec_from_json(run.spec)
@@ -247,7 +358,16 @@ class WorkerPool:
             retryable=result.retryable,
             status_code=result.status_code,
             error=result.error,
+            spec=spec,
         )
+
+
+REDIS_BATCH = 500  # one pipeline's worth (workers/queues.py _RedisBatcher max_batch)
+
+
+def _to_redis(run: FencedRow) -> bool:
+    target = run.spec.get("target")
+    return isinstance(target, dict) and target.get("type") == "queue" and target.get("broker") == "redis"
 
 
 def _report(
@@ -259,6 +379,7 @@ def _report(
     retryable: bool,
     status_code: int | None = None,
     error: str | None = None,
+    spec: JobSpec | None = None,
 ) -> AttemptReport:
     """The outcome of ``run``'s attempt, carrying the lease it ran under."""
     return AttemptReport(
@@ -275,4 +396,6 @@ def _report(
         retryable=retryable,
         status_code=status_code,
         error=error,
+        spec=spec,
+        spec_text=run.spec_text,
     )

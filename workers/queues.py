@@ -84,6 +84,9 @@ def _failed(error: str, *, retryable: bool) -> Verdict:
     return Verdict(Outcome.FAILED, retryable, None, error)
 
 
+PUBLISHED = Verdict(Outcome.SUCCEEDED, False, None, None)
+
+
 _Pending = tuple[str, dict[str, bytes | str], "asyncio.Future[Any]", float]  # key, fields, reply, deadline
 
 
@@ -122,6 +125,25 @@ class _RedisBatcher:
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush(), name="duetime-redis-pipeline")
         return await fut
+
+    async def xadd_many(self, items: list[tuple[str, dict[str, bytes | str]]]) -> list[Any]:
+        """Many XADDs at once, without a coroutine each: per item its entry id, or the exception
+        it failed with (``TimeoutError`` past the deadline). Items are answered in order."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in items]
+        self._pending.extend(
+            (key, fields, fut, deadline) for (key, fields), fut in zip(items, futs, strict=True)
+        )
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name="duetime-redis-pipeline")
+        try:
+            await asyncio.wait(futs)
+        except BaseException:
+            for fut in futs:
+                fut.cancel()  # an unsent command is then skipped; a sent one's reply is dropped
+            raise
+        return [fut.exception() or fut.result() for fut in futs]
 
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
@@ -303,16 +325,32 @@ class QueuePublisher:
         try:
             # The batcher enforces the timeout: one timer per pipeline instead of one per run.
             await self._redis_pipeline().xadd(key, redis_fields(d, body))
-        except TimeoutError:
+        except Exception as exc:
+            return self._redis_verdict(key, exc)
+        return PUBLISHED
+
+    async def publish_redis_many(self, items: list[tuple[Delivery, str, bytes]]) -> list[Verdict]:
+        """(delivery, stream key, body) → one verdict each, in order: the batch path of workers
+        for Redis targets (one batcher call for many runs, no coroutine per run)."""
+        if self._redis_url is None:
+            return [_failed("broker not configured (set DUETIME_REDIS_URL)", retryable=False)] * len(items)
+        replies = await self._redis_pipeline().xadd_many([(k, redis_fields(d, b)) for d, k, b in items])
+        return [
+            self._redis_verdict(key, reply) if isinstance(reply, BaseException) else PUBLISHED
+            for (_, key, _), reply in zip(items, replies, strict=True)
+        ]
+
+    def _redis_verdict(self, key: str, exc: BaseException) -> Verdict:
+        if isinstance(exc, TimeoutError):
             return Verdict(Outcome.TIMED_OUT, True, None, f"Redis did not answer within {self._timeout_s:g}s")
-        except _REDIS_TRANSIENT as exc:
+        if isinstance(exc, _REDIS_TRANSIENT):
             return _failed(f"Redis unavailable ({type(exc).__name__})", retryable=True)
-        except redis_errors.ResponseError as exc:
+        if isinstance(exc, redis_errors.ResponseError):
             # e.g. WRONGTYPE: the key exists and is not a stream. Redis's text names no secrets.
             return _failed(f"Redis refused XADD to {key!r}: {str(exc)[:200]}", retryable=False)
-        except (OSError, redis_errors.RedisError) as exc:
+        if isinstance(exc, (OSError, redis_errors.RedisError)):
             return _failed(f"Redis unavailable ({type(exc).__name__})", retryable=True)
-        return Verdict(Outcome.SUCCEEDED, False, None, None)
+        raise exc
 
     # ---------------------------------------------------------------------------------------
 

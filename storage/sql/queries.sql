@@ -140,7 +140,7 @@ WHERE j.job_id = u.job_id AND j.lease_token = u.token
   AND j.phase = 'claimed' AND j.state = 'scheduled'
   AND j.job_id = ANY($1::uuid[])  -- the batch by primary key, whatever the statistics say (0002)
 RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.scheduled_for, j.next_run_at, j.attempt,
-    j.spec, j.spec_version, j.run_kind, j.parent_id;
+    j.spec::text AS spec, j.spec_version, j.run_kind, j.parent_id;
 
 -- name: extend_leases
 -- Rows are locked in job id order first (as by lock_for_completion, take_runs and
@@ -158,6 +158,24 @@ WHERE j.job_id = locked.job_id AND u.job_id = locked.job_id AND j.lease_token = 
   AND j.phase <> 'idle'
 RETURNING j.job_id;
 
+-- name: keep_waiting_claims
+-- An engine keeps the claims it still holds in its wheel from lapsing while a burst drains: rows
+-- it claimed (same holder, still 'claimed', token untouched) whose lease would lapse within $3
+-- seconds get $4 more seconds. Only rows that outlast their lease waiting are written, once per
+-- $4 seconds; a dead engine stops doing this, so its claims lapse and the janitor rescues them.
+WITH held AS (
+    SELECT job_id FROM jobs
+    WHERE shard = $1 AND leased_until IS NOT NULL
+      AND leased_until < now() + make_interval(secs => $3)
+      AND phase = 'claimed' AND claimed_by = $2
+    ORDER BY leased_until
+    LIMIT $5
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j SET leased_until = now() + make_interval(secs => $4)
+FROM held
+WHERE j.job_id = held.job_id;
+
 -- name: release_claims
 -- Give back rows that were claimed but not fired (shutdown): they become claimable at once.
 UPDATE jobs j SET phase = 'idle', claimed_by = NULL, leased_until = NULL
@@ -170,9 +188,11 @@ RETURNING j.job_id;
 -- Completion reads the rows it is about to finish under lock, in the same transaction as the
 -- write, so "what comes next" is computed from the row as it is (a pause, cancel or PATCH that
 -- landed while the call was in flight is seen).
-SELECT job_id, shard, owner, spec, spec_version, state, phase, lease_token, scheduled_for,
-       next_run_at, attempt, run_kind, resume_at, pending_triggers, parent_id, handed_upto, split_at,
-       backfill_seq
+-- The spec comes as its text: a completion compares it with the text its fence read and reuses
+-- the spec the worker parsed when they are equal (the common case), instead of decoding it again.
+SELECT job_id, shard, owner, spec::text AS spec, spec_version, state, phase, lease_token,
+       scheduled_for, next_run_at, attempt, run_kind, resume_at, pending_triggers, parent_id,
+       handed_upto, split_at, backfill_seq
 FROM jobs WHERE job_id = ANY($1::uuid[])
 ORDER BY job_id
 FOR UPDATE;

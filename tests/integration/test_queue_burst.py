@@ -15,9 +15,14 @@ from datetime import UTC, datetime
 
 import redis.asyncio as aioredis
 
-from core import ssrf
-from core.model import Broker, Outcome, QueueTarget
+from core import codec, ssrf
+from core.model import Broker, JobSpec, OneOffSchedule, Outcome, QueueTarget, WebhookTarget
+from engine.runqueue import InProcessRunQueue
+from storage.postgres import AttemptReport, FencedRow
 from workers.dispatch import Delivery, Dispatcher
+from workers.pool import WorkerPool, _report
+from workers.queues import PUBLISHED
+from workers.webhook import Verdict
 
 REDIS_URL = os.environ.get("DUETIME_TEST_REDIS", "redis://127.0.0.1:6379/0")
 SCHEDULED_FOR = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)
@@ -118,3 +123,119 @@ async def test_redis_that_never_answers_times_out_every_run_of_the_pipeline() ->
         await server.wait_closed()
     assert {(r.outcome, r.retryable) for r in results} == {(Outcome.TIMED_OUT, True)}
     assert elapsed < 5.0  # 1 s each, all at once: not 3000 / (500 x 4) rounds of 1 s
+
+
+def _fenced(target: QueueTarget | WebhookTarget, n: int, owner: str = "burst") -> FencedRow:
+    spec = JobSpec(target=target, schedule=OneOffSchedule(SCHEDULED_FOR), payload={"n": n})
+    return FencedRow(
+        job_id=uuid.uuid4(),
+        shard=0,
+        owner=owner,
+        lease_token=n,
+        scheduled_for=SCHEDULED_FOR,
+        due_at=SCHEDULED_FOR,
+        attempt=1,
+        spec=codec.spec_to_json(spec),
+        spec_version=1,
+        run_kind="scheduled",
+    )
+
+
+async def test_workers_send_a_redis_burst_in_batches_one_entry_and_one_report_per_run() -> None:
+    """The workers' batch path for Redis targets: runs queued behind one another leave together,
+    each still its own stream entry with its own outcome; a webhook run in between stays on the
+    ordinary path, and a refused key fails only its own runs."""
+    good = f"duetime-test-burst-{secrets.token_hex(6)}"
+    bad = f"duetime-test-burst-{secrets.token_hex(6)}"
+    client = aioredis.Redis.from_url(REDIS_URL)
+    await client.set(bad, "not a stream")
+    queue = InProcessRunQueue()
+    runs = [
+        _fenced(QueueTarget(broker=Broker.REDIS, topic=bad if n % 50 == 0 else good), n, f"o{n % 3}")
+        for n in range(1, 1201)
+    ]
+    webhook = _fenced(WebhookTarget(url="https://example.com/hook"), 0)
+    for run in [*runs[:600], webhook, *runs[600:]]:
+        queue.put_nowait(run)
+    dispatcher = Dispatcher(policy=ssrf.AddressPolicy(), nats_url=None, redis_url=REDIS_URL)
+    await dispatcher.start()
+    pool = WorkerPool(None, queue, dispatcher, None, concurrency=8)  # type: ignore[arg-type]
+    reports: list[AttemptReport] = []
+    calls: list[FencedRow] = []
+    all_in = asyncio.Event()
+
+    async def call(run: FencedRow) -> AttemptReport:  # the webhook's own call is not the point
+        calls.append(run)
+        now = datetime.now(UTC)
+        return _report(run, started_at=now, finished_at=now, outcome=Outcome.SUCCEEDED, retryable=False)
+
+    def add(report: AttemptReport) -> None:
+        reports.append(report)
+        if len(reports) == len(runs) + 1:
+            all_in.set()
+
+    pool.call = call  # type: ignore[method-assign]
+    pool.completer.add = add  # type: ignore[method-assign]
+    workers = [asyncio.create_task(pool._work()) for _ in range(8)]
+    try:
+        await asyncio.wait_for(all_in.wait(), timeout=60)
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(good)  # type: ignore[assignment]
+    finally:
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        await dispatcher.close()
+        await client.delete(good, bad)
+        await client.aclose()
+    assert calls == [webhook]
+    by_token = {r.lease_token: r for r in reports if r.job_id != webhook.job_id}
+    assert sorted(by_token) == list(range(1, 1201))
+    failed = sorted(t for t, r in by_token.items() if r.outcome is Outcome.FAILED)
+    assert failed == list(range(50, 1201, 50))
+    assert all("WRONGTYPE" in (by_token[t].error or "") and not by_token[t].retryable for t in failed)
+    assert len(entries) == 1200 - len(failed)
+    assert sorted(int(f[b"duetime_fencing_token"]) for _, f in entries) == [
+        t for t in range(1, 1201) if t % 50
+    ]
+
+
+class _HeldDispatcher(Dispatcher):
+    """Holds every batch until released: how many runs the workers took is then visible."""
+
+    def __init__(self, workers: int, queue: InProcessRunQueue) -> None:
+        super().__init__(policy=ssrf.AddressPolicy(), nats_url=None, redis_url=REDIS_URL)
+        self.queue = queue
+        self.sizes: list[int] = []
+        self.release = asyncio.Event()
+        self.all_busy = asyncio.Event()
+        self._workers = workers
+
+    async def deliver_redis_many(self, ds: list[Delivery]) -> tuple[datetime, datetime, list[Verdict]]:
+        self.sizes.append(len(ds))
+        if len(self.sizes) == self._workers or not self.queue.qsize():
+            self.all_busy.set()  # every worker holds a batch, or they took everything
+        await self.release.wait()
+        now = datetime.now(UTC)
+        return now, now, [PUBLISHED] * len(ds)
+
+
+async def test_batched_workers_keep_runs_in_flight_within_the_pool_concurrency() -> None:
+    """Regression: each worker took up to a pipeline's worth (500) off the run queue, so ten
+    workers held 5,000 fenced runs where ten calls were meant; a node's memory and held leases
+    grew with the fencer's rate instead of being bounded by the queue and the workers."""
+    queue = InProcessRunQueue()
+    for n in range(1, 2001):
+        queue.put_nowait(_fenced(QueueTarget(broker=Broker.REDIS, topic="held"), n))
+    dispatcher = _HeldDispatcher(workers=10, queue=queue)
+    pool = WorkerPool(None, queue, dispatcher, None, concurrency=10)  # type: ignore[arg-type]
+    pool.completer.add = lambda report: None  # type: ignore[method-assign]
+    workers = [asyncio.create_task(pool._work()) for _ in range(10)]
+    try:
+        await asyncio.wait_for(dispatcher.all_busy.wait(), timeout=30)
+        taken = sum(dispatcher.sizes)
+    finally:
+        dispatcher.release.set()
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+    assert taken <= 2 * 10  # the concurrency, plus the one run each worker already holds

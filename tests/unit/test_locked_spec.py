@@ -1,0 +1,55 @@
+"""A completion reuses the spec its worker parsed only while the row's spec text is unchanged."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+
+from core import codec
+from core.model import Broker, JobSpec, OneOffSchedule, Outcome, QueueTarget, RetryPolicy
+from storage.postgres import AttemptReport, _locked_spec
+
+AT = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def _report(spec: JobSpec, text: str) -> AttemptReport:
+    return AttemptReport(
+        job_id=uuid.uuid4(),
+        shard=0,
+        lease_token=1,
+        spec_version=1,
+        attempt=1,
+        scheduled_for=AT,
+        due_at=AT,
+        started_at=AT,
+        finished_at=AT,
+        outcome=Outcome.FAILED,
+        retryable=True,
+        spec=spec,
+        spec_text=text,
+    )
+
+
+def _spec(attempts: int) -> JobSpec:
+    return JobSpec(
+        target=QueueTarget(broker=Broker.REDIS, topic="t"),
+        schedule=OneOffSchedule(AT),
+        retry=RetryPolicy(max_attempts=attempts),
+    )
+
+
+def test_an_unchanged_spec_is_the_one_the_worker_parsed() -> None:
+    spec = _spec(3)
+    text = json.dumps(codec.spec_to_json(spec))
+    assert _locked_spec({"spec": text}, _report(spec, text)) is spec
+
+
+def test_a_spec_changed_since_the_fence_is_read_from_the_row() -> None:
+    old, new = _spec(3), _spec(1)
+    old_text, new_text = json.dumps(codec.spec_to_json(old)), json.dumps(codec.spec_to_json(new))
+    got = _locked_spec({"spec": new_text}, _report(old, old_text))
+    assert got == new and got.retry.max_attempts == 1
+    # a report without a fence's text (the NATS run queue, the janitor) always reads the row
+    assert _locked_spec({"spec": old_text}, _report(old, "")) == old
+    assert _locked_spec({"spec": old_text}, None) == old
