@@ -257,7 +257,7 @@ class WorkerPool:
             specs.append(spec)
             deliveries.append(
                 Delivery(
-                    job_id=str(run.job_id),
+                    job_id=str(run.public_id),
                     scheduled_for=run.scheduled_for,
                     attempt=run.attempt,
                     fencing_token=run.lease_token,

@@ -248,3 +248,39 @@ async def test_a_large_backfill_is_paced_and_does_not_hold_up_the_owners_other_j
     started = len(receiver.on("/big"))
     assert started < 200, started
     await owner.call("DELETE", f"/v1/jobs/{big['id']}")
+
+
+async def test_backfilled_runs_to_a_redis_stream_carry_the_jobs_id(owner: Owner) -> None:
+    """Regression: the batched path for Redis targets named the occurrence row, not the job."""
+    import json
+    import uuid
+
+    import redis.asyncio as aioredis
+
+    key = "duetime-test-" + uuid.uuid4().hex[:8]
+    job = await owner.create(
+        {"target": {"type": "queue", "broker": "redis", "topic": key}, "schedule": {"cron": "0 0 1 * *"}}
+    )
+    status, body = await owner.call(
+        "POST",
+        f"/v1/jobs/{job['id']}/backfill",
+        {"from": "2025-01-01T00:00:00Z", "to": "2025-04-01T00:00:00Z"},
+    )
+    assert status == 202 and body["queued"] == 3, body
+    r = aioredis.from_url("redis://127.0.0.1:6379/0")
+    try:
+        entries: list[Any] = []
+        for _ in range(200):
+            entries = list(await r.xrange(key) or [])
+            if len(entries) >= 3:
+                break
+            await asyncio.sleep(0.05)
+        fields = [{str(k, "utf-8"): str(v, "utf-8") for k, v in f.items()} for _, f in entries]
+        assert {f["duetime_job_id"] for f in fields} == {job["id"]}
+        assert sorted(f["idempotency_key"] for f in fields) == [
+            f"{job['id']}:2025-0{m}-01T00:00:00Z" for m in (1, 2, 3)
+        ]
+        assert all(json.loads(f["payload"]) is None for f in fields)
+    finally:
+        await r.delete(key)
+        await r.aclose()
