@@ -565,6 +565,8 @@ class PostgresStore:
                     plan = replace(plan, state=keep_state)
             if new_json != old:
                 await action.conn.execute(Q["cascade_spec"], job_id, new_json)
+            if timing_changed:
+                await action.conn.execute(Q["drop_split_occurrences"], job_id)
             return await self._write(
                 action, spec=new_json, spec_version=version, plan=plan, revoke=timing_changed
             )

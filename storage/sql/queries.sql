@@ -418,3 +418,9 @@ WHERE parent_id = $1;
 -- ran for them). One in flight finishes and is deleted by its completion.
 DELETE FROM jobs WHERE parent_id = $1 AND phase = 'idle'
 RETURNING scheduled_for;
+
+-- name: drop_split_occurrences
+-- A schedule PATCH: occurrences of the old schedule that overlap=allow handed to rows of their
+-- own and that have not started yet are withdrawn with the schedule (a claimed one's fence then
+-- finds nothing). Backfilled runs stay: they were asked for by date, not by the schedule.
+DELETE FROM jobs WHERE parent_id = $1 AND backfill_seq IS NULL AND phase <> 'running';

@@ -224,3 +224,22 @@ async def test_a_finished_run_of_a_busy_job_goes_on_after_what_was_handed_out(st
     after = await pool.fetchrow("SELECT scheduled_for, handed_upto, state FROM jobs WHERE job_id = $1", jid)
     assert after["state"] == JobState.SCHEDULED.value and after["handed_upto"] is None
     assert after["scheduled_for"] > max(handed)
+
+
+async def test_a_schedule_patch_withdraws_split_occurrences_not_yet_started(store: PostgresStore) -> None:
+    """Regression (the races fault test): an occurrence of the old schedule, already handed to a
+    row of its own, fired after the PATCH that replaced the schedule had answered."""
+    o = owner()
+    jid = await _running(store, o)
+    await store.split_overlapping(shard_of(jid), horizon_s=2.0)
+    [child] = await _occurrence_rows(store, jid)
+    claimed = await claim_all_of(store, jid)  # waiting in a wheel
+    assert [c.job_id for c in claimed] == [child["job_id"]]
+    t = now().replace(microsecond=0) - timedelta(minutes=5)
+    await store.backfill_job(o, jid, t - timedelta(seconds=2), t, max_occurrences=10, pace_per_s=1)
+    await store.update_job(o, jid, cron("0 0 1 1 *"))
+    rows = await _occurrence_rows(store, jid)
+    assert child["job_id"] not in {r["job_id"] for r in rows}
+    assert len(rows) == 2 and all(r["backfill_seq"] is not None for r in rows)  # backfills stay
+    await _until(claimed[0].due_at)
+    assert await fence(store, claimed) == []  # the wheel's entry finds nothing to call
