@@ -414,6 +414,7 @@ class Engine:
                             break
                     if await self._store.release_stalled_backfills(shard):
                         self._wakeups[shard].set()
+                    await self._store.complete_drained_jobs(shard)
                 rounds += 1
                 if rounds % 720 == 1:
                     await self._store.purge_idempotency_keys(cfg.idempotency_ttl_s)

@@ -980,6 +980,13 @@ class PostgresStore:
             await conn.execute(Q["mark_split"], [r["job_id"] for r in rows], handed, following)
             return n
 
+    async def complete_drained_jobs(self, shard: int) -> int:
+        """The janitor: recurring jobs whose schedule ended and whose last occurrence row is
+        gone, in case the statement after that row's completion was lost."""
+        async with _translated():
+            rows = await self.pool_for_shard(shard).fetch(Q["complete_drained_jobs_of_shard"], shard)
+        return len(rows)
+
     async def release_stalled_backfills(self, shard: int) -> int:
         async with _translated():
             rows = await self.pool_for_shard(shard).fetch(Q["release_stalled_backfills"], shard)
@@ -1011,6 +1018,11 @@ def _claimed(r: asyncpg.Record) -> ClaimedRow:
     )
 
 
+def _hold(spec: JobSpec, plan: RowPlan) -> bool:
+    """A recurring job whose schedule just ended: completed only once no occurrence row is left."""
+    return spec.recurring and plan.state is JobState.COMPLETED
+
+
 def _locked_spec(row: asyncpg.Record, rep: AttemptReport | None) -> JobSpec:
     """The spec of a row read by ``lock_for_completion`` (as text): the attempt's own parsed spec
     when the text is unchanged since its fence, otherwise decoded from the row."""
@@ -1030,8 +1042,9 @@ class _BatchWriter:
 
     def __init__(self) -> None:
         self.seen: set[uuid.UUID] = set()
+        # (job id, plan, consumed trigger, last_run, split_at, hold: see apply_plans)
         self.plans: list[
-            tuple[uuid.UUID, RowPlan, datetime | None, dict[str, Any] | None, datetime | None]
+            tuple[uuid.UUID, RowPlan, datetime | None, dict[str, Any] | None, datetime | None, bool]
         ] = []
         self.runs: list[tuple[Any, ...]] = []
         self.history_count = 0
@@ -1093,11 +1106,11 @@ class _BatchWriter:
                 if row["backfill_seq"] is not None:
                     self.backfill_parents.add(parent)
             else:
-                self.plans.append((rep.job_id, nxt, None, last, None))
+                self.plans.append((rep.job_id, nxt, None, last, None, False))
             return
         if row["spec_version"] != rep.spec_version:
             # The schedule was replaced while this attempt ran: the owner's new plan stands.
-            self.plans.append((rep.job_id, current, None, last, split_point(spec, current)))
+            self.plans.append((rep.job_id, current, None, last, split_point(spec, current), False))
             return
         plan = after_attempt(
             rep.job_id,
@@ -1113,7 +1126,7 @@ class _BatchWriter:
         consumed = None
         if len(plan.pending_triggers) < len(current.pending_triggers):
             consumed = current.pending_triggers[0]
-        self.plans.append((rep.job_id, plan, consumed, last, split_point(spec, plan)))
+        self.plans.append((rep.job_id, plan, consumed, last, split_point(spec, plan), _hold(spec, plan)))
 
     def _overlap_skips(
         self, row: asyncpg.Record, plan: RowPlan, policy: str, now: datetime
@@ -1173,11 +1186,11 @@ class _BatchWriter:
                 scheduled_for=item.next_scheduled_for,
                 attempt=0,
             )
-        self.plans.append((item.job_id, plan, None, last, split_point(spec, plan)))
+        self.plans.append((item.job_id, plan, None, last, split_point(spec, plan), _hold(spec, plan)))
 
     def release(self, row: asyncpg.Record) -> None:
         self.seen.add(row["job_id"])
-        self.plans.append((row["job_id"], _plan_of(row), None, None, row["split_at"]))
+        self.plans.append((row["job_id"], _plan_of(row), None, None, row["split_at"], False))
 
     async def flush(self, conn: asyncpg.Connection) -> None:
         if self.plans:
@@ -1196,6 +1209,7 @@ class _BatchWriter:
                 [x[3] for x in p],
                 [x[4] for x in p],
                 [x[1].handed_upto for x in p],
+                [x[5] for x in p],
             )
         if self.runs:
             cols = list(zip(*self.runs, strict=True))
@@ -1208,12 +1222,15 @@ class _BatchWriter:
         commit, so they never take locks in the opposite order of an owner action. Losing them
         to a crash costs a stale ``last_run`` (the history has the run) or a backfilled run that
         waits for the janitor's next round. Returns the shards that have a run due now."""
+        shards: set[int] = set()
+        if self.backfill_parents:
+            rows = await conn.fetch(Q["release_next_backfill"], list(self.backfill_parents))
+            shards = {r["shard"] for r in rows}
         if self.parent_last:
-            await conn.execute(Q["parent_last_run"], list(self.parent_last), list(self.parent_last.values()))
-        if not self.backfill_parents:
-            return set()
-        rows = await conn.fetch(Q["release_next_backfill"], list(self.backfill_parents))
-        return {r["shard"] for r in rows}
+            parents = list(self.parent_last)
+            await conn.execute(Q["parent_last_run"], parents, list(self.parent_last.values()))
+            await conn.execute(Q["complete_drained_jobs"], parents)
+        return shards
 
 
 # ---------------------------------------------------------------------- run queue across processes

@@ -198,8 +198,13 @@ ORDER BY job_id
 FOR UPDATE;
 
 -- name: apply_plans
+-- hold: a recurring job whose schedule has ended is not completed while runs of it still wait
+-- in occurrence rows (overlap=allow, backfill): it keeps its state, with no next run, until the
+-- last of them is over (complete_drained_jobs).
 UPDATE jobs j SET
-    state = u.state, next_run_at = u.next_run_at, scheduled_for = u.scheduled_for,
+    state = CASE WHEN u.hold AND EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = j.job_id)
+                 THEN j.state ELSE u.state END,
+    next_run_at = u.next_run_at, scheduled_for = u.scheduled_for,
     attempt = u.attempt, run_kind = u.run_kind, resume_at = u.resume_at,
     pending_triggers = CASE WHEN u.triggers_changed THEN
         COALESCE((SELECT array_agg(t ORDER BY t) FROM unnest(j.pending_triggers) t
@@ -210,9 +215,9 @@ UPDATE jobs j SET
     updated_at = now()
 FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::int[], $6::text[],
             $7::timestamptz[], $8::bool[], $9::timestamptz[], $10::jsonb[], $11::timestamptz[],
-            $12::timestamptz[])
+            $12::timestamptz[], $13::bool[])
      AS u(job_id, state, next_run_at, scheduled_for, attempt, run_kind, resume_at,
-          triggers_changed, consumed_trigger_at, last_run, split_at, handed_upto)
+          triggers_changed, consumed_trigger_at, last_run, split_at, handed_upto, hold)
 WHERE j.job_id = u.job_id;
 
 -- name: insert_runs
@@ -424,3 +429,22 @@ RETURNING scheduled_for;
 -- own and that have not started yet are withdrawn with the schedule (a claimed one's fence then
 -- finds nothing). Backfilled runs stay: they were asked for by date, not by the schedule.
 DELETE FROM jobs WHERE parent_id = $1 AND backfill_seq IS NULL AND phase <> 'running';
+
+-- name: complete_drained_jobs
+-- The other half of apply_plans' hold: a recurring job with no next run and no occurrence row
+-- left is completed; run for the jobs whose occurrence rows just finished. State 'scheduled'
+-- only: a paused job whose schedule ended stays paused, as before.
+UPDATE jobs p SET state = 'completed', updated_at = now()
+WHERE p.job_id = ANY($1::uuid[]) AND p.state = 'scheduled' AND p.next_run_at IS NULL
+  AND p.phase = 'idle' AND p.parent_id IS NULL AND p.spec->'schedule' ? 'cron'
+  AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = p.job_id)
+RETURNING p.job_id;
+
+-- name: complete_drained_jobs_of_shard
+-- The same, by the janitor per shard (from the due index: idle, scheduled, no next run), for a
+-- statement above lost to a crash.
+UPDATE jobs p SET state = 'completed', updated_at = now()
+WHERE p.shard = $1 AND p.state = 'scheduled' AND p.next_run_at IS NULL
+  AND p.phase = 'idle' AND p.parent_id IS NULL AND p.spec->'schedule' ? 'cron'
+  AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = p.job_id)
+RETURNING p.job_id;

@@ -243,3 +243,63 @@ async def test_a_schedule_patch_withdraws_split_occurrences_not_yet_started(stor
     assert len(rows) == 2 and all(r["backfill_seq"] is not None for r in rows)  # backfills stay
     await _until(claimed[0].due_at)
     assert await fence(store, claimed) == []  # the wheel's entry finds nothing to call
+
+
+async def test_a_job_whose_schedule_ended_is_not_completed_while_a_run_of_it_waits(
+    store: PostgresStore,
+) -> None:
+    """Regression (the races fault test): the job's last occurrence had been handed to a row of
+    its own, the job's own run then ended and the job showed 'completed', so a pause answered 409
+    'too late' and the last occurrence still ran afterwards."""
+    from core.model import CronSchedule, JobSpec, WebhookTarget
+
+    o = owner()
+    base = now().replace(microsecond=0) + timedelta(seconds=2)
+    spec = JobSpec(
+        target=WebhookTarget(url="https://example.com/hook"),
+        schedule=CronSchedule(cron="* * * * * *", start_at=base, end_at=base + timedelta(seconds=1)),
+    )
+    job, _ = await store.create_job(o, spec)
+    jid = uuid.UUID(job.id)
+    claimed = await claim_all(store, jid)
+    await _until(claimed[0].due_at)
+    [run] = await fence(store, claimed)
+    await store.split_overlapping(shard_of(jid), horizon_s=2.0)
+    assert [r["scheduled_for"] for r in await _occurrence_rows(store, jid)] == [base + timedelta(seconds=1)]
+    await store.complete_runs([report(run, Outcome.SUCCEEDED)])
+    held = await store.get_job(o, jid)
+    assert held.state is JobState.SCHEDULED and held.next_run_at is None  # not completed yet
+    paused = await store.pause_job(o, jid)  # so the owner can still stop the last run
+    assert paused.state is JobState.PAUSED
+    assert {r["state"] for r in await _occurrence_rows(store, jid)} == {"paused"}
+    await store.resume_job(o, jid)
+    [last] = await claim_all_of(store, jid)
+    await _until(last.due_at)
+    [last_run] = await fence(store, [last])
+    await store.complete_runs([report(last_run, Outcome.SUCCEEDED)])
+    done = await store.get_job(o, jid)
+    assert done.state is JobState.COMPLETED  # the last occurrence row is gone: now it is
+    assert [r.scheduled_for for r in (await store.list_runs(o, jid, limit=10, cursor=None)).items] == [
+        base + timedelta(seconds=1),
+        base,
+    ]
+
+
+async def test_the_janitor_completes_a_drained_job_whose_completion_was_lost(store: PostgresStore) -> None:
+    from core.model import CronSchedule, JobSpec, WebhookTarget
+
+    o = owner()
+    past = now().replace(microsecond=0) - timedelta(hours=1)
+    spec = JobSpec(
+        target=WebhookTarget(url="https://example.com/hook"),
+        schedule=CronSchedule(cron="0 0 1 1 *"),
+    )
+    job, _ = await store.create_job(o, spec)
+    jid = uuid.UUID(job.id)
+    pool = store.pool_for_shard(shard_of(jid))
+    # as if its schedule had ended while an occurrence row still waited, and that row then
+    # finished without the statement after it (a crash)
+    await pool.execute("UPDATE jobs SET next_run_at = NULL, scheduled_for = $2 WHERE job_id = $1", jid, past)
+    assert (await store.get_job(o, jid)).state is JobState.SCHEDULED
+    assert await store.complete_drained_jobs(shard_of(jid)) >= 1
+    assert (await store.get_job(o, jid)).state is JobState.COMPLETED
