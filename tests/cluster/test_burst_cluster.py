@@ -12,13 +12,15 @@ import pytest
 from nats.js.errors import NotFoundError
 
 from engine.natsqueue import stream_name
-from loadtest.burst import NATS_URL, BurstArgs, run_burst
+from loadtest.burst import NATS_URL, BurstArgs, report, run_burst
 
 JOBS = 400
 
 
 @pytest.mark.timeout(180)
-async def test_a_small_cluster_burst_starts_every_run_exactly_once() -> None:
+async def test_a_small_cluster_burst_starts_every_run_exactly_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     a = BurstArgs(
         jobs=JOBS,
         target="redis",
@@ -42,6 +44,11 @@ async def test_a_small_cluster_burst_starts_every_run_exactly_once() -> None:
     for key in ("fire_lateness_ms", "wheel_rss_bytes_per_run", "fence_statements", "gc_seconds_per_node"):
         assert result[key] is None, key
     assert {"engine-0", "engine-1", "worker-0", "benchmark"} <= result["peak_rss_mb"].keys()
+    report(result)
+    table = capsys.readouterr().out
+    rows = {line.split("  ")[0]: line.rsplit("  ", 1)[-1].strip() for line in table.splitlines()}
+    assert "P=2 engines, W=1 workers" in rows["runs due at T"]
+    assert rows["fence statements"] == rows["engine RSS per waiting run"] == "n/a"
 
     nc = await nats.connect(NATS_URL)
     try:
