@@ -2,6 +2,8 @@
 
     python -m loadtest.burst --jobs 100000 --target redis --topology all-in-one \\
         --seed-mode bulk --processes 2
+    python -m loadtest.burst --jobs 100000 --target redis --topology cluster \\
+        --seed-mode bulk --processes 2 --workers 2
 
 Registers N jobs due at the same whole second T, either through the HTTP API with many concurrent
 clients (``--seed-mode api``: a ``duetime api`` process, ``--clients`` connections) or straight
@@ -15,15 +17,22 @@ target's own clock so that the measuring side is never the bottleneck:
 * ``nats``: the JetStream stored-message timestamp (message metadata).
 
 ``--topology all-in-one`` runs P node processes, each an engine for its share of the shards with
-in-process workers (what ``DUETIME_PROCESSES=P duetime run`` does). ``--topology cluster`` runs
-separate ``duetime engine`` and ``duetime worker`` processes over the NATS run queue and needs it
-to exist.
+in-process workers (what ``DUETIME_PROCESSES=P duetime run`` does). ``--topology cluster`` runs P
+separate ``duetime engine --shards …`` processes (the 16 shards dealt out as
+``duetime.app.split_shards`` does) and W (``--workers``) ``duetime worker`` processes, over the
+NATS run queue (DUETIME_RUN_QUEUE=nats) with a subject prefix of their own, so two runs on one
+NATS never share a stream; the stream is deleted afterwards (``loadtest.cluster``). There the
+benchmark counts completions from the database (history rows) and claims from the engines'
+/metrics, and samples each process's RSS with psutil; the figures only an in-process node can
+report (fire lateness at the engine, RSS per run waiting in the wheel, fence statements, GC time)
+are null in the JSON and "n/a" in the table.
 
 Prints one JSON line and a table: registration rate, claims/s before T, starts/s after T (a
 per-second series), completions/s, start lateness p50/p90/p99/max, drain time (last start − T),
 lost and duplicated runs, database row writes per run (pg_stat_user_tables deltas, minus the N
 inserts of the jobs themselves), WAL bytes per run, engine RSS per run waiting in the wheel, and
-peak RSS of every process; writes a PNG under loadtest/out/.
+peak RSS of every process, and the load average at start and end; writes a PNG under
+loadtest/out/.
 """
 
 from __future__ import annotations
@@ -39,8 +48,10 @@ import multiprocessing as mp
 import os
 import resource
 import secrets
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +65,7 @@ from core import codec
 from core.model import Broker, JobSpec, OneOffSchedule, QueueTarget, RetryPolicy, Target, WebhookTarget
 from duetime.app import split_shards
 from duetime.settings import Settings
+from loadtest.cluster import EnginesAndWorkers
 from loadtest.common import ReceiverProcess, free_port, print_report, quantiles, scratch_database
 from loadtest.plot import cumulative_to_rate, per_second, write_burst_plot
 from storage.bulk import BulkJob, analyze_jobs, outcome_counts, seed_jobs, table_writes
@@ -64,10 +76,6 @@ REDIS_URL = os.environ.get("DUETIME_BENCH_REDIS", "redis://127.0.0.1:6379/0")
 NATS_URL = os.environ.get("DUETIME_BENCH_NATS", "nats://127.0.0.1:4222")
 OUT_DIR = Path(__file__).parent / "out"
 _PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-class TopologyUnavailable(RuntimeError):
-    """The asked-for topology needs a part this checkout does not have yet."""
 
 
 # ---------------------------------------------------------------- accounting (pure)
@@ -301,8 +309,26 @@ class BurstNodes:
     def pids(self) -> list[int]:
         return [p.pid for p, _, _, _ in self._procs]
 
+    def named_pids(self) -> dict[str, int]:
+        return {f"node-{i}": pid for i, pid in enumerate(self.pids())}
+
     def completions(self) -> int:
         return sum(int(d.value) for _, _, d, _ in self._procs)
+
+    async def completed(self) -> int:
+        return self.completions()
+
+    async def finish(self) -> list[NodeSamples]:
+        return await asyncio.to_thread(self.stop)
+
+    async def close(self) -> None:
+        if self.alive():
+            await asyncio.to_thread(self.stop)
+
+    @staticmethod
+    def series(reports: Sequence[NodeSamples]) -> list[list[tuple[float, float, float]]]:
+        """(t, claims so far, completions so far) per node, every 100 ms."""
+        return [[(s[0], s[2], s[3]) for s in r.samples] for r in reports]
 
     def alive(self) -> bool:
         return all(p.is_alive() for p, _, _, _ in self._procs)
@@ -319,6 +345,110 @@ class BurstNodes:
                 proc.kill()
                 proc.join(5)
         return reports
+
+
+class BurstCluster:
+    """``--topology cluster``: ``engines`` ``duetime engine`` and ``workers`` ``duetime worker``
+    processes over the NATS run queue, with a run-queue subject prefix unique to this run.
+
+    Nothing of the benchmark runs inside them, so what it reports is read from outside, every
+    half second: completions as the history rows in the database (``runs``: one per attempt
+    recorded, and every burst job has exactly one attempt), claims as the engines'
+    ``duetime_claims_total`` on /metrics, RSS with psutil."""
+
+    SAMPLE_S = 0.5
+
+    def __init__(
+        self,
+        settings: Settings,
+        env: dict[str, str],
+        dsn: str,
+        *,
+        engines: int,
+        workers: int,
+        rss: _RssWatch,
+    ) -> None:
+        self.prefix = f"duetime.burst-runs.{secrets.token_hex(4)}"
+        self.logdir = Path(tempfile.mkdtemp(prefix="duetime-burst-cluster-"))
+        self.fleet = EnginesAndWorkers(
+            env,
+            settings.shards,
+            engines=engines,
+            workers=workers,
+            nats_url=settings.nats_url or NATS_URL,
+            prefix=self.prefix,
+            logdir=self.logdir,
+            name="burst",
+        )
+        self.samples: list[tuple[float, float, float]] = []
+        self._dsn = dsn
+        self._rss = rss
+        self._task: asyncio.Task[None] | None = None
+        self._finished = False
+
+    async def start(self) -> None:
+        try:
+            await self.fleet.start()
+        except BaseException:
+            await self.close()
+            raise
+        self._task = asyncio.create_task(self._monitor(), name="burst-cluster-monitor")
+
+    async def _monitor(self) -> None:
+        import aiohttp
+        import asyncpg
+
+        conn = await asyncpg.connect(self._dsn)
+        try:
+            async with aiohttp.ClientSession() as http:
+                while True:
+                    at = time.time()
+                    done = await conn.fetchval("SELECT count(*) FROM runs")
+                    try:
+                        claims = await self.fleet.claims(http)
+                    except aiohttp.ClientError:  # an engine died: alive() says so to _measure
+                        claims = self.samples[-1][1] if self.samples else 0.0
+                    self.samples.append((at, claims, float(done)))
+                    self._rss.sample(self.named_pids())
+                    await asyncio.sleep(self.SAMPLE_S)
+        finally:
+            await conn.close()
+
+    def named_pids(self) -> dict[str, int]:
+        return self.fleet.named_pids()
+
+    async def completed(self) -> int:
+        return int(self.samples[-1][2]) if self.samples else 0
+
+    def alive(self) -> bool:
+        return self.fleet.alive() and (self._task is None or not self._task.done())
+
+    def series(self, _reports: Sequence[NodeSamples]) -> list[list[tuple[float, float, float]]]:
+        return [list(self.samples)]
+
+    async def finish(self) -> list[NodeSamples]:
+        """Stop sampling, stop every process (SIGTERM, SIGKILL after a grace), delete the
+        stream. No in-process reports: an empty list."""
+        await self.close()
+        return []
+
+    async def close(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        codes = await self.fleet.stop(grace_s=30.0)
+        bad = {name: code for name, code in codes.items() if code != 0}
+        if bad:
+            print(f"  cluster processes did not stop cleanly: {bad}; logs in {self.logdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.logdir, ignore_errors=True)
+
+
+Fleet = BurstNodes | BurstCluster
 
 
 # ---------------------------------------------------------------- targets
@@ -546,6 +676,7 @@ class BurstArgs:
     topology: str
     seed_mode: str
     processes: int
+    workers: int = 2
     lead_s: float | None = None
     clients: int = 64
     timeout_s: float | None = None
@@ -577,18 +708,9 @@ class _RssWatch:
 
 
 async def run_burst(a: BurstArgs) -> dict[str, Any]:
-    if a.topology == "cluster":
-        from duetime import app
-
-        if not (
-            hasattr(app, "run_worker")
-            and Path(__file__).parent.parent.joinpath("engine/natsqueue.py").exists()
-        ):
-            raise TopologyUnavailable(
-                "--topology cluster needs the NATS run queue (engine/natsqueue.py and "
-                "duetime.app.run_worker), which this checkout does not have yet; use --topology all-in-one"
-            )
-        raise TopologyUnavailable("--topology cluster is not wired into this benchmark yet; use all-in-one")
+    if a.topology not in ("all-in-one", "cluster"):
+        raise ValueError(f"unknown topology {a.topology!r}")
+    load_start = os.getloadavg()[0]
     target = make_target(a.target)
     spec_target = await target.setup()
     rss = _RssWatch()
@@ -608,15 +730,20 @@ async def run_burst(a: BurstArgs) -> dict[str, Any]:
             store = await PostgresStore.open(ShardMap.single(dsn), pool_size=4)
             api_key, _secret = await store.create_api_key("bench")
             await store.close()
-            nodes = BurstNodes(settings, a.processes)
-            await asyncio.to_thread(nodes.start)
+            fleet: Fleet
+            if a.topology == "cluster":
+                fleet = BurstCluster(settings, env, dsn, engines=a.processes, workers=a.workers, rss=rss)
+                await fleet.start()
+            else:
+                fleet = BurstNodes(settings, a.processes)
+                await asyncio.to_thread(fleet.start)
             try:
-                return await _measure(
+                result = await _measure(
                     a,
                     settings=settings,
                     env=env,
                     dsn=dsn,
-                    nodes=nodes,
+                    fleet=fleet,
                     target=target,
                     spec_target=spec_target,
                     lead=lead,
@@ -624,10 +751,13 @@ async def run_burst(a: BurstArgs) -> dict[str, Any]:
                     rss=rss,
                 )
             finally:
-                if nodes.alive():
-                    nodes.stop()
+                await fleet.close()
     finally:
         await target.teardown()
+    if isinstance(fleet, BurstCluster):
+        result["run_queue_prefix"] = fleet.prefix  # its stream is deleted by now
+    result["load_1m"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
+    return result
 
 
 async def _measure(
@@ -636,7 +766,7 @@ async def _measure(
     settings: Settings,
     env: dict[str, str],
     dsn: str,
-    nodes: BurstNodes,
+    fleet: Fleet,
     target: BurstTarget,
     spec_target: Target,
     lead: float,
@@ -667,25 +797,32 @@ async def _measure(
 
     timeout = a.timeout_s if a.timeout_s is not None else max(120.0, a.jobs / 2000.0)
     deadline = t_due_s + timeout
-    named = {f"node-{i}": pid for i, pid in enumerate(nodes.pids())}
+    named = fleet.named_pids()
     named |= {f"{target.name}-receiver": pid for pid in target.pids()}
     last_print = 0.0
     while time.time() < deadline:
         rss.sample(named)
-        done = nodes.completions()
+        done = await fleet.completed()
         if done >= a.jobs:
             break
-        if not nodes.alive():
-            raise RuntimeError("a burst node died; see its log above")
+        if not fleet.alive():
+            raise RuntimeError("a burst process died; see its log above")
         if time.time() - last_print > 10:
             last_print = time.time()
             print(f"  T{time.time() - t_due_s:+.0f} s: {done} completed", file=sys.stderr, flush=True)
         await asyncio.sleep(0.25)
+    reports: list[NodeSamples] | None = None
+    if isinstance(fleet, BurstCluster):
+        # Stopped first: a backend that went idle less than a second after its last report keeps
+        # its table statistics until a timeout, and a short burst's worker backends undercounted
+        # by half; a backend reports them when its process disconnects.
+        reports = await fleet.finish()
     await asyncio.sleep(1.5)  # backends flush their table statistics once idle, at most once a second
     writes_after = await table_writes([dsn])
     outcomes = await outcome_counts([dsn])
     starts = await target.starts()
-    reports = await asyncio.to_thread(nodes.stop)
+    if reports is None:
+        reports = await fleet.finish()
     return summarise(
         a,
         t_due_s=t_due_s,
@@ -694,6 +831,8 @@ async def _measure(
         ids=ids,
         starts=starts,
         reports=reports,
+        series=fleet.series(reports),
+        sample_s=BurstCluster.SAMPLE_S if isinstance(fleet, BurstCluster) else 0.1,
         writes_before=writes_before,
         writes_after=writes_after,
         rss=rss,
@@ -710,6 +849,8 @@ def summarise(
     ids: Sequence[str],
     starts: Sequence[tuple[str, float]],
     reports: Sequence[NodeSamples],
+    series: Sequence[Sequence[tuple[float, float, float]]],
+    sample_s: float,
     writes_before: dict[str, int],
     writes_after: dict[str, int],
     rss: _RssWatch,
@@ -721,24 +862,26 @@ def summarise(
     claims_ps: dict[int, float] = {}
     completions_ps: dict[int, float] = {}
     claim_times: list[float] = []
-    for r in reports:
-        for k, v in cumulative_to_rate([(s[0], s[2]) for s in r.samples], t_due_s).items():
+    # one series per source: (t, claims so far, completions so far)
+    for samples in series:
+        for k, v in cumulative_to_rate([(s[0], s[1]) for s in samples], t_due_s).items():
             claims_ps[k] = claims_ps.get(k, 0.0) + v
-        for k, v in cumulative_to_rate([(s[0], s[3]) for s in r.samples], t_due_s).items():
+        for k, v in cumulative_to_rate([(s[0], s[2]) for s in samples], t_due_s).items():
             completions_ps[k] = completions_ps.get(k, 0.0) + v
         prev = 0.0
-        for s in r.samples:
-            if s[2] > prev and s[0] < t_due_s:
+        for s in samples:
+            if s[1] > prev and s[0] < t_due_s:
                 claim_times.append(s[0])
-            prev = s[2]
+            prev = s[1]
     claimed_before = sum(v for k, v in claims_ps.items() if k < 0)
-    # each sample counts the claims of the 100 ms before it
-    claim_span = (max(claim_times) - min(claim_times) + 0.1) if claim_times else 0.0
+    # each sample counts the claims of the sample_s before it
+    claim_span = (max(claim_times) - min(claim_times) + sample_s) if claim_times else 0.0
     completed = sum(completions_ps.values())
     comp_keys = [k for k, v in completions_ps.items() if v > 0 and k >= 0]
     comp_span = (max(comp_keys) + 1) if comp_keys else 0
     drain_s = max(acc.first_start_s.values()) - t_due_s if acc.first_start_s else float("nan")
     writes = writes_per_run(writes_before, writes_after, a.jobs, a.jobs)
+    in_process = a.topology == "all-in-one"  # only in-process nodes report the next figures
     wheel_bytes = [wheel_bytes_per_run(r.samples) for r in reports]
     fire_q = quantiles([float(x) for r in reports for x in r.fire_lateness_ms])
     seed_desc = (
@@ -746,6 +889,7 @@ def summarise(
         if a.seed_mode == "api"
         else "bulk COPY straight into storage (not through the API)"
     )
+    # all-in-one: each node's own ru_maxrss; cluster: psutil samples, every SAMPLE_S
     peak_rss = {f"node-{i}": round(r.peak_rss_mb, 1) for i, r in enumerate(reports)}
     peak_rss |= {k: round(v, 1) for k, v in rss.peak.items() if not k.startswith("node-")}
     peak_rss["benchmark"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
@@ -755,6 +899,7 @@ def summarise(
         "target": a.target,
         "topology": a.topology,
         "processes": a.processes,
+        "workers": a.workers if a.topology == "cluster" else None,
         "seed_mode": a.seed_mode,
         "seeding": seed_desc,
         "settings": a.settings_env,
@@ -767,7 +912,7 @@ def summarise(
         "start_rate_mean_per_s": round(len(acc.first_start_s) / drain_s) if drain_s and drain_s > 0 else None,
         "completion_rate_mean_per_s": round(completed / comp_span) if comp_span else None,
         "start_lateness_ms": {k: round(v, 1) for k, v in late_q.items()},
-        "fire_lateness_ms": {k: round(v, 1) for k, v in fire_q.items()},
+        "fire_lateness_ms": {k: round(v, 1) for k, v in fire_q.items()} if in_process else None,
         "drain_s": round(drain_s, 2),
         "started": len(acc.first_start_s),
         "lost": acc.lost,
@@ -775,18 +920,23 @@ def summarise(
         "errors": {k: e for k, (_, e) in outcomes.items() if e},
         "duplicated": acc.duplicated,
         **writes,
-        "wheel_rss_bytes_per_run": [round(b) if b is not None else None for b in wheel_bytes],
-        "fence_statements": sum(r.fence_statements for r in reports),
-        "gc_seconds_per_node": [r.gc_s for r in reports],
+        "wheel_rss_bytes_per_run": (
+            [round(b) if b is not None else None for b in wheel_bytes] if in_process else None
+        ),
+        "fence_statements": sum(r.fence_statements for r in reports) if in_process else None,
+        "gc_seconds_per_node": [r.gc_s for r in reports] if in_process else None,
         "peak_rss_mb": peak_rss,
     }
     if a.plot:
         name = f"burst-{a.target}-{a.jobs}-{a.topology}-{a.seed_mode}-p{a.processes}"
+        if a.topology == "cluster":
+            name += f"-w{a.workers}"
         if a.label:
             name += f"-{a.label}"
         path = write_burst_plot(
             OUT_DIR / f"{name}.png",
-            title=f"{a.jobs} runs due at T, {a.target}, {a.topology}, P={a.processes}",
+            title=f"{a.jobs} runs due at T, {a.target}, {a.topology}, P={a.processes}"
+            + (f", W={a.workers}" if a.topology == "cluster" else ""),
             starts_per_s=starts_ps,
             completions_per_s={k: v for k, v in completions_ps.items() if k >= -2},
             claims_per_s=None,
@@ -797,8 +947,15 @@ def summarise(
 
 
 def report(result: dict[str, Any]) -> None:
-    def q(d: dict[str, float]) -> str:
+    def q(d: dict[str, float] | None) -> str:
+        if d is None:
+            return "n/a"
         return " / ".join(f"{d[k]:.0f}" for k in ("p50", "p90", "p99", "max")) + " ms"
+
+    wheel, fences = result["wheel_rss_bytes_per_run"], result["fence_statements"]
+    shape = f"{result['topology']}, P={result['processes']}"
+    if result.get("workers") is not None:
+        shape += f" engines, W={result['workers']} workers"
 
     series = ", ".join(f"{k}:{v}" for k, v in list(result["starts_per_s"].items())[:20])
     comp = ", ".join(f"{k}:{v}" for k, v in list(result["completions_per_s"].items())[:20])
@@ -808,7 +965,7 @@ def report(result: dict[str, Any]) -> None:
         [
             (
                 "runs due at T",
-                f"{result['jobs']} → {result['target']}, {result['topology']}, P={result['processes']}",
+                f"{result['jobs']} → {result['target']}, {shape}",
             ),
             ("registration", f"{result['registration_per_s']}/s ({result['seeding']})"),
             ("registered ahead of T", f"{result['registered_ahead_s']} s"),
@@ -832,8 +989,10 @@ def report(result: dict[str, Any]) -> None:
                 f"({result['inserts_per_run']} + {result['updates_per_run']}), "
                 f"HOT {result['hot_update_share']:.0%}, WAL {result['wal_bytes_per_run']} B",
             ),
-            ("engine RSS per waiting run", ", ".join(f"{b} B" for b in result["wheel_rss_bytes_per_run"])),
+            ("engine RSS per waiting run", "n/a" if wheel is None else ", ".join(f"{b} B" for b in wheel)),
+            ("fence statements", "n/a" if fences is None else str(fences)),
             ("peak RSS", ", ".join(f"{k} {v:.0f} MB" for k, v in result["peak_rss_mb"].items())),
+            ("load average (1 min) start, end", " → ".join(str(x) for x in result.get("load_1m", []))),
             ("plot", result.get("plot", "-")),
         ],
     )
@@ -845,7 +1004,13 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
     p.add_argument("--target", choices=("webhook", "redis", "nats"), default="redis")
     p.add_argument("--topology", choices=("all-in-one", "cluster"), default="all-in-one")
     p.add_argument("--seed-mode", choices=("api", "bulk"), default="bulk")
-    p.add_argument("--processes", type=int, default=2, help="node processes sharing the 16 shards")
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=2,
+        help="node processes (all-in-one) or `duetime engine` processes (cluster) sharing the 16 shards",
+    )
+    p.add_argument("--workers", type=int, default=2, help="`duetime worker` processes (--topology cluster)")
     p.add_argument("--lead", type=float, default=None, help="seconds from start to T (default: estimated)")
     p.add_argument("--clients", type=int, default=64, help="concurrent API clients (--seed-mode api)")
     p.add_argument("--timeout", type=float, default=None, help="give up this long after T")
@@ -860,6 +1025,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
         topology=a.topology,
         seed_mode=a.seed_mode,
         processes=a.processes,
+        workers=a.workers,
         lead_s=a.lead,
         clients=a.clients,
         timeout_s=a.timeout,
@@ -871,10 +1037,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
 
 def main(argv: Sequence[str] | None = None) -> None:
     a = parse_args(argv)
-    try:
-        result = uvloop.run(run_burst(a))
-    except TopologyUnavailable as exc:
-        raise SystemExit(f"burst: {exc}") from None
+    result = uvloop.run(run_burst(a))
     report(result)
     with (OUT_DIR / "burst-results.jsonl").open("a") as f:
         f.write(json.dumps({"at": datetime.now(UTC).isoformat(), **result}, default=str) + "\n")

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from core.model import JobSpec, OneOffSchedule, WebhookTarget
+from loadtest.cluster import stop_processes, wait_ready
 from loadtest.common import ReceiverProcess, print_report, quantiles, scratch_database
 from storage.postgres import PostgresStore
 from storage.shardmap import ShardMap
@@ -115,7 +116,7 @@ async def one_round(
     try:
         for p in procs:
             p.start()
-        urls = {p.name: (await p.ready()).rsplit(" ", 1)[-1].strip() for p in procs}
+        urls = {p.name: await wait_ready(p) for p in procs}
         owner = f"bench_{uuid.uuid4().hex[:6]}"
         await store.create_api_key(owner)
         lead = 5.0 + runs / 1500
@@ -183,15 +184,7 @@ async def one_round(
             "hot": {k: [(fn, round(share, 3)) for fn, share in v] for k, v in hot.items()},
         }
     finally:
-        for p in procs:
-            if p.alive:
-                p.signal(15)
-        for p in procs:
-            if p.proc is not None:
-                try:
-                    await p.wait(60)
-                except TimeoutError:
-                    p.kill()
+        await stop_processes(procs, grace_s=60)
         await store.close()
         receiver.stop()
 

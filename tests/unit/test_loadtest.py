@@ -109,6 +109,9 @@ def test_arguments_and_default_lead() -> None:
     assert default_lead(bulk, 60.0) >= 1_000_000 / 40_000 + 60
     with pytest.raises(SystemExit):
         parse_args(["--target", "kafka"])
+    assert parse_args([]).workers == 2
+    cluster = parse_args(["--topology", "cluster", "--processes", "3", "--workers", "4"])
+    assert (cluster.topology, cluster.processes, cluster.workers) == ("cluster", 3, 4)
 
 
 def test_registry_rows_are_a_year_of_one_offs() -> None:
