@@ -226,6 +226,22 @@ def _after_final(
     return base
 
 
+def _retried(
+    spec: JobSpec,
+    plan: RowPlan,
+    *,
+    attempt: int,
+    outcome: Outcome,
+    retryable: bool,
+    now: datetime,
+    rng: random.Random | None,
+) -> RowPlan | None:
+    """The retry of the same occurrence after attempt ``attempt``, or None when it is over."""
+    if outcome in (Outcome.SUCCEEDED, Outcome.SKIPPED) or not retryable or attempt >= spec.retry.max_attempts:
+        return None
+    return replace(plan, attempt=attempt, next_run_at=retry.next_retry_at(spec.retry, attempt, now, rng))
+
+
 def after_attempt(
     job_id: uuid.UUID,
     spec: JobSpec,
@@ -244,10 +260,10 @@ def after_attempt(
     occurrence still advances so a resume does not run it a second time.
     """
     succeeded = outcome is Outcome.SUCCEEDED
+    retried = _retried(spec, plan, attempt=attempt, outcome=outcome, retryable=retryable, now=now, rng=rng)
+    if retried is not None:
+        return retried
     plan = replace(plan, attempt=attempt)
-    retry_left = retryable and attempt < spec.retry.max_attempts
-    if not succeeded and outcome is not Outcome.SKIPPED and retry_left:
-        return replace(plan, next_run_at=retry.next_retry_at(spec.retry, attempt, now, rng))
     owner_state = plan.state
     nxt = _after_final(job_id, spec, replace(plan, state=JobState.SCHEDULED), succeeded, now)
     if owner_state == JobState.CANCELLED:
@@ -273,8 +289,6 @@ def after_occurrence_attempt(
     It never advances the schedule (its parent row does that) and an owner's pause or cancel of
     the parent reaches it as its ``state``: a cancelled occurrence is not retried.
     """
-    succeeded = outcome is Outcome.SUCCEEDED
-    retry_left = retryable and attempt < spec.retry.max_attempts
-    if succeeded or outcome is Outcome.SKIPPED or not retry_left or plan.state is JobState.CANCELLED:
+    if plan.state is JobState.CANCELLED:
         return None
-    return replace(plan, attempt=attempt, next_run_at=retry.next_retry_at(spec.retry, attempt, now, rng))
+    return _retried(spec, plan, attempt=attempt, outcome=outcome, retryable=retryable, now=now, rng=rng)

@@ -644,7 +644,8 @@ class PostgresStore:
             row, conn = action.row, action.conn
             self._require("backfill", row)
             spec = codec.spec_from_json(row["spec"])
-            pending = int(await conn.fetchval(Q["count_occurrences"], job_id))
+            waiting = await conn.fetchrow(Q["occurrences_of"], job_id)
+            pending = int(waiting["pending"])
             runs = plan_backfill(
                 spec,
                 start,
@@ -662,7 +663,7 @@ class PostgresStore:
                     code="backfill_in_progress",
                 )
             if runs:
-                seq = int(await conn.fetchval(Q["last_backfill_seq"], job_id))
+                seq = int(waiting["last_seq"])
                 n, shard = len(runs), row["shard"]
                 await conn.execute(
                     Q["insert_occurrences"],

@@ -255,18 +255,7 @@ class WorkerPool:
         for run in runs:
             spec = codec.spec_from_json(run.spec)
             specs.append(spec)
-            deliveries.append(
-                Delivery(
-                    job_id=str(run.public_id),
-                    scheduled_for=run.scheduled_for,
-                    attempt=run.attempt,
-                    fencing_token=run.lease_token,
-                    owner=run.owner,
-                    signing_secret="",
-                    payload=spec.payload,
-                    target=spec.target,
-                )
-            )
+            deliveries.append(_delivery(run, spec, signing_secret=""))
         limit = self._dispatcher.broker_timeout_s + self._watchdog_s
         try:
             async with asyncio.timeout(limit):
@@ -315,16 +304,7 @@ class WorkerPool:
                 retryable=True,
                 error=f"signing secret unavailable: {exc}",
             )
-        delivery = Delivery(
-            job_id=str(run.public_id),
-            scheduled_for=run.scheduled_for,
-            attempt=run.attempt,
-            fencing_token=run.lease_token,
-            owner=run.owner,
-            signing_secret=secret,
-            payload=spec.payload,
-            target=spec.target,
-        )
+        delivery = _delivery(run, spec, signing_secret=secret)
         # A last-resort watchdog: the dispatcher has its own timeouts, so this only fires when a
         # call hangs where nothing else would notice (a client library that never answers). A
         # worker that waits forever would fill the run queue and stall the engine's fencer.
@@ -368,6 +348,21 @@ REDIS_BATCH = 500  # one pipeline's worth (workers/queues.py _RedisBatcher max_b
 def _to_redis(run: FencedRow) -> bool:
     target = run.spec.get("target")
     return isinstance(target, dict) and target.get("type") == "queue" and target.get("broker") == "redis"
+
+
+def _delivery(run: FencedRow, spec: JobSpec, *, signing_secret: str) -> Delivery:
+    """What the target gets for ``run``: under the job's id (an occurrence row's parent), never
+    the row's own (one builder for every call path, so no path can name an internal row)."""
+    return Delivery(
+        job_id=str(run.public_id),
+        scheduled_for=run.scheduled_for,
+        attempt=run.attempt,
+        fencing_token=run.lease_token,
+        owner=run.owner,
+        signing_secret=signing_secret,
+        payload=spec.payload,
+        target=spec.target,
+    )
 
 
 def _report(

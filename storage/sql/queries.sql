@@ -355,12 +355,10 @@ SELECT j, s, o, sp, 1, 'scheduled', n, sf, 0, p, q
 FROM unnest($1::uuid[], $2::smallint[], $3::text[], $4::jsonb[], $5::timestamptz[],
             $6::timestamptz[], $7::uuid[], $8::bigint[]) AS u(j, s, o, sp, n, sf, p, q);
 
--- name: count_occurrences
--- A job's occurrence rows that have not run to the end yet (a bound on backfills in progress).
-SELECT count(*) FROM jobs WHERE parent_id = $1;
-
--- name: last_backfill_seq
-SELECT COALESCE(max(backfill_seq), 0) FROM jobs WHERE parent_id = $1;
+-- name: occurrences_of
+-- A job's occurrence rows that have not run to the end yet (a bound on backfills in progress),
+-- and the last backfill position handed out.
+SELECT count(*) AS pending, COALESCE(max(backfill_seq), 0) AS last_seq FROM jobs WHERE parent_id = $1;
 
 -- name: delete_occurrences
 DELETE FROM jobs WHERE job_id = ANY($1::uuid[]) AND parent_id IS NOT NULL;
