@@ -17,18 +17,19 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import REGISTRY, generate_latest
 
-from api.auth import KeyCache, bearer_key
-from api.errors import error_response, from_domain_error, from_http_exception, status_for
-from api.handlers import OWNER, JobsApi
-from api.limits import JobCap, OwnerRateLimiter
-from api.metrics import UNMATCHED_ROUTE, observe
-from api.openapi import build_openapi
-from api.preview import PreviewApi
-from api.render import dumps, json_response
-from core.errors import DuetimeError, StorageUnavailable
-from core.ssrf import AddressPolicy
-from core.validation import SpecLimits
-from storage.base import Registry
+from duetime._version import __version__
+from duetime.api.auth import KeyCache, bearer_key
+from duetime.api.errors import error_response, from_domain_error, from_http_exception, status_for
+from duetime.api.handlers import OWNER, JobsApi
+from duetime.api.limits import JobCap, OwnerRateLimiter
+from duetime.api.metrics import UNMATCHED_ROUTE, observe
+from duetime.api.openapi import build_openapi
+from duetime.api.preview import PreviewApi
+from duetime.api.render import dumps, json_response
+from duetime.core.errors import DuetimeError, StorageUnavailable
+from duetime.core.ssrf import AddressPolicy
+from duetime.core.validation import SpecLimits
+from duetime.storage.base import Registry
 
 log = logging.getLogger("duetime.api")
 
@@ -121,7 +122,7 @@ def create_app(
     openapi_body = dumps(build_openapi(spec_limits))
 
     async def healthz(request: web.Request) -> web.Response:
-        return json_response({"status": "ok"})
+        return json_response({"status": "ok", "version": __version__})
 
     async def readyz(request: web.Request) -> web.Response:
         try:

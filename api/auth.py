@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from core.errors import StorageUnavailable, Unauthorized
-from storage.base import Registry
+from duetime.core.errors import StorageUnavailable, Unauthorized
+from duetime.storage.base import Registry
 
 # A key we issue is URL-safe printable ASCII; anything else cannot be ours and must never reach
 # the database driver (non-ASCII text from a header could not even be encoded).

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from core.errors import InvalidRequest, MalformedRequest
+from duetime.core.errors import InvalidRequest, MalformedRequest
 
 _JSON_TYPES: Final = frozenset({"application/json", "application/merge-patch+json"})
 # Deeper than any job needs; it keeps every recursive encoder and hasher downstream of the

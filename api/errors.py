@@ -12,7 +12,7 @@ from typing import Final
 
 from aiohttp import web
 
-from core.errors import (
+from duetime.core.errors import (
     Conflict,
     DuetimeError,
     InvalidRequest,

@@ -16,20 +16,20 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from api.body import parse_json, require_json_content_type
-from api.render import (
+from duetime.api.body import parse_json, require_json_content_type
+from duetime.api.render import (
     backfill_to_json,
     job_to_json,
     jobs_page_to_json,
     json_response,
     runs_page_to_json,
 )
-from core.codec import REDACTED, spec_to_json
-from core.errors import InvalidRequest, NotFound
-from core.ids import parse_job_id
-from core.model import JobSpec, JobState, WebhookTarget
-from core.ssrf import AddressPolicy, check_webhook_url
-from core.validation import (
+from duetime.core.codec import REDACTED, spec_to_json
+from duetime.core.errors import InvalidRequest, NotFound
+from duetime.core.ids import parse_job_id
+from duetime.core.model import JobSpec, JobState, WebhookTarget
+from duetime.core.ssrf import AddressPolicy, check_webhook_url
+from duetime.core.validation import (
     SpecLimits,
     canonical_body_hash,
     merge_patch,
@@ -37,7 +37,7 @@ from core.validation import (
     parse_idempotency_key,
     parse_job_spec,
 )
-from storage.base import IdempotencyRequest, Registry
+from duetime.storage.base import IdempotencyRequest, Registry
 
 OWNER: Final = web.RequestKey("owner", str)
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from core.errors import Conflict, RateLimited
+from duetime.core.errors import Conflict, RateLimited
 
 
 @dataclass(slots=True)

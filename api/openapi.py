@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from core.validation import SpecLimits
+from duetime._version import __version__
+from duetime.core.validation import SpecLimits
 
 JsonObject = dict[str, Any]
 
@@ -623,7 +624,7 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
         "openapi": "3.1.0",
         "info": {
             "title": "Duetime API",
-            "version": "1.0.0",
+            "version": __version__,
             "description": "Register, change and inspect scheduled jobs. Errors share one body: "
             '`{"error": {"code", "message", "field"?}}`. See docs/api.md.',
         },

@@ -26,17 +26,17 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from api.body import parse_json, require_json_content_type
-from api.handlers import OWNER, job_id_of
-from api.render import json_response
-from core.codec import format_time
-from core.cron import parse_cron
-from core.errors import InvalidRequest
-from core.jitter import due_at
-from core.model import CronSchedule, DstGap, Job, JobState, Schedule
-from core.schedule import describe_instant, first_occurrence, load_zone, next_occurrence
-from core.validation import SpecLimits, parse_preview_request, parse_time
-from storage.base import Registry
+from duetime.api.body import parse_json, require_json_content_type
+from duetime.api.handlers import OWNER, job_id_of
+from duetime.api.render import json_response
+from duetime.core.codec import format_time
+from duetime.core.cron import parse_cron
+from duetime.core.errors import InvalidRequest
+from duetime.core.jitter import due_at
+from duetime.core.model import CronSchedule, DstGap, Job, JobState, Schedule
+from duetime.core.schedule import describe_instant, first_occurrence, load_zone, next_occurrence
+from duetime.core.validation import SpecLimits, parse_preview_request, parse_time
+from duetime.storage.base import Registry
 
 DEFAULT_COUNT: Final = 10
 MAX_COUNT: Final = 100

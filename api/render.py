@@ -13,10 +13,10 @@ from typing import Any
 
 from aiohttp import web
 
-from api.errors import JSON_CONTENT_TYPE
-from core.codec import format_time, run_to_json, spec_to_json
-from core.model import Job, Run
-from storage.base import Backfill, Page
+from duetime.api.errors import JSON_CONTENT_TYPE
+from duetime.core.codec import format_time, run_to_json, spec_to_json
+from duetime.core.model import Job, Run
+from duetime.storage.base import Backfill, Page
 
 
 def job_to_json(job: Job) -> dict[str, Any]:

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from core.errors import InvalidRequest
-from core.model import CronSchedule, JobSpec, Overlap
-from core.schedule import next_occurrence
+from duetime.core.errors import InvalidRequest
+from duetime.core.model import CronSchedule, JobSpec, Overlap
+from duetime.core.schedule import next_occurrence
 
 _TINY = timedelta(microseconds=1)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from core.model import (
+from duetime.core.model import (
     Broker,
     CronSchedule,
     DstGap,

@@ -17,7 +17,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from datetime import date, datetime
 
-from core.errors import InvalidRequest
+from duetime.core.errors import InvalidRequest
 
 __all__ = ["MAX_EXPRESSION_LENGTH", "SEARCH_HORIZON_YEARS", "CronExpr", "parse_cron"]
 

@@ -19,9 +19,9 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from core import jitter, retry
-from core.model import CronSchedule, JobSpec, JobState, OneOffSchedule, Outcome, Overlap
-from core.schedule import count_between, latest_at_or_before, next_occurrence
+from duetime.core import jitter, retry
+from duetime.core.model import CronSchedule, JobSpec, JobState, OneOffSchedule, Outcome, Overlap
+from duetime.core.schedule import count_between, latest_at_or_before, next_occurrence
 
 #: At most this many occurrences passed over by an overlap policy are written to the history one
 #: by one; the last one written says how many more there were.
@@ -81,7 +81,7 @@ def initial_plan(job_id: uuid.UUID, spec: JobSpec, now: datetime) -> RowPlan:
         if plan.next_run_at is not None and plan.next_run_at < now:
             plan = replace(plan, next_run_at=now)
         return plan
-    from core.schedule import first_occurrence
+    from duetime.core.schedule import first_occurrence
 
     first = first_occurrence(schedule, now)
     return _regular(job_id, spec, first, JobState.SCHEDULED if first else JobState.COMPLETED)

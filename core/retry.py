@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from datetime import datetime, timedelta
 
-from core.model import RetryPolicy
+from duetime.core.model import RetryPolicy
 
 _SYSTEM_RANDOM = random.SystemRandom()
 

@@ -31,9 +31,9 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
-from core.cron import SEARCH_HORIZON_YEARS, CronExpr, parse_cron
-from core.errors import InvalidRequest
-from core.model import CronSchedule, DstGap, DstOverlap, OneOffSchedule, Schedule
+from duetime.core.cron import SEARCH_HORIZON_YEARS, CronExpr, parse_cron
+from duetime.core.errors import InvalidRequest
+from duetime.core.model import CronSchedule, DstGap, DstOverlap, OneOffSchedule, Schedule
 
 __all__ = [
     "MAX_OCCURRENCES",

@@ -42,7 +42,7 @@ from ipaddress import (
 )
 from urllib.parse import unquote, urlsplit
 
-from core.errors import DuetimeError, InvalidRequest, TargetNotAllowed
+from duetime.core.errors import DuetimeError, InvalidRequest, TargetNotAllowed
 
 IPAddress = IPv4Address | IPv6Address
 IPNetwork = IPv4Network | IPv6Network

@@ -35,9 +35,9 @@ from ipaddress import IPv6Address
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
-from core.codec import REDACTED
-from core.errors import InvalidRequest, MalformedRequest
-from core.model import (
+from duetime.core.codec import REDACTED
+from duetime.core.errors import InvalidRequest, MalformedRequest
+from duetime.core.model import (
     Broker,
     CronSchedule,
     DstGap,
@@ -53,7 +53,7 @@ from core.model import (
     WebhookMethod,
     WebhookTarget,
 )
-from core.schedule import check_cron_schedule, load_zone, occurrences
+from duetime.core.schedule import check_cron_schedule, load_zone, occurrences
 
 E = TypeVar("E", bound=enum.Enum)
 

@@ -20,19 +20,20 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import REGISTRY, generate_latest
 
-from api.app import create_app
-from core.ssrf import AddressPolicy
-from core.validation import SpecLimits
+from duetime._version import __version__
+from duetime.api.app import create_app
+from duetime.core.ssrf import AddressPolicy
+from duetime.core.validation import SpecLimits
+from duetime.engine.leases import LeaseKeeper
+from duetime.engine.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
+from duetime.engine.runqueue import InProcessRunQueue
+from duetime.engine.service import Engine, EngineConfig
 from duetime.settings import Settings
-from engine.leases import LeaseKeeper
-from engine.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
-from engine.runqueue import InProcessRunQueue
-from engine.service import Engine, EngineConfig
-from storage.postgres import PostgresStore, expire_published_of
-from storage.shardmap import ShardMap
-from workers.dispatch import Dispatcher
-from workers.pool import WorkerPool
-from workers.remote import RemoteWorker
+from duetime.storage.postgres import PostgresStore, expire_published_of
+from duetime.storage.shardmap import ShardMap
+from duetime.workers.dispatch import Dispatcher
+from duetime.workers.pool import WorkerPool
+from duetime.workers.remote import RemoteWorker
 
 log = logging.getLogger("duetime")
 
@@ -228,7 +229,7 @@ def _ops_app(store: PostgresStore, not_ready: Callable[[], str | None] = lambda:
     """/healthz, /readyz and /metrics for a process that does not serve the API."""
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        return web.json_response({"status": "ok", "version": __version__})
 
     async def readyz(_: web.Request) -> web.Response:
         try:

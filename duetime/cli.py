@@ -26,13 +26,13 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from core.errors import DuetimeError, StorageUnavailable
-from core.ids import SHARDS
+from duetime._version import __version__
 from duetime.client import DEFAULT_URL, DuetimeApiError, DuetimeClient, DuetimeConnectionError
+from duetime.core.errors import DuetimeError, StorageUnavailable
+from duetime.core.ids import SHARDS
 from duetime.embedded_pg import EmbeddedPostgres, running_dsn
 from duetime.settings import (
     Settings,
@@ -43,10 +43,10 @@ from duetime.settings import (
     redact_dsn,
     unknown_variables,
 )
-from storage.base import Registry
-from storage.migrate import migrate
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
+from duetime.storage.base import Registry
+from duetime.storage.migrate import migrate
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 
 log = logging.getLogger("duetime")
 
@@ -76,20 +76,13 @@ def _shards(text: str) -> str:
     return text
 
 
-def _version() -> str:
-    try:
-        return metadata.version("duetime")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="duetime",
         description="Cron and one-off jobs fired on the second. Settings come from DUETIME_* "
         "environment variables (docs/settings.md).",
     )
-    parser.add_argument("--version", action="version", version=f"duetime {_version()}")
+    parser.add_argument("--version", action="version", version=f"duetime {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser(
         "run",
@@ -308,7 +301,7 @@ def _add_shards_parser(sub: Any) -> None:
 
 
 async def cmd_shards(settings: Settings, args: argparse.Namespace) -> int:
-    from storage.postgres import move_shard
+    from duetime.storage.postgres import move_shard
 
     settings = database_settings(settings)
     target = args.to.strip()

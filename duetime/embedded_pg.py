@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from core.errors import DuetimeError
+from duetime.core.errors import DuetimeError
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Final, Protocol
 
-from workers.signing import (
+from duetime.workers.signing import (
     ATTEMPT,
     FENCING_TOKEN,
     IDEMPOTENCY_KEY,

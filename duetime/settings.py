@@ -20,8 +20,8 @@ from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from core.errors import DuetimeError
-from core.ids import SHARDS
+from duetime.core.errors import DuetimeError
+from duetime.core.ids import SHARDS
 
 IPNetwork = IPv4Network | IPv6Network
 RunQueueKind = Literal["inprocess", "nats"]

@@ -11,8 +11,8 @@ import asyncio
 import logging
 import uuid
 
-from engine import metrics
-from storage.postgres import PostgresStore
+from duetime.engine import metrics
+from duetime.storage.postgres import PostgresStore
 
 log = logging.getLogger("duetime.leases")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from core.model import CronSchedule, JobSpec, Misfire
-from core.schedule import count_between, latest_at_or_before, next_occurrence
+from duetime.core.model import CronSchedule, JobSpec, Misfire
+from duetime.core.schedule import count_between, latest_at_or_before, next_occurrence
 
 _TINY = timedelta(microseconds=1)
 

@@ -43,11 +43,11 @@ from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType,
 from nats.js.client import JetStreamContext
 from prometheus_client import Counter, Gauge, Histogram
 
-from core.errors import StorageUnavailable
-from engine import metrics
-from engine.leases import LeaseKeeper
-from engine.runqueue import InProcessRunQueue
-from storage.postgres import AttemptReport, FencedRow, PostgresStore, extend_published, take_runs
+from duetime.core.errors import StorageUnavailable
+from duetime.engine import metrics
+from duetime.engine.leases import LeaseKeeper
+from duetime.engine.runqueue import InProcessRunQueue
+from duetime.storage.postgres import AttemptReport, FencedRow, PostgresStore, extend_published, take_runs
 
 log = logging.getLogger("duetime.natsqueue")
 

@@ -12,8 +12,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from engine import metrics
-from storage.postgres import FencedRow
+from duetime.engine import metrics
+from duetime.storage.postgres import FencedRow
 
 
 class RunQueue(Protocol):

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from core import codec
-from engine import entries, metrics
-from engine.clock import Clock, SystemClock
-from engine.leases import LeaseKeeper
-from engine.misfire import FireNow, SkipTo, decide
-from engine.runqueue import RunQueue
-from engine.wheel import TimerWheel, WheelDriver
-from storage.postgres import NOTIFY_CHANNEL, ClaimedRow, MissedSkip, PostgresStore
+from duetime.core import codec
+from duetime.engine import entries, metrics
+from duetime.engine.clock import Clock, SystemClock
+from duetime.engine.leases import LeaseKeeper
+from duetime.engine.misfire import FireNow, SkipTo, decide
+from duetime.engine.runqueue import RunQueue
+from duetime.engine.wheel import TimerWheel, WheelDriver
+from duetime.storage.postgres import NOTIFY_CHANNEL, ClaimedRow, MissedSkip, PostgresStore
 
 log = logging.getLogger("duetime.engine")
 

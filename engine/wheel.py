@@ -64,7 +64,7 @@ import struct
 from collections.abc import Awaitable, Callable, Iterable
 from operator import itemgetter
 
-from engine.clock import Clock
+from duetime.engine.clock import Clock
 
 __all__ = ["ENTRY_HEADER", "TimerWheel", "WheelDriver", "entry_due_ms", "make_entry"]
 

@@ -61,16 +61,24 @@ from typing import Any
 
 import uvloop
 
-from core import codec
-from core.model import Broker, JobSpec, OneOffSchedule, QueueTarget, RetryPolicy, Target, WebhookTarget
 from duetime.app import split_shards
+from duetime.core import codec
+from duetime.core.model import (
+    Broker,
+    JobSpec,
+    OneOffSchedule,
+    QueueTarget,
+    RetryPolicy,
+    Target,
+    WebhookTarget,
+)
 from duetime.settings import Settings
+from duetime.storage.bulk import BulkJob, analyze_jobs, outcome_counts, seed_jobs, table_writes
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 from loadtest.cluster import EnginesAndWorkers
 from loadtest.common import ReceiverProcess, free_port, print_report, quantiles, scratch_database
 from loadtest.plot import cumulative_to_rate, per_second, write_burst_plot
-from storage.bulk import BulkJob, analyze_jobs, outcome_counts, seed_jobs, table_writes
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
 
 REDIS_URL = os.environ.get("DUETIME_BENCH_REDIS", "redis://127.0.0.1:6379/0")
 NATS_URL = os.environ.get("DUETIME_BENCH_NATS", "nats://127.0.0.1:4222")
@@ -227,7 +235,7 @@ def _dump_tasks(node: Any) -> None:
 def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any) -> None:
     """One all-in-one node (engine + in-process workers) that samples itself every 100 ms."""
     from duetime.app import Node
-    from engine import metrics
+    from duetime.engine import metrics
 
     def total(counter: Any) -> float:
         # Only this counter's samples: the registry-wide collect reads /proc and every histogram.

@@ -18,8 +18,8 @@ from pathlib import Path
 import aiohttp
 
 from duetime.app import split_shards
+from duetime.engine.natsqueue import stream_name
 from duetime.settings import format_shard_set
-from engine.natsqueue import stream_name
 from tests.cluster.harness import DuetimeProcess
 
 

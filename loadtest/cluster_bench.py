@@ -28,11 +28,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from core.model import JobSpec, OneOffSchedule, WebhookTarget
+from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 from loadtest.cluster import stop_processes, wait_ready
 from loadtest.common import ReceiverProcess, print_report, quantiles, scratch_database
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
 from tests.cluster.harness import Arrivals, DuetimeProcess, NatsServer, cluster_env
 
 _TICKS = os.sysconf("SC_CLK_TCK")

@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from storage.migrate import migrate
+from duetime.storage.migrate import migrate
 
 ADMIN_DSN = os.environ.get("DUETIME_BENCH_PG", "postgresql://root@127.0.0.1:5432/postgres")
 

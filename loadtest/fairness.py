@@ -20,13 +20,13 @@ from datetime import UTC, datetime, timedelta
 import redis.asyncio as aioredis
 import uvloop
 
-from core.model import Broker, JobSpec, OneOffSchedule, QueueTarget
+from duetime.core.model import Broker, JobSpec, OneOffSchedule, QueueTarget
 from duetime.settings import Settings
+from duetime.storage.bulk import BulkJob, seed_jobs
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 from loadtest.common import print_report, quantiles, scratch_database
 from loadtest.nodes import NodeProcesses
-from storage.bulk import BulkJob, seed_jobs
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 

@@ -19,13 +19,13 @@ from datetime import UTC, datetime, timedelta
 
 import uvloop
 
-from core.model import JobSpec, OneOffSchedule, WebhookTarget
+from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
 from duetime.settings import Settings
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
+from duetime.workers.signing import idempotency_key
 from loadtest.common import ReceiverProcess, print_report, quantiles, scratch_database
 from loadtest.nodes import NodeProcesses
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
-from workers.signing import idempotency_key
 
 
 async def bench(rate: int, seconds: int, lead_s: float, processes: int) -> None:

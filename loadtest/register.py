@@ -26,9 +26,9 @@ import aiohttp
 import asyncpg
 import uvloop
 
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 from loadtest.common import free_port, print_report, quantiles, scratch_database
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
 
 BODY = {
     "name": "bench",

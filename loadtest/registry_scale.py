@@ -32,15 +32,15 @@ from typing import Any
 import asyncpg
 import uvloop
 
-from core import codec
-from core.ids import new_job_id, shard_of
-from core.model import JobSpec, OneOffSchedule, WebhookTarget
+from duetime.core import codec
+from duetime.core.ids import new_job_id, shard_of
+from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
+from duetime.storage.bulk import BulkJob, analyze_jobs, copy_jobs, seed_jobs
+from duetime.storage.migrate import migrate
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 from loadtest.burst import api_process
 from loadtest.common import ADMIN_DSN, print_report, quantiles
-from storage.bulk import BulkJob, analyze_jobs, copy_jobs, seed_jobs
-from storage.migrate import migrate
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
 
 OWNERS = [f"owner-{i:02d}" for i in range(100)]
 TARGET = WebhookTarget(url="https://hooks.example.com/duetime")

@@ -47,8 +47,8 @@ import tracemalloc
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
-from engine.clock import SystemClock
-from engine.wheel import TimerWheel, WheelDriver, entry_due_ms
+from duetime.engine.clock import SystemClock
+from duetime.engine.wheel import TimerWheel, WheelDriver, entry_due_ms
 
 ENTRY = struct.Struct(">q16sqqHB9x")
 assert ENTRY.size == 52

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
-from core.model import Job, JobSpec, JobState, Outcome, Run
+from duetime.core.model import Job, JobSpec, JobState, Outcome, Run
 
 
 @dataclass(frozen=True, slots=True)

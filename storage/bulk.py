@@ -18,10 +18,10 @@ from typing import Any
 
 import asyncpg
 
-from core import codec
-from core.ids import new_job_id, shard_of
-from core.lifecycle import initial_plan
-from core.model import JobSpec
+from duetime.core import codec
+from duetime.core.ids import new_job_id, shard_of
+from duetime.core.lifecycle import initial_plan
+from duetime.core.model import JobSpec
 
 _COLUMNS = (
     "job_id",

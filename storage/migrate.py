@@ -16,7 +16,7 @@ _LOCK_KEY = 0x64756574696D65  # "duetime"
 def migration_files() -> list[tuple[int, str, str]]:
     """(version, name, sql) in order, read from the package so an installed wheel carries them."""
     out: list[tuple[int, str, str]] = []
-    for entry in resources.files("storage.migrations").iterdir():
+    for entry in resources.files("duetime.storage.migrations").iterdir():
         name = entry.name
         if not name.endswith(".sql"):
             continue

@@ -25,11 +25,11 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from core import codec, jitter
-from core.backfill import plan_backfill
-from core.errors import Conflict, InvalidRequest, NotFound, StorageUnavailable
-from core.ids import SHARDS, new_job_id, shard_of
-from core.lifecycle import (
+from duetime.core import codec, jitter
+from duetime.core.backfill import plan_backfill
+from duetime.core.errors import Conflict, InvalidRequest, NotFound, StorageUnavailable
+from duetime.core.ids import SHARDS, new_job_id, shard_of
+from duetime.core.lifecycle import (
     OVERLAP_SKIP_REASON,
     OWNER_TRANSITIONS,
     RowPlan,
@@ -39,11 +39,11 @@ from core.lifecycle import (
     split_point,
     start_manual,
 )
-from core.model import Job, JobSpec, JobState, Outcome, Overlap, Run
-from core.schedule import next_occurrence
-from storage.base import Backfill, IdempotencyRequest, Page
-from storage.queries import Q
-from storage.shardmap import ShardMap
+from duetime.core.model import Job, JobSpec, JobState, Outcome, Overlap, Run
+from duetime.core.schedule import next_occurrence
+from duetime.storage.base import Backfill, IdempotencyRequest, Page
+from duetime.storage.queries import Q
+from duetime.storage.shardmap import ShardMap
 
 log = logging.getLogger("duetime.storage")
 
@@ -715,7 +715,7 @@ class PostgresStore:
         return owner
 
     async def create_api_key(self, owner: str) -> tuple[str, str]:
-        from workers.signing import new_signing_secret
+        from duetime.workers.signing import new_signing_secret
 
         api_key = "dt_" + secrets.token_urlsafe(24)  # 192 random bits
         async with _translated(), self.home_pool.acquire() as conn, conn.transaction():

@@ -6,7 +6,7 @@ from importlib import resources
 
 
 def _load() -> dict[str, str]:
-    text = resources.files("storage.sql").joinpath("queries.sql").read_text(encoding="utf-8")
+    text = resources.files("duetime.storage.sql").joinpath("queries.sql").read_text(encoding="utf-8")
     out: dict[str, str] = {}
     name: str | None = None
     lines: list[str] = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.ids import SHARDS
+from duetime.core.ids import SHARDS
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import pytest
 
-from storage.migrate import migrate
+from duetime.storage.migrate import migrate
 
 ADMIN_DSN = os.environ.get("DUETIME_TEST_PG", "postgresql://root@127.0.0.1:5432/postgres")
 

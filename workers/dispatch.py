@@ -19,12 +19,12 @@ from typing import Any
 
 import aiohttp
 
-from core import ssrf
-from core.model import Broker, Outcome, QueueTarget, Target, WebhookTarget
-from workers import signing, webhook
-from workers.limits import HostLimiter
-from workers.queues import QueuePublisher
-from workers.webhook import Verdict
+from duetime.core import ssrf
+from duetime.core.model import Broker, Outcome, QueueTarget, Target, WebhookTarget
+from duetime.workers import signing, webhook
+from duetime.workers.limits import HostLimiter
+from duetime.workers.queues import QueuePublisher
+from duetime.workers.webhook import Verdict
 
 log = logging.getLogger(__name__)
 

@@ -15,15 +15,15 @@ from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from core import codec
-from core.errors import StorageUnavailable
-from core.model import JobSpec, Outcome, WebhookTarget
-from engine import metrics
-from engine.leases import LeaseKeeper
-from engine.runqueue import RunQueue
-from storage.postgres import AttemptReport, FencedRow, PostgresStore
-from workers.dispatch import CallResult, Delivery, Dispatcher
-from workers.webhook import Verdict
+from duetime.core import codec
+from duetime.core.errors import StorageUnavailable
+from duetime.core.model import JobSpec, Outcome, WebhookTarget
+from duetime.engine import metrics
+from duetime.engine.leases import LeaseKeeper
+from duetime.engine.runqueue import RunQueue
+from duetime.storage.postgres import AttemptReport, FencedRow, PostgresStore
+from duetime.workers.dispatch import CallResult, Delivery, Dispatcher
+from duetime.workers.webhook import Verdict
 
 log = logging.getLogger("duetime.workers")
 

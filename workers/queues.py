@@ -26,12 +26,12 @@ import redis.exceptions as redis_errors
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from core.model import Broker, Outcome, QueueTarget
-from workers import signing
-from workers.webhook import Verdict
+from duetime.core.model import Broker, Outcome, QueueTarget
+from duetime.workers import signing
+from duetime.workers.webhook import Verdict
 
 if TYPE_CHECKING:
-    from workers.dispatch import Delivery
+    from duetime.workers.dispatch import Delivery
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ import os
 import secrets
 import socket
 
+from duetime.engine.leases import LeaseKeeper
+from duetime.engine.natsqueue import NatsRunConsumer
 from duetime.settings import Settings
-from engine.leases import LeaseKeeper
-from engine.natsqueue import NatsRunConsumer
-from storage.postgres import PostgresStore
-from workers.dispatch import Dispatcher
-from workers.pool import WorkerPool
+from duetime.storage.postgres import PostgresStore
+from duetime.workers.dispatch import Dispatcher
+from duetime.workers.pool import WorkerPool
 
 
 def worker_id() -> str:

@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from core.codec import format_time
+from duetime.core.codec import format_time
 
 if TYPE_CHECKING:
-    from workers.dispatch import Delivery
+    from duetime.workers.dispatch import Delivery
 
 SECRET_PREFIX = "whsec_"
 SIGNATURE_VERSION = "v1"

@@ -28,15 +28,15 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.helpers import is_ip_address
 from yarl import URL
 
-from core import ssrf
-from core.errors import InvalidRequest, TargetNotAllowed
-from core.model import Outcome, WebhookTarget
-from workers import signing
+from duetime.core import ssrf
+from duetime.core.errors import InvalidRequest, TargetNotAllowed
+from duetime.core.model import Outcome, WebhookTarget
+from duetime.workers import signing
 
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from workers.dispatch import Delivery
+    from duetime.workers.dispatch import Delivery
 
 MAX_RESPONSE_READ = 64 * 1024
 USER_AGENT = "Duetime-Webhook/1"

@@ -16,8 +16,8 @@ import asyncpg
 import pytest
 
 from duetime.embedded_pg import TUNING, EmbeddedPostgres
+from duetime.storage.migrate import migrate
 from loadtest.common import ReceiverProcess
-from storage.migrate import migrate
 from tests.cluster.harness import Cluster, NatsServer, cluster_env
 from tests.conftest import ADMIN_DSN
 

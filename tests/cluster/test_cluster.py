@@ -23,9 +23,9 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 from loadtest.common import ReceiverProcess, quantiles
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
 from tests.cluster.harness import (
     Arrivals,
     Cluster,

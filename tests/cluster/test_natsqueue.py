@@ -10,12 +10,19 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from core import codec
-from core.model import JobSpec, OneOffSchedule, WebhookTarget
-from engine.leases import LeaseKeeper
-from engine.natsqueue import CONSUMER, NatsRunConsumer, connect, encode_run, ensure_stream, subject_for
-from storage.postgres import FencedRow, PostgresStore
-from storage.shardmap import ShardMap
+from duetime.core import codec
+from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
+from duetime.engine.leases import LeaseKeeper
+from duetime.engine.natsqueue import (
+    CONSUMER,
+    NatsRunConsumer,
+    connect,
+    encode_run,
+    ensure_stream,
+    subject_for,
+)
+from duetime.storage.postgres import FencedRow, PostgresStore
+from duetime.storage.shardmap import ShardMap
 from tests.cluster.harness import NatsServer
 
 

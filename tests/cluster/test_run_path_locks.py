@@ -23,9 +23,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import asyncpg
 import pytest
 
-from core.model import JobSpec, OneOffSchedule, WebhookTarget
-from storage.postgres import PostgresStore, extend_published, take_runs
-from storage.shardmap import ShardMap
+from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
+from duetime.storage.postgres import PostgresStore, extend_published, take_runs
+from duetime.storage.shardmap import ShardMap
 from tests.cluster.harness import utcnow
 
 ENGINE = "lock-order-engine"

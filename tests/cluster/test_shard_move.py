@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from core.ids import SHARDS, shard_of
-from core.model import CronSchedule, JobSpec, OneOffSchedule, WebhookTarget
+from duetime.core.ids import SHARDS, shard_of
+from duetime.core.model import CronSchedule, JobSpec, OneOffSchedule, WebhookTarget
+from duetime.storage.base import IdempotencyRequest
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 from loadtest.common import ReceiverProcess
-from storage.base import IdempotencyRequest
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
 from tests.cluster.harness import Arrivals, Cluster, new_owner, until, utcnow
 
 MOVED = 5

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 from loadtest.common import free_port
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
 from tests.e2e.harness import Owner, Receiver, at
 
 
@@ -117,7 +117,7 @@ async def _make_due(
 ) -> tuple[list[str], str]:
     from datetime import UTC, datetime, timedelta
 
-    from core.model import JobSpec, OneOffSchedule, WebhookTarget
+    from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
 
     o = "kill_" + uuid.uuid4().hex[:6]
     await store.create_api_key(o)

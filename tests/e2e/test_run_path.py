@@ -13,8 +13,8 @@ import nats
 import redis.asyncio as aioredis
 
 from duetime.app import Node
+from duetime.workers.signing import verify_signature
 from tests.e2e.harness import Owner, Receiver, at, fast_settings, parse
-from workers.signing import verify_signature
 
 
 def webhook(receiver: Receiver, path: str, **extra: object) -> dict[str, object]:

@@ -235,8 +235,8 @@ class Owner:
 
 @contextlib.asynccontextmanager
 async def owner_on(api_url: str, dsn: str) -> AsyncIterator[Owner]:
-    from storage.postgres import PostgresStore
-    from storage.shardmap import ShardMap
+    from duetime.storage.postgres import PostgresStore
+    from duetime.storage.shardmap import ShardMap
 
     store = await PostgresStore.open(ShardMap.single(dsn), pool_size=1)
     try:

@@ -28,7 +28,7 @@ import asyncpg
 import pytest
 
 from duetime.embedded_pg import EmbeddedPostgres
-from storage.migrate import migrate
+from duetime.storage.migrate import migrate
 from tests.faults.harness import (
     NodeProc,
     Owner,

@@ -21,13 +21,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from api.app import create_app
-from core.errors import StorageUnavailable
-from core.ids import shard_of
-from core.ssrf import AddressPolicy
-from storage.base import Registry
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
+from duetime._version import __version__
+from duetime.api.app import create_app
+from duetime.core.errors import StorageUnavailable
+from duetime.core.ids import shard_of
+from duetime.core.ssrf import AddressPolicy
+from duetime.storage.base import Registry
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 
 SECRET = "s3cr3t-header-VALUE-9f2e"
 PUBLIC_URL = "https://1.1.1.1/hook"  # a public literal: no DNS lookup, allowed by the default policy
@@ -954,7 +955,7 @@ async def test_an_unexpected_error_answers_500_and_storage_trouble_503(
 
 async def test_healthz_and_readyz(client: Client) -> None:
     resp = await client.get("/healthz")
-    assert resp.status == 200 and await resp.json() == {"status": "ok"}
+    assert resp.status == 200 and await resp.json() == {"status": "ok", "version": __version__}
     resp = await client.get("/readyz")
     assert resp.status == 200 and await resp.json() == {"status": "ready"}
 

@@ -39,13 +39,13 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from api.app import create_app
-from api.openapi import build_openapi
-from core.ids import shard_of
-from core.ssrf import AddressPolicy
-from core.validation import SpecLimits
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
+from duetime.api.app import create_app
+from duetime.api.openapi import build_openapi
+from duetime.core.ids import shard_of
+from duetime.core.ssrf import AddressPolicy
+from duetime.core.validation import SpecLimits
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 
 # Per operation; with the coverage and negative cases, a few hundred requests each by default.
 MAX_EXAMPLES = int(os.environ.get("DUETIME_FUZZ_EXAMPLES") or 300)
@@ -128,7 +128,7 @@ class LiveApi:
 
 async def _seed_jobs(store: PostgresStore, dsn: str, owner: str) -> list[str]:
     """Real jobs in every state, one with a run history, for the generated calls to land on."""
-    from core.codec import spec_from_json
+    from duetime.core.codec import spec_from_json
 
     soon = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     specs: list[dict[str, Any]] = [

@@ -11,12 +11,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from api.app import create_app
-from api.limits import JobCap, OwnerRateLimiter
-from core.errors import Conflict, RateLimited
-from core.ssrf import AddressPolicy
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
+from duetime.api.app import create_app
+from duetime.api.limits import JobCap, OwnerRateLimiter
+from duetime.core.errors import Conflict, RateLimited
+from duetime.core.ssrf import AddressPolicy
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 
 Client = TestClient[web.Request, web.Application]
 

@@ -15,13 +15,21 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from core.ids import shard_of
-from core.model import Broker, JobSpec, OneOffSchedule, Outcome, QueueTarget, RetryPolicy, WebhookTarget
-from storage.bulk import BulkJob, analyze_jobs, outcome_counts, seed_jobs, table_writes
-from storage.migrate import migrate
-from storage.postgres import AttemptReport, ClaimedRow, PostgresStore, job_from_row
-from storage.queries import Q
-from storage.shardmap import ShardMap
+from duetime.core.ids import shard_of
+from duetime.core.model import (
+    Broker,
+    JobSpec,
+    OneOffSchedule,
+    Outcome,
+    QueueTarget,
+    RetryPolicy,
+    WebhookTarget,
+)
+from duetime.storage.bulk import BulkJob, analyze_jobs, outcome_counts, seed_jobs, table_writes
+from duetime.storage.migrate import migrate
+from duetime.storage.postgres import AttemptReport, ClaimedRow, PostgresStore, job_from_row
+from duetime.storage.queries import Q
+from duetime.storage.shardmap import ShardMap
 from tests.conftest import ADMIN_DSN
 
 ENGINE = "bulk-test-engine"

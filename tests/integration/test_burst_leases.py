@@ -20,14 +20,14 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from core.model import Broker, JobSpec, OneOffSchedule, QueueTarget
-from engine import metrics
-from engine.leases import LeaseKeeper
-from engine.service import Engine, EngineConfig
-from storage.bulk import BulkJob, analyze_jobs, seed_jobs
-from storage.migrate import migrate
-from storage.postgres import FencedRow, PostgresStore
-from storage.shardmap import ShardMap
+from duetime.core.model import Broker, JobSpec, OneOffSchedule, QueueTarget
+from duetime.engine import metrics
+from duetime.engine.leases import LeaseKeeper
+from duetime.engine.service import Engine, EngineConfig
+from duetime.storage.bulk import BulkJob, analyze_jobs, seed_jobs
+from duetime.storage.migrate import migrate
+from duetime.storage.postgres import FencedRow, PostgresStore
+from duetime.storage.shardmap import ShardMap
 from tests.conftest import ADMIN_DSN
 
 pytestmark = pytest.mark.timeout(120)

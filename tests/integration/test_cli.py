@@ -20,9 +20,9 @@ import pytest
 
 from duetime.cli import ensure_dev_key
 from duetime.embedded_pg import candidate_bindirs
-from storage.migrate import migration_files
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
+from duetime.storage.migrate import migration_files
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 from tests.conftest import ADMIN_DSN, _dsn_for
 
 REPO = Path(__file__).resolve().parents[2]

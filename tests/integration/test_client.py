@@ -37,8 +37,8 @@ from duetime.client import (
     ValidationError,
 )
 from duetime.receiver import Deduplicator, DeliveryHeaders, FencingGuard, MemoryIdempotencyStore
+from duetime.workers.signing import sign
 from tests.e2e.harness import Receiver, at, fast_settings
-from workers.signing import sign
 
 REPO = Path(__file__).resolve().parents[2]
 FAR_CRON = {"cron": "0 0 1 1 *", "timezone": "Europe/Berlin"}

@@ -25,12 +25,12 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from core import ssrf
-from core.errors import TargetNotAllowed
-from core.model import Broker, Outcome, QueueTarget, WebhookMethod, WebhookTarget
-from workers.dispatch import CallResult, Delivery, Dispatcher
-from workers.signing import encode_body, new_signing_secret, verify_signature
-from workers.webhook import CheckedResolver
+from duetime.core import ssrf
+from duetime.core.errors import TargetNotAllowed
+from duetime.core.model import Broker, Outcome, QueueTarget, WebhookMethod, WebhookTarget
+from duetime.workers.dispatch import CallResult, Delivery, Dispatcher
+from duetime.workers.signing import encode_body, new_signing_secret, verify_signature
+from duetime.workers.webhook import CheckedResolver
 
 REDIS_URL = os.environ.get("DUETIME_TEST_REDIS", "redis://127.0.0.1:6379/0")
 NATS_URL = os.environ.get("DUETIME_TEST_NATS", "nats://127.0.0.1:4222")

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from core.errors import Conflict, NotFound
-from core.ids import shard_of
-from core.model import JobState, Outcome, Overlap
-from engine.natsqueue import decode_run, encode_run
-from storage.postgres import AttemptReport, ClaimedRow, PostgresStore
-from storage.queries import Q
+from duetime.core.errors import Conflict, NotFound
+from duetime.core.ids import shard_of
+from duetime.core.model import JobState, Outcome, Overlap
+from duetime.engine.natsqueue import decode_run, encode_run
+from duetime.storage.postgres import AttemptReport, ClaimedRow, PostgresStore
+from duetime.storage.queries import Q
 from tests.integration.test_storage import ENGINE, claim_all, cron, fence, now, owner, report, store
 
 __all__ = ["store"]  # the fixture, used by name below
@@ -251,7 +251,7 @@ async def test_a_job_whose_schedule_ended_is_not_completed_while_a_run_of_it_wai
     """Regression (the races fault test): the job's last occurrence had been handed to a row of
     its own, the job's own run then ended and the job showed 'completed', so a pause answered 409
     'too late' and the last occurrence still ran afterwards."""
-    from core.model import CronSchedule, JobSpec, WebhookTarget
+    from duetime.core.model import CronSchedule, JobSpec, WebhookTarget
 
     o = owner()
     base = now().replace(microsecond=0) + timedelta(seconds=2)
@@ -286,7 +286,7 @@ async def test_a_job_whose_schedule_ended_is_not_completed_while_a_run_of_it_wai
 
 
 async def test_the_janitor_completes_a_drained_job_whose_completion_was_lost(store: PostgresStore) -> None:
-    from core.model import CronSchedule, JobSpec, WebhookTarget
+    from duetime.core.model import CronSchedule, JobSpec, WebhookTarget
 
     o = owner()
     past = now().replace(microsecond=0) - timedelta(hours=1)

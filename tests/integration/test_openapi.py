@@ -17,10 +17,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from openapi_spec_validator import OpenAPIV31SpecValidator
 
-from api.app import create_app
-from core.ssrf import AddressPolicy
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
+from duetime.api.app import create_app
+from duetime.core.ssrf import AddressPolicy
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 
 Client = TestClient[web.Request, web.Application]
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")

@@ -15,15 +15,15 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from api.app import create_app
-from core.codec import format_time
-from core.jitter import due_at
-from core.model import CronSchedule, DstGap, DstOverlap
-from core.schedule import describe_instant, first_occurrence, next_occurrence, occurrences
-from core.ssrf import AddressPolicy
+from duetime.api.app import create_app
 from duetime.app import Node
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
+from duetime.core.codec import format_time
+from duetime.core.jitter import due_at
+from duetime.core.model import CronSchedule, DstGap, DstOverlap
+from duetime.core.schedule import describe_instant, first_occurrence, next_occurrence, occurrences
+from duetime.core.ssrf import AddressPolicy
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 from tests.e2e.harness import Receiver, fast_settings, parse
 
 Client = TestClient[web.Request, web.Application]

@@ -15,14 +15,14 @@ from datetime import UTC, datetime
 
 import redis.asyncio as aioredis
 
-from core import codec, ssrf
-from core.model import Broker, JobSpec, OneOffSchedule, Outcome, QueueTarget, WebhookTarget
-from engine.runqueue import InProcessRunQueue
-from storage.postgres import AttemptReport, FencedRow
-from workers.dispatch import Delivery, Dispatcher
-from workers.pool import WorkerPool, _report
-from workers.queues import PUBLISHED
-from workers.webhook import Verdict
+from duetime.core import codec, ssrf
+from duetime.core.model import Broker, JobSpec, OneOffSchedule, Outcome, QueueTarget, WebhookTarget
+from duetime.engine.runqueue import InProcessRunQueue
+from duetime.storage.postgres import AttemptReport, FencedRow
+from duetime.workers.dispatch import Delivery, Dispatcher
+from duetime.workers.pool import WorkerPool, _report
+from duetime.workers.queues import PUBLISHED
+from duetime.workers.webhook import Verdict
 
 REDIS_URL = os.environ.get("DUETIME_TEST_REDIS", "redis://127.0.0.1:6379/0")
 SCHEDULED_FOR = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)

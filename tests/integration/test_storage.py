@@ -13,13 +13,21 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from core.errors import Conflict, InvalidRequest, NotFound
-from core.ids import shard_of
-from core.model import CronSchedule, JobSpec, JobState, OneOffSchedule, Outcome, RetryPolicy, WebhookTarget
-from storage.base import IdempotencyRequest
-from storage.postgres import AttemptReport, ClaimedRow, FencedRow, PostgresStore
-from storage.queries import Q
-from storage.shardmap import ShardMap
+from duetime.core.errors import Conflict, InvalidRequest, NotFound
+from duetime.core.ids import shard_of
+from duetime.core.model import (
+    CronSchedule,
+    JobSpec,
+    JobState,
+    OneOffSchedule,
+    Outcome,
+    RetryPolicy,
+    WebhookTarget,
+)
+from duetime.storage.base import IdempotencyRequest
+from duetime.storage.postgres import AttemptReport, ClaimedRow, FencedRow, PostgresStore
+from duetime.storage.queries import Q
+from duetime.storage.shardmap import ShardMap
 
 ENGINE = "test-engine"
 

@@ -10,15 +10,15 @@ from datetime import UTC, datetime
 
 import pytest
 
-from core import codec
-from core.model import JobSpec, OneOffSchedule, Outcome, WebhookTarget
-from core.ssrf import AddressPolicy
-from engine.leases import LeaseKeeper
-from engine.runqueue import InProcessRunQueue
-from storage.postgres import FencedRow, PostgresStore
-from storage.shardmap import ShardMap
-from workers.dispatch import CallResult, Delivery, Dispatcher
-from workers.pool import WorkerPool
+from duetime.core import codec
+from duetime.core.model import JobSpec, OneOffSchedule, Outcome, WebhookTarget
+from duetime.core.ssrf import AddressPolicy
+from duetime.engine.leases import LeaseKeeper
+from duetime.engine.runqueue import InProcessRunQueue
+from duetime.storage.postgres import FencedRow, PostgresStore
+from duetime.storage.shardmap import ShardMap
+from duetime.workers.dispatch import CallResult, Delivery, Dispatcher
+from duetime.workers.pool import WorkerPool
 
 
 class HangingDispatcher(Dispatcher):

@@ -23,10 +23,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from api.app import create_app
-from core.ssrf import AddressPolicy
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
+from duetime.api.app import create_app
+from duetime.core.ssrf import AddressPolicy
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 
 Client = TestClient[web.Request, web.Application]
 URL = "https://1.1.1.1/hook"

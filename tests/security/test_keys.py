@@ -23,11 +23,11 @@ import aiohttp
 import asyncpg
 import pytest
 
-from api.app import create_app
-from core.ssrf import AddressPolicy
-from storage.postgres import PostgresStore
-from storage.queries import Q
-from storage.shardmap import ShardMap
+from duetime.api.app import create_app
+from duetime.core.ssrf import AddressPolicy
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.queries import Q
+from duetime.storage.shardmap import ShardMap
 from tests.faults.harness import NodeProc, node_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 from tests.faults.harness import NodeProc, node_env
 
 

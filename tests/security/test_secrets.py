@@ -19,9 +19,9 @@ import aiohttp
 import asyncpg
 import pytest
 
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 from loadtest.common import free_port
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
 from tests.e2e.harness import Receiver
 from tests.faults.harness import NodeProc, node_env
 

@@ -29,11 +29,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from api.app import create_app
-from core.ssrf import AddressPolicy
+from duetime.api.app import create_app
 from duetime.app import Node
-from storage.postgres import PostgresStore
-from storage.shardmap import ShardMap
+from duetime.core.ssrf import AddressPolicy
+from duetime.storage.postgres import PostgresStore
+from duetime.storage.shardmap import ShardMap
 from tests.e2e.harness import fast_settings
 
 STRICT = AddressPolicy()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from engine import entries
-from engine.clock import FakeClock
-from engine.runqueue import InProcessRunQueue
-from engine.service import Engine, EngineConfig
+from duetime.engine import entries
+from duetime.engine.clock import FakeClock
+from duetime.engine.runqueue import InProcessRunQueue
+from duetime.engine.service import Engine, EngineConfig
 
 T = datetime(2026, 12, 1, tzinfo=UTC)
 

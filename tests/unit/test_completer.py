@@ -7,9 +7,9 @@ import asyncio
 import uuid
 from datetime import UTC, datetime
 
-from core.model import Outcome
-from storage.postgres import AttemptReport, CompletionStats
-from workers.pool import Completer
+from duetime.core.model import Outcome
+from duetime.storage.postgres import AttemptReport, CompletionStats
+from duetime.workers.pool import Completer
 
 AT = datetime(2026, 12, 1, tzinfo=UTC)
 

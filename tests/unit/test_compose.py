@@ -15,9 +15,9 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 
-import api.metrics
-import engine.metrics
-import engine.natsqueue
+import duetime.api.metrics
+import duetime.engine.metrics
+import duetime.engine.natsqueue
 from duetime.cli import COMMANDS, build_parser
 from duetime.settings import Settings, unknown_variables
 
@@ -128,7 +128,9 @@ def test_prometheus_scrapes_every_duetime_process_on_its_port() -> None:
 
 
 def _metric_names() -> set[str]:
-    assert engine.metrics and api.metrics and engine.natsqueue  # imported for their registrations
+    assert (
+        duetime.engine.metrics and duetime.api.metrics and duetime.engine.natsqueue
+    )  # imported for their registrations
     names: set[str] = set()
     for family in REGISTRY.collect():
         base = family.name

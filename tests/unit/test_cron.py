@@ -9,10 +9,10 @@ from croniter import croniter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.cron import CronExpr, parse_cron
-from core.errors import InvalidRequest
-from core.model import CronSchedule, DstGap
-from core.schedule import check_cron_schedule, load_zone
+from duetime.core.cron import CronExpr, parse_cron
+from duetime.core.errors import InvalidRequest
+from duetime.core.model import CronSchedule, DstGap
+from duetime.core.schedule import check_cron_schedule, load_zone
 
 ALL_MINUTES = frozenset(range(60))
 ALL_HOURS = frozenset(range(24))

@@ -6,9 +6,9 @@ import asyncio
 import uuid
 from datetime import UTC, datetime
 
-from engine import entries
-from engine.runqueue import InProcessRunQueue
-from storage.postgres import FencedRow
+from duetime.engine import entries
+from duetime.engine.runqueue import InProcessRunQueue
+from duetime.storage.postgres import FencedRow
 
 T = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -74,8 +74,8 @@ def test_entries_carry_the_owner_lane() -> None:
 
 
 async def test_the_fencer_takes_fired_entries_in_owner_turns() -> None:
-    from engine.clock import FakeClock
-    from engine.service import Engine, EngineConfig
+    from duetime.engine.clock import FakeClock
+    from duetime.engine.service import Engine, EngineConfig
 
     engine = Engine(None, InProcessRunQueue(), None, EngineConfig(engine_id="t"), clock=FakeClock(0))  # type: ignore[arg-type]
     lane_a, lane_b = entries.owner_lane("a"), entries.owner_lane("b")

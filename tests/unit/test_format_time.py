@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.codec import format_time, parse_time
+from duetime.core.codec import format_time, parse_time
 
 
 def _reference(value: datetime) -> str:

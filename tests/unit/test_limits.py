@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from workers.limits import HostLimiter, TokenBucket
+from duetime.workers.limits import HostLimiter, TokenBucket
 
 
 class FakeTime:

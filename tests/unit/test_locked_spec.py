@@ -6,9 +6,9 @@ import json
 import uuid
 from datetime import UTC, datetime
 
-from core import codec
-from core.model import Broker, JobSpec, OneOffSchedule, Outcome, QueueTarget, RetryPolicy
-from storage.postgres import AttemptReport, _locked_spec
+from duetime.core import codec
+from duetime.core.model import Broker, JobSpec, OneOffSchedule, Outcome, QueueTarget, RetryPolicy
+from duetime.storage.postgres import AttemptReport, _locked_spec
 
 AT = datetime(2026, 12, 1, tzinfo=UTC)
 

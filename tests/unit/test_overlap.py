@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from core.backfill import plan_backfill
-from core.errors import InvalidRequest
-from core.lifecycle import (
+from duetime.core.backfill import plan_backfill
+from duetime.core.errors import InvalidRequest
+from duetime.core.lifecycle import (
     OVERLAP_RECORD_CAP,
     RowPlan,
     after_attempt,
@@ -19,7 +19,7 @@ from core.lifecycle import (
     split_point,
     start_manual,
 )
-from core.model import (
+from duetime.core.model import (
     CronSchedule,
     JobSpec,
     JobState,

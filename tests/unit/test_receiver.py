@@ -23,7 +23,7 @@ from duetime.receiver import (
     RedisIdempotencyStore,
     verify_webhook,
 )
-from workers.signing import new_signing_secret, sign
+from duetime.workers.signing import new_signing_secret, sign
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 

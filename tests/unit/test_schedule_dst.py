@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-import core.cron
-from core.model import CronSchedule, DstGap, DstOverlap, OneOffSchedule
-from core.schedule import (
+import duetime.core.cron
+from duetime.core.model import CronSchedule, DstGap, DstOverlap, OneOffSchedule
+from duetime.core.schedule import (
     count_between,
     describe_instant,
     first_occurrence,
@@ -267,13 +267,15 @@ def test_every_seven_seconds_keeps_its_grid_across_minutes() -> None:
 class SearchCounter:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
-        original = core.cron.CronExpr.first_match_at_or_after
+        original = duetime.core.cron.CronExpr.first_match_at_or_after
 
-        def counted(expr: core.cron.CronExpr, wall_s: int, limit_year: int | None = None) -> int | None:
+        def counted(
+            expr: duetime.core.cron.CronExpr, wall_s: int, limit_year: int | None = None
+        ) -> int | None:
             self.calls += 1
             return original(expr, wall_s, limit_year)
 
-        monkeypatch.setattr(core.cron.CronExpr, "first_match_at_or_after", counted)
+        monkeypatch.setattr(duetime.core.cron.CronExpr, "first_match_at_or_after", counted)
 
 
 def test_every_second_on_a_transition_day_is_a_few_searches(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,8 +20,8 @@ from functools import cache
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.model import CronSchedule, DstGap, DstOverlap
-from core.schedule import count_between, latest_at_or_before, next_occurrence
+from duetime.core.model import CronSchedule, DstGap, DstOverlap
+from duetime.core.schedule import count_between, latest_at_or_before, next_occurrence
 
 MINUTE = timedelta(minutes=1)
 WINDOW = timedelta(days=2)

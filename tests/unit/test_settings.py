@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import DuetimeError
+from duetime.core.errors import DuetimeError
 from duetime.settings import (
     Settings,
     SettingsError,

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from core.model import WebhookTarget
-from workers.dispatch import Delivery
-from workers.signing import (
+from duetime.core.model import WebhookTarget
+from duetime.workers.dispatch import Delivery
+from duetime.workers.signing import (
     contract_headers,
     encode_body,
     idempotency_key,

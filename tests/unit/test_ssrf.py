@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from core.errors import InvalidRequest, TargetNotAllowed
-from core.ssrf import (
+from duetime.core.errors import InvalidRequest, TargetNotAllowed
+from duetime.core.ssrf import (
     AddressPolicy,
     ResolutionFailed,
     check_url,

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from core.codec import REDACTED, spec_to_json
-from core.errors import DuetimeError, InvalidRequest, MalformedRequest
-from core.model import (
+from duetime.core.codec import REDACTED, spec_to_json
+from duetime.core.errors import DuetimeError, InvalidRequest, MalformedRequest
+from duetime.core.model import (
     Broker,
     CronSchedule,
     DstGap,
@@ -28,7 +28,7 @@ from core.model import (
     WebhookMethod,
     WebhookTarget,
 )
-from core.validation import (
+from duetime.core.validation import (
     SpecLimits,
     canonical_body_hash,
     encoded_payload,

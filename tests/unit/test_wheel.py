@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.clock import Clock, FakeClock, SystemClock
-from engine.wheel import TimerWheel, WheelDriver, entry_due_ms, make_entry
+from duetime.engine.clock import Clock, FakeClock, SystemClock
+from duetime.engine.wheel import TimerWheel, WheelDriver, entry_due_ms, make_entry
 
 T0 = 1_767_225_599_000  # 2025-12-31T23:59:59Z: a non-aligned start close to a midnight burst
 SECOND = 1000
