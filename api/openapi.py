@@ -406,7 +406,7 @@ def _preview_schemas() -> JsonObject:
     }
     preview: JsonObject = {
         "type": "object",
-        "required": ["timezone", "from", "items", "has_more", "skipped"],
+        "required": ["timezone", "from", "items", "has_more", "skipped", "warnings"],
         "additionalProperties": False,
         "properties": {
             "job_id": {"type": "string", "format": "uuid", "description": "Job previews only."},
@@ -423,6 +423,12 @@ def _preview_schemas() -> JsonObject:
                 "items": _ref("PreviewSkipped"),
                 "description": "Spring-forward gaps in the previewed window whose wall times "
                 "`dst_gap: skip` drops.",
+            },
+            "warnings": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Remarks on a valid schedule that may not mean what was meant, e.g. a "
+                "cron step larger than its range (`56-59/4` selects minute 56 only, as in Vixie cron).",
             },
         },
     }

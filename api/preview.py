@@ -30,7 +30,7 @@ from duetime.api.body import parse_json, require_json_content_type
 from duetime.api.handlers import OWNER, job_id_of
 from duetime.api.render import json_response
 from duetime.core.codec import format_time
-from duetime.core.cron import parse_cron
+from duetime.core.cron import cron_notes, parse_cron
 from duetime.core.errors import InvalidRequest
 from duetime.core.jitter import due_at
 from duetime.core.model import CronSchedule, DstGap, Job, JobState, Schedule
@@ -165,6 +165,7 @@ def preview_to_json(preview: Preview, job: tuple[uuid.UUID, int] | None = None) 
         "skipped": [
             _skipped_json(schedule, t) for t in preview.skipped if isinstance(schedule, CronSchedule)
         ],
+        "warnings": cron_notes(schedule.cron) if isinstance(schedule, CronSchedule) else [],
     }
 
 
