@@ -47,6 +47,9 @@ FENCE_REJECTED = Counter(
 )
 MISFIRES = Counter("duetime_misfires_total", "Overdue occurrences handled by policy", ["policy"])
 SKIPPED = Counter("duetime_skipped_occurrences_total", "Missed occurrences skipped by policy")
+CATCH_UP_RUNS = Counter(
+    "duetime_catch_up_runs_total", "Late occurrences handed to runs of their own to catch up (run_all, grace)"
+)
 QUEUE_DEPTH = Gauge("duetime_run_queue_depth", "Runs fenced and waiting for a worker")
 CALLS = Counter("duetime_calls_total", "Target calls by outcome", ["outcome"])
 START_LATENESS = Histogram(

@@ -16,14 +16,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import asyncpg
 
-from duetime.core import codec
+from duetime.core import codec, jitter
 from duetime.engine import entries, metrics
 from duetime.engine.clock import Clock, SystemClock
 from duetime.engine.leases import LeaseKeeper
-from duetime.engine.misfire import FireNow, SkipTo, decide
+from duetime.engine.misfire import CatchUp, FireNow, SkipTo, decide
 from duetime.engine.runqueue import RunQueue
 from duetime.engine.wheel import TimerWheel, WheelDriver
 from duetime.storage.postgres import NOTIFY_CHANNEL, ClaimedRow, MissedSkip, PostgresStore
@@ -270,10 +271,30 @@ class Engine:
                     spec,
                     row.scheduled_for,
                     row.db_now,
+                    due_at=row.due_at,
+                    deferred=row.due_at > jitter.due_at(row.job_id, row.scheduled_for, spec.jitter_s),
                     run_all_cap=self.config.run_all_cap,
                     record_cap=self.config.record_cap,
                 )
-                metrics.MISFIRES.labels(spec.misfire.value).inc()
+                if row.due_at < row.db_now - timedelta(seconds=spec.misfire_grace_s):
+                    metrics.MISFIRES.labels(spec.misfire.value).inc()
+                if isinstance(decision, CatchUp):
+                    # The row moves on to its first occurrence not yet due; the backlog starts
+                    # now in rows of its own (together, or back to back), claimed right after.
+                    metrics.CATCH_UP_RUNS.inc(len(decision.runs))
+                    metrics.SKIPPED.inc(len(decision.skipped) + decision.unrecorded)
+                    skips.append(
+                        MissedSkip(
+                            row.job_id,
+                            row.shard,
+                            row.lease_token,
+                            decision.skipped,
+                            decision.next_scheduled_for,
+                            catch_up=decision.runs,
+                            chained=decision.chained,
+                        )
+                    )
+                    continue
                 if isinstance(decision, SkipTo):
                     metrics.SKIPPED.inc(len(decision.skipped) + decision.unrecorded)
                     skips.append(

@@ -230,7 +230,8 @@ class _Action:
 @dataclass(frozen=True, slots=True)
 class ClaimedRow:
     """A row leased into an engine's wheel. ``misfire_spec`` is set only when it is overdue past
-    its grace, so the engine can apply the misfire policy."""
+    its grace, or a recurring row a second or more behind its occurrence, so the engine can apply
+    the misfire policy or start a catch-up (engine/misfire.py)."""
 
     job_id: uuid.UUID
     shard: int
@@ -300,6 +301,10 @@ class MissedSkip:
     lease_token: int
     skipped: tuple[datetime, ...]
     next_scheduled_for: datetime | None
+    # A catch-up (engine/misfire.py): these occurrences start now in occurrence rows of their
+    # own, all together or (``chained``) back to back, while the row moves on to ``next``.
+    catch_up: tuple[datetime, ...] = ()
+    chained: bool = False
 
 
 # What a fenced write is about: an attempt to finish, or missed occurrences to skip.
@@ -1052,6 +1057,9 @@ class _BatchWriter:
         self.finished_occurrences: list[uuid.UUID] = []
         self.parent_last: dict[uuid.UUID, dict[str, Any]] = {}
         self.backfill_parents: set[uuid.UUID] = set()
+        # catch-up occurrence rows: (row id, parent id, scheduled_for, position in a chain or None)
+        self.catch_up: list[tuple[uuid.UUID, uuid.UUID, datetime, int | None]] = []
+        self.catch_up_shards: set[int] = set()
 
     def _history(self, row: asyncpg.Record, run: Run, fencing_token: int) -> dict[str, Any]:
         self.runs.append(
@@ -1170,12 +1178,22 @@ class _BatchWriter:
 
     def skip(self, row: asyncpg.Record, item: MissedSkip, now: datetime) -> None:
         self.seen.add(item.job_id)
-        last = self._skipped(
-            row,
-            item.skipped,
-            "missed while the system was down or the job paused; skipped by the job's misfire policy",
-            now,
-        )
+        reason = "missed while the system was down or the job paused; skipped by the job's misfire policy"
+        if item.catch_up:
+            reason = (
+                "missed while the system was down or the job paused; skipped because a catch-up runs "
+                "only the latest occurrences (the engine's run_all cap)"
+            )
+        last = self._skipped(row, item.skipped, reason, now)
+        for position, occurrence in enumerate(item.catch_up, start=1):
+            self.catch_up.append(
+                (new_job_id(item.shard), item.job_id, occurrence, position if item.chained else None)
+            )
+        if item.catch_up:
+            if item.chained:
+                self.backfill_parents.add(item.job_id)
+            else:
+                self.catch_up_shards.add(item.shard)
         spec = _locked_spec(row, None)
         current = _plan_of(row)
         if item.next_scheduled_for is None:
@@ -1194,6 +1212,11 @@ class _BatchWriter:
         self.plans.append((row["job_id"], _plan_of(row), None, None, row["split_at"], False))
 
     async def flush(self, conn: asyncpg.Connection) -> None:
+        if self.catch_up:
+            # Before the plans: a job whose schedule ends with its catch-up must see these rows
+            # in apply_plans' hold, or it would be completed before they run.
+            cols = list(zip(*self.catch_up, strict=True))
+            await conn.execute(Q["insert_catch_up"], *[list(c) for c in cols])
         if self.plans:
             p = self.plans
             await conn.execute(
@@ -1223,10 +1246,10 @@ class _BatchWriter:
         commit, so they never take locks in the opposite order of an owner action. Losing them
         to a crash costs a stale ``last_run`` (the history has the run) or a backfilled run that
         waits for the janitor's next round. Returns the shards that have a run due now."""
-        shards: set[int] = set()
+        shards: set[int] = set(self.catch_up_shards)
         if self.backfill_parents:
             rows = await conn.fetch(Q["release_next_backfill"], list(self.backfill_parents))
-            shards = {r["shard"] for r in rows}
+            shards |= {r["shard"] for r in rows}
         if self.parent_last:
             parents = list(self.parent_last)
             await conn.execute(Q["parent_last_run"], parents, list(self.parent_last.values()))

@@ -92,7 +92,8 @@ SELECT pg_notify('duetime_due', s) FROM unnest($1::text[]) AS s;
 -- The claim: the next batch of idle rows due within the lookahead on one shard, skipping rows
 -- another engine holds. A new lease token (the fencing token: it only grows), the claimer's id
 -- and a lease that runs until the row is due plus the lease length, in one statement. The
--- misfired rows also carry their spec, so the engine can apply the job's misfire policy.
+-- late rows also carry their spec, so the engine can apply the job's misfire policy or start a
+-- catch-up: rows past their grace, and recurring rows a schedule step or more behind.
 WITH due AS (
     SELECT job_id FROM jobs
     WHERE shard = $1 AND state = 'scheduled' AND phase = 'idle'
@@ -110,7 +111,9 @@ FROM due
 WHERE j.job_id = due.job_id
 RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_for, j.attempt, j.run_kind,
     CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0 AND j.parent_id IS NULL
-              AND j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
+              AND (j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
+                   OR (j.next_run_at <= now() - interval '1 second'
+                       AND j.spec->'schedule' ? 'cron'))
          THEN j.spec END AS misfire_spec,
     now() AS db_now;
 
@@ -123,7 +126,9 @@ UPDATE jobs j SET
 WHERE j.claimed_by = $1 AND j.phase = 'claimed' AND j.shard = ANY($2::smallint[])
 RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_for, j.attempt, j.run_kind,
     CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0 AND j.parent_id IS NULL
-              AND j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
+              AND (j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
+                   OR (j.next_run_at <= now() - interval '1 second'
+                       AND j.spec->'schedule' ? 'cron'))
          THEN j.spec END AS misfire_spec,
     now() AS db_now;
 
@@ -354,6 +359,21 @@ INSERT INTO jobs (job_id, shard, owner, spec, spec_version, state, next_run_at, 
 SELECT j, s, o, sp, 1, 'scheduled', n, sf, 0, p, q
 FROM unnest($1::uuid[], $2::smallint[], $3::text[], $4::jsonb[], $5::timestamptz[],
             $6::timestamptz[], $7::uuid[], $8::bigint[]) AS u(j, s, o, sp, n, sf, p, q);
+
+-- name: insert_catch_up
+-- A catch-up (engine/misfire.py): occurrences that are already due, each in an occurrence row
+-- copied from its job's row. Under overlap=allow ($4 null) all are due now; under skip and
+-- buffer_one they wait in line after whatever backfill of the job already waits ($4 is their
+-- place in the line) and release_next_backfill lets the first one go after the commit.
+INSERT INTO jobs (job_id, shard, owner, spec, spec_version, state, next_run_at, scheduled_for, attempt,
+                  parent_id, backfill_seq)
+SELECT u.j, p.shard, p.owner, p.spec, 1, 'scheduled',
+       CASE WHEN u.q IS NULL THEN now() END, u.sf, 0, p.job_id,
+       CASE WHEN u.q IS NOT NULL THEN
+           (SELECT COALESCE(max(c.backfill_seq), 0) FROM jobs c WHERE c.parent_id = p.job_id) + u.q
+       END
+FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[], $4::bigint[]) AS u(j, parent, sf, q)
+JOIN jobs p ON p.job_id = u.parent;
 
 -- name: occurrences_of
 -- A job's occurrence rows that have not run to the end yet (a bound on backfills in progress),
