@@ -18,6 +18,25 @@ JsonObject = dict[str, Any]
 _REF: Final = "#/components/schemas/"
 _TIME: Final = {"type": "string", "format": "date-time"}
 _OPT_TIME: Final = {"type": ["string", "null"], "format": "date-time"}
+_LOCAL_DATE: Final = {"type": "string", "format": "date", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}
+_EXCLUDE: Final = {
+    "type": ["array", "null"],
+    "maxItems": 1000,
+    "default": [],
+    "description": "Local dates (`YYYY-MM-DD`) or inclusive ranges on the schedule's wall clock (its "
+    "`timezone`) on which no occurrence is due.",
+    "items": {
+        "oneOf": [
+            _LOCAL_DATE,
+            {
+                "type": "object",
+                "required": ["from", "to"],
+                "additionalProperties": False,
+                "properties": {"from": _LOCAL_DATE, "to": _LOCAL_DATE},
+            },
+        ]
+    },
+}
 
 
 def _ref(name: str) -> JsonObject:
@@ -138,6 +157,33 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "end_at": _OPT_TIME,
             "dst_gap": {"enum": ["shift", "skip"], "default": "shift"},
             "dst_overlap": {"enum": ["first", "both"], "default": "first"},
+            "exclude": _EXCLUDE,
+        },
+    }
+    every_in: JsonObject = {
+        "type": "object",
+        "required": ["every"],
+        "additionalProperties": False,
+        "properties": {
+            "every": {
+                "type": "string",
+                "pattern": "^([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?$",
+                "description": "Integer parts `Nd`, `Nh`, `Nm`, `Ns` in that order (`90m`, `1h30m`, "
+                "`7d`), 1 s to 366 days. Occurrences are `start_at + k × every` in exact elapsed time: "
+                "daylight saving does not move them.",
+            },
+            "start_at": {
+                **_OPT_TIME,
+                "description": "The first occurrence; default: the creation time rounded down to the "
+                "second (the job then runs at once).",
+            },
+            "end_at": _OPT_TIME,
+            "timezone": {
+                "type": "string",
+                "default": "UTC",
+                "description": "An IANA zone id: the wall clock `exclude` dates are read on.",
+            },
+            "exclude": _EXCLUDE,
         },
     }
     retry_in: JsonObject = {
@@ -159,7 +205,9 @@ def _schemas(limits: SpecLimits) -> JsonObject:
         "name": {"type": ["string", "null"], "maxLength": limits.name_max},
         "target": {"oneOf": [_ref("WebhookTargetInput"), _ref("QueueTargetInput")]},
         "payload": {"description": f"Any JSON, at most {limits.payload_max_bytes} bytes encoded."},
-        "schedule": {"oneOf": [_ref("OneOffSchedule"), _ref("CronScheduleInput")]},
+        "schedule": {
+            "oneOf": [_ref("OneOffSchedule"), _ref("CronScheduleInput"), _ref("EveryScheduleInput")]
+        },
         "retry": _ref("RetryInput"),
         "misfire": {"enum": ["run_once", "run_all", "skip"], "default": "run_once"},
         "misfire_grace_s": {"type": "integer", "minimum": grace_low, "maximum": grace_high, "default": 60},
@@ -206,9 +254,15 @@ def _schemas(limits: SpecLimits) -> JsonObject:
     }
     cron_out: JsonObject = {
         "type": "object",
-        "required": ["cron", "timezone", "start_at", "end_at", "dst_gap", "dst_overlap"],
+        "required": ["cron", "timezone", "start_at", "end_at", "dst_gap", "dst_overlap", "exclude"],
         "additionalProperties": False,
         "properties": cron_in["properties"],
+    }
+    every_out: JsonObject = {
+        "type": "object",
+        "required": ["every", "start_at", "end_at", "timezone", "exclude"],
+        "additionalProperties": False,
+        "properties": every_in["properties"],
     }
     retry_out: JsonObject = {
         "type": "object",
@@ -276,7 +330,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "name": {"type": ["string", "null"]},
             "target": {"oneOf": [_ref("WebhookTarget"), _ref("QueueTarget")]},
             "payload": {},
-            "schedule": {"oneOf": [_ref("OneOffSchedule"), _ref("CronSchedule")]},
+            "schedule": {"oneOf": [_ref("OneOffSchedule"), _ref("CronSchedule"), _ref("EverySchedule")]},
             "retry": _ref("Retry"),
             "misfire": {"enum": ["run_once", "run_all", "skip"]},
             "misfire_grace_s": {"type": "integer"},
@@ -323,10 +377,12 @@ def _schemas(limits: SpecLimits) -> JsonObject:
         "QueueTargetInput": queue_in,
         "OneOffSchedule": one_off,
         "CronScheduleInput": cron_in,
+        "EveryScheduleInput": every_in,
         "RetryInput": retry_in,
         "WebhookTarget": webhook_out,
         "QueueTarget": queue_out,
         "CronSchedule": cron_out,
+        "EverySchedule": every_out,
         "Retry": retry_out,
         "Run": run,
         "Job": job,
@@ -406,7 +462,7 @@ def _preview_schemas() -> JsonObject:
     }
     preview: JsonObject = {
         "type": "object",
-        "required": ["timezone", "from", "items", "has_more", "skipped", "warnings"],
+        "required": ["timezone", "from", "items", "has_more", "skipped", "excluded", "warnings"],
         "additionalProperties": False,
         "properties": {
             "job_id": {"type": "string", "format": "uuid", "description": "Job previews only."},
@@ -424,6 +480,21 @@ def _preview_schemas() -> JsonObject:
                 "description": "Spring-forward gaps in the previewed window whose wall times "
                 "`dst_gap: skip` drops.",
             },
+            "excluded": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["at", "local", "utc_offset", "reason"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "at": {**_TIME, "description": "The occurrence `exclude` drops."},
+                        "local": wall,
+                        "utc_offset": {"type": "string"},
+                        "reason": {"const": "excluded_date"},
+                    },
+                },
+                "description": "Occurrences in the previewed window whose local date is excluded.",
+            },
             "warnings": {
                 "type": "array",
                 "items": {"type": "string"},
@@ -437,7 +508,9 @@ def _preview_schemas() -> JsonObject:
         "required": ["schedule"],
         "additionalProperties": False,
         "properties": {
-            "schedule": {"oneOf": [_ref("OneOffSchedule"), _ref("CronScheduleInput")]},
+            "schedule": {
+                "oneOf": [_ref("OneOffSchedule"), _ref("CronScheduleInput"), _ref("EveryScheduleInput")]
+            },
             "count": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
             "from": {**_OPT_TIME, "description": "Preview a job created at this instant (default: now)."},
         },

@@ -20,7 +20,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from duetime.core import jitter, retry
-from duetime.core.model import CronSchedule, JobSpec, JobState, OneOffSchedule, Outcome, Overlap
+from duetime.core.model import (
+    CronSchedule,
+    IntervalSchedule,
+    JobSpec,
+    JobState,
+    OneOffSchedule,
+    Outcome,
+    Overlap,
+)
 from duetime.core.schedule import count_between, latest_at_or_before, next_occurrence
 
 #: At most this many occurrences passed over by an overlap policy are written to the history one
@@ -110,7 +118,7 @@ def split_point(spec: JobSpec, plan: RowPlan) -> datetime | None:
     schedule = spec.schedule
     if (
         spec.overlap is not Overlap.ALLOW
-        or not isinstance(schedule, CronSchedule)
+        or not isinstance(schedule, CronSchedule | IntervalSchedule)
         or plan.state is not JobState.SCHEDULED
         or plan.run_kind != "scheduled"
         or plan.scheduled_for is None
@@ -170,7 +178,7 @@ def _apply_overlap(job_id: uuid.UUID, spec: JobSpec, base: RowPlan, now: datetim
     if (
         now is None
         or spec.overlap is Overlap.ALLOW
-        or not isinstance(spec.schedule, CronSchedule)
+        or not isinstance(spec.schedule, CronSchedule | IntervalSchedule)
         or base.state is not JobState.SCHEDULED
         or base.scheduled_for is None
         or base.next_run_at is None
@@ -212,7 +220,7 @@ def _after_final(
             attempt=plan.attempt,
         )
     else:
-        assert isinstance(spec.schedule, CronSchedule)
+        assert isinstance(spec.schedule, CronSchedule | IntervalSchedule)
         after = plan.scheduled_for
         if plan.handed_upto is not None and (after is None or plan.handed_upto > after):
             after = plan.handed_upto  # later occurrences already ran beside this one (allow)

@@ -30,18 +30,21 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from ipaddress import IPv6Address
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
 from duetime.core.codec import REDACTED
 from duetime.core.errors import InvalidRequest, MalformedRequest
+from duetime.core.interval import parse_every
 from duetime.core.model import (
     Broker,
     CronSchedule,
+    DateRange,
     DstGap,
     DstOverlap,
+    IntervalSchedule,
     JobSpec,
     Misfire,
     OneOffSchedule,
@@ -53,7 +56,7 @@ from duetime.core.model import (
     WebhookMethod,
     WebhookTarget,
 )
-from duetime.core.schedule import check_cron_schedule, load_zone, occurrences
+from duetime.core.schedule import check_cron_schedule, check_interval_schedule, load_zone, occurrences
 
 E = TypeVar("E", bound=enum.Enum)
 
@@ -98,8 +101,21 @@ TOP_LEVEL_FIELDS = (
 )
 WEBHOOK_FIELDS = ("type", "url", "method", "headers", "timeout_s")
 QUEUE_FIELDS = ("type", "broker", "topic")
-CRON_FIELDS = ("cron", "timezone", "start_at", "end_at", "dst_gap", "dst_overlap")
-SCHEDULE_FIELDS = ("run_at", *CRON_FIELDS)
+CRON_FIELDS = ("cron", "timezone", "start_at", "end_at", "dst_gap", "dst_overlap", "exclude")
+EVERY_FIELDS = ("every", "start_at", "end_at", "timezone", "exclude")
+SCHEDULE_FIELDS = (
+    "run_at",
+    "cron",
+    "every",
+    "timezone",
+    "start_at",
+    "end_at",
+    "dst_gap",
+    "dst_overlap",
+    "exclude",
+)
+MAX_EXCLUDE = 1000
+_LOCAL_DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})", re.ASCII)
 RETRY_FIELDS = ("max_attempts", "backoff_initial_s", "backoff_max_s", "backoff_multiplier")
 
 # Headers the job may not set: hop-by-hop ones (RFC 9110 §7.6.1), ones the HTTP client computes,
@@ -501,15 +517,18 @@ def _parse_target(value: object, limits: SpecLimits) -> Target:
 def _parse_schedule(value: object, now: datetime, limits: SpecLimits) -> Schedule:
     obj = _object(value, "schedule")
     _check_keys(obj, SCHEDULE_FIELDS, "schedule")
-    if ("run_at" in obj) == ("cron" in obj):
+    kinds = [key for key in ("run_at", "cron", "every") if key in obj]
+    if len(kinds) != 1:
         _invalid(
             "schedule",
-            "schedule must have exactly one of run_at (one run) or cron (recurring), "
-            + ("not both" if "run_at" in obj else "and has neither"),
+            "schedule must have exactly one of run_at (one run), cron or every (recurring), "
+            + (f"not {' and '.join(kinds)}" if kinds else "and has none"),
             "invalid_schedule",
         )
+    if "every" in obj:
+        return _parse_every_schedule(obj, now, limits)
     if "run_at" in obj:
-        for key in CRON_FIELDS:
+        for key in CRON_FIELDS[1:]:
             if key in obj:
                 _invalid(
                     f"schedule.{key}",
@@ -529,13 +548,7 @@ def _parse_schedule(value: object, now: datetime, limits: SpecLimits) -> Schedul
     if not isinstance(cron_raw, str):
         _wrong_type("schedule.cron", "a cron expression string", cron_raw)
     cron = _plain_text(cron_raw, "schedule.cron", "invalid_cron")
-    timezone = "UTC"
-    if "timezone" in obj:
-        tz_raw = obj["timezone"]
-        if not isinstance(tz_raw, str):
-            _wrong_type("schedule.timezone", "an IANA time zone id string", tz_raw)
-        timezone = _plain_text(tz_raw, "schedule.timezone", "invalid_timezone")
-        load_zone(timezone)
+    timezone = _parse_timezone(obj)
     start_at = _optional_time(obj, "start_at")
     end_at = _optional_time(obj, "end_at")
     if start_at is not None and end_at is not None and start_at >= end_at:
@@ -555,11 +568,123 @@ def _parse_schedule(value: object, now: datetime, limits: SpecLimits) -> Schedul
             if "dst_overlap" in obj
             else DstOverlap.FIRST
         ),
+        exclude=_parse_exclude(obj.get("exclude")),
     )
     check_cron_schedule(schedule, now)
     if limits.min_cron_interval_s > 0:
         _check_cron_interval(schedule, now, limits.min_cron_interval_s)
     return schedule
+
+
+def _parse_timezone(obj: dict[str, Any]) -> str:
+    if "timezone" not in obj:
+        return "UTC"
+    tz_raw = obj["timezone"]
+    if not isinstance(tz_raw, str):
+        _wrong_type("schedule.timezone", "an IANA time zone id string", tz_raw)
+    timezone = _plain_text(tz_raw, "schedule.timezone", "invalid_timezone")
+    load_zone(timezone)
+    return timezone
+
+
+def _parse_every_schedule(obj: dict[str, Any], now: datetime, limits: SpecLimits) -> IntervalSchedule:
+    """``{"every": "90m", "start_at", "end_at", "timezone", "exclude"}``: exact elapsed time."""
+    for key in ("dst_gap", "dst_overlap"):
+        if key in obj:
+            _invalid(
+                f"schedule.{key}",
+                f"schedule.{key} applies only to cron schedules: an every schedule counts elapsed "
+                f"time, so daylight saving never moves it",
+                "invalid_schedule",
+            )
+    every = obj["every"]
+    every_s = parse_every(every)
+    assert isinstance(every, str)
+    timezone = _parse_timezone(obj)
+    start_at = _optional_time(obj, "start_at")
+    if start_at is None:
+        start_at = now.replace(microsecond=0)
+    end_at = _optional_time(obj, "end_at")
+    if end_at is not None and start_at >= end_at:
+        _invalid(
+            "schedule.end_at", "schedule.end_at must be later than schedule.start_at", "invalid_schedule"
+        )
+    if limits.min_cron_interval_s > 0 and every_s < limits.min_cron_interval_s:
+        _invalid(
+            "schedule.every",
+            f"schedule.every is {every_s} s; this server allows at most one run every "
+            f"{limits.min_cron_interval_s} s",
+            "invalid_every",
+        )
+    schedule = IntervalSchedule(
+        every=every,
+        every_s=every_s,
+        start_at=start_at,
+        end_at=end_at,
+        timezone=timezone,
+        exclude=_parse_exclude(obj.get("exclude")),
+    )
+    check_interval_schedule(schedule, now)
+    return schedule
+
+
+def _local_date(value: object, field: str) -> date:
+    if not isinstance(value, str):
+        _wrong_type(field, 'a local date string "YYYY-MM-DD"', value)
+    match = _LOCAL_DATE.fullmatch(value)
+    try:
+        if match is None:
+            raise ValueError
+        return date(int(match[1]), int(match[2]), int(match[3]))
+    except ValueError:
+        _invalid(
+            field,
+            f"{field} {value[:40]!r} is not a calendar date: write YYYY-MM-DD, e.g. 2026-12-25",
+            "invalid_exclude",
+        )
+
+
+def _parse_exclude(value: object) -> tuple[DateRange, ...]:
+    """Local dates and inclusive ranges on which no occurrence is due (see core/exclusion.py)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        _wrong_type("schedule.exclude", 'a list of dates "YYYY-MM-DD" or {"from", "to"} ranges', value)
+    if len(value) > MAX_EXCLUDE:
+        _invalid(
+            "schedule.exclude",
+            f"schedule.exclude has {len(value)} entries; at most {MAX_EXCLUDE} (use ranges "
+            f'{{"from": "YYYY-MM-DD", "to": "YYYY-MM-DD"}} for stretches of days)',
+            "invalid_exclude",
+        )
+    ranges: list[DateRange] = []
+    for index, item in enumerate(value):
+        field = f"schedule.exclude[{index}]"
+        if isinstance(item, dict):
+            _check_keys(item, ("from", "to"), field)
+            for key in ("from", "to"):
+                if key not in item:
+                    _invalid(
+                        f"{field}.{key}",
+                        f"{field} needs both from and to (inclusive dates)",
+                        "invalid_exclude",
+                    )
+            first = _local_date(item["from"], f"{field}.from")
+            last = _local_date(item["to"], f"{field}.to")
+            if last < first:
+                _invalid(
+                    f"{field}.to",
+                    f"{field}.to ({last.isoformat()}) is before its from ({first.isoformat()}); a range "
+                    f"is inclusive and runs forwards",
+                    "invalid_exclude",
+                )
+            ranges.append(DateRange(first, last))
+        elif isinstance(item, str):
+            day = _local_date(item, field)
+            ranges.append(DateRange(day, day))
+        else:
+            _wrong_type(field, 'a date "YYYY-MM-DD" or a {"from", "to"} range', item)
+    return tuple(ranges)
 
 
 def _optional_time(obj: dict[str, Any], key: str) -> datetime | None:

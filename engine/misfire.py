@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from duetime.core.model import CronSchedule, JobSpec, Misfire, Overlap
+from duetime.core.model import CronSchedule, IntervalSchedule, JobSpec, Misfire, Overlap
 from duetime.core.schedule import count_between, latest_at_or_before, next_occurrence
 
 _TINY = timedelta(microseconds=1)
@@ -85,7 +85,7 @@ def decide(
     threshold = now - timedelta(seconds=spec.misfire_grace_s)
     missed = due_at is None or due_at < threshold
     schedule = spec.schedule
-    if not isinstance(schedule, CronSchedule):
+    if not isinstance(schedule, CronSchedule | IntervalSchedule):
         if missed and spec.misfire is Misfire.SKIP:
             return SkipTo((scheduled_for,), None)
         return FireNow(scheduled_for)
@@ -116,7 +116,7 @@ def decide(
 
 def _catch_up(
     spec: JobSpec,
-    schedule: CronSchedule,
+    schedule: CronSchedule | IntervalSchedule,
     scheduled_for: datetime,
     now: datetime,
     *,

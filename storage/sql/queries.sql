@@ -113,7 +113,7 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_
     CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0 AND j.parent_id IS NULL
               AND (j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
                    OR (j.next_run_at <= now() - interval '1 second'
-                       AND j.spec->'schedule' ? 'cron'))
+                       AND j.spec->'schedule' ?| array['cron', 'every']))
          THEN j.spec END AS misfire_spec,
     now() AS db_now;
 
@@ -128,7 +128,7 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_
     CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0 AND j.parent_id IS NULL
               AND (j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
                    OR (j.next_run_at <= now() - interval '1 second'
-                       AND j.spec->'schedule' ? 'cron'))
+                       AND j.spec->'schedule' ?| array['cron', 'every']))
          THEN j.spec END AS misfire_spec,
     now() AS db_now;
 
@@ -454,7 +454,7 @@ DELETE FROM jobs WHERE parent_id = $1 AND backfill_seq IS NULL AND phase <> 'run
 -- only: a paused job whose schedule ended stays paused, as before.
 UPDATE jobs p SET state = 'completed', updated_at = now()
 WHERE p.job_id = ANY($1::uuid[]) AND p.state = 'scheduled' AND p.next_run_at IS NULL
-  AND p.phase = 'idle' AND p.parent_id IS NULL AND p.spec->'schedule' ? 'cron'
+  AND p.phase = 'idle' AND p.parent_id IS NULL AND p.spec->'schedule' ?| array['cron', 'every']
   AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = p.job_id)
 RETURNING p.job_id;
 
@@ -463,6 +463,6 @@ RETURNING p.job_id;
 -- statement above lost to a crash.
 UPDATE jobs p SET state = 'completed', updated_at = now()
 WHERE p.shard = $1 AND p.state = 'scheduled' AND p.next_run_at IS NULL
-  AND p.phase = 'idle' AND p.parent_id IS NULL AND p.spec->'schedule' ? 'cron'
+  AND p.phase = 'idle' AND p.parent_id IS NULL AND p.spec->'schedule' ?| array['cron', 'every']
   AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = p.job_id)
 RETURNING p.job_id;

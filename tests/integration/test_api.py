@@ -151,6 +151,7 @@ async def test_create_answers_201_with_location_and_the_job_with_defaults(
         "end_at": None,
         "dst_gap": "shift",
         "dst_overlap": "first",
+        "exclude": [],
     }
     assert job["retry"] == {
         "max_attempts": 5,

@@ -20,7 +20,7 @@ from functools import cache
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from duetime.core.model import CronSchedule, DstGap, DstOverlap
+from duetime.core.model import CronSchedule, DateRange, DstGap, DstOverlap
 from duetime.core.schedule import count_between, latest_at_or_before, next_occurrence
 
 MINUTE = timedelta(minutes=1)
@@ -226,21 +226,48 @@ def cases(draw: st.DrawFn) -> tuple[CronSchedule, Cron, datetime]:
         end_at=end_at,
         dst_gap=draw(st.sampled_from(list(DstGap))),
         dst_overlap=draw(st.sampled_from(list(DstOverlap))),
+        exclude=draw(excludes(after, zone_name)),
     )
     return schedule, cron, after
 
 
-def within_bounds(schedule: CronSchedule, instants: list[datetime]) -> list[datetime]:
+@st.composite
+def excludes(draw: st.DrawFn, around: datetime, zone_name: str) -> tuple[DateRange, ...]:
+    """Sometimes none; else a few local days and ranges near ``around`` (often a DST day)."""
+    if draw(st.integers(0, 2)) == 0:
+        return ()
+    local = around.astimezone(zoneinfo.ZoneInfo(zone_name)).date()
+    ranges = []
+    for _ in range(draw(st.integers(1, 4))):
+        first = local + timedelta(days=draw(st.integers(-1, 3)))
+        ranges.append(DateRange(first, first + timedelta(days=draw(st.sampled_from([0, 0, 1, 2])))))
+    return tuple(ranges)
+
+
+def not_excluded(schedule: CronSchedule, instants: list[datetime]) -> list[datetime]:
+    """The reference's reading of exclude: the instant's date on the zone's wall clock."""
+    zone = zoneinfo.ZoneInfo(schedule.timezone)
     return [
         instant
         for instant in instants
-        if (schedule.start_at is None or instant >= schedule.start_at)
-        and (schedule.end_at is None or instant <= schedule.end_at)
+        if not any(r.first <= instant.astimezone(zone).date() <= r.last for r in schedule.exclude)
     ]
 
 
+def within_bounds(schedule: CronSchedule, instants: list[datetime]) -> list[datetime]:
+    return not_excluded(
+        schedule,
+        [
+            instant
+            for instant in instants
+            if (schedule.start_at is None or instant >= schedule.start_at)
+            and (schedule.end_at is None or instant <= schedule.end_at)
+        ],
+    )
+
+
 @settings(
-    max_examples=2500,
+    max_examples=1200,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

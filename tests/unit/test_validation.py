@@ -505,8 +505,15 @@ CATALOGUE = [
     pytest.param(
         edit(W, "schedule", "every", value="1h"),
         INV,
+        "invalid_schedule",
+        "schedule",
+        id="schedule-run-at-and-every",
+    ),
+    pytest.param(
+        edit(W, "schedule", "evry", value="1h"),
+        INV,
         "unknown_field",
-        "schedule.every",
+        "schedule.evry",
         id="schedule-unknown-field",
     ),
     pytest.param(
@@ -1033,6 +1040,7 @@ def test_full_spec_round_trips_through_the_codec() -> None:
             "end_at": "2027-06-01T00:00:00Z",
             "dst_gap": "skip",
             "dst_overlap": "both",
+            "exclude": ["2026-12-25", {"from": "2026-12-31", "to": "2027-01-01"}],
         },
         "retry": {
             "max_attempts": 100,
