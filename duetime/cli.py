@@ -356,7 +356,7 @@ def _add_jobs_parser(sub: Any) -> None:
         parents=[conn],
         help="register a job from a JSON spec (file or stdin) and/or flags",
         description="The spec is read from --file (- for stdin); the flags fill in or override "
-        "its fields. Without a file, --url and one of --cron or --run-at make a webhook job.",
+        "its fields. Without a file, --url and one of --cron, --every or --run-at make a webhook job.",
     )
     create.add_argument("-f", "--file", help="JSON job spec; - reads stdin")
     create.add_argument("--name", help="the job's name")
@@ -365,6 +365,15 @@ def _add_jobs_parser(sub: Any) -> None:
     create.add_argument("--cron", help="cron expression (5 or 6 fields, or @daily etc.)")
     create.add_argument("--tz", help="IANA zone for --cron (default UTC)")
     create.add_argument("--run-at", help="one run at this RFC 3339 time")
+    create.add_argument("--every", help="an interval such as 90m, 1h30m or 7d (exact elapsed time)")
+    create.add_argument("--start-at", help="RFC 3339 first occurrence of --every (default: now)")
+    create.add_argument(
+        "--exclude",
+        action="append",
+        metavar="DATE[..DATE]",
+        help="a local date YYYY-MM-DD, or an inclusive range FROM..TO, on which --cron or --every "
+        "is not due (in --tz); repeat for more",
+    )
     create.add_argument("--payload", help="JSON sent as the body of each run")
     create.add_argument(
         "--overlap", choices=("allow", "skip", "buffer_one"), help="when a run is still in flight"
@@ -406,6 +415,9 @@ def _add_jobs_parser(sub: Any) -> None:
     preview.add_argument("--dst-gap", choices=("shift", "skip"))
     preview.add_argument("--dst-overlap", choices=("first", "both"))
     preview.add_argument("--run-at", help="preview a one-off schedule")
+    preview.add_argument("--every", help="preview an interval such as 90m")
+    preview.add_argument("--start-at", help="RFC 3339 first occurrence of --every")
+    preview.add_argument("--exclude", action="append", metavar="DATE[..DATE]", help="excluded local dates")
 
 
 class _JobsUsage(Exception):
@@ -440,7 +452,9 @@ def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if args.method is not None:
             target["method"] = args.method
         spec["target"] = target
-    schedule = _schedule_from_args(args.cron, args.tz, args.run_at)
+    schedule = _schedule_from_args(
+        args.cron, args.tz, args.run_at, every=args.every, start_at=args.start_at, exclude=args.exclude
+    )
     if schedule is not None:
         spec["schedule"] = schedule
     if args.payload is not None:
@@ -452,23 +466,53 @@ def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return spec
 
 
+def _exclude_from_args(items: list[str]) -> list[Any]:
+    """``YYYY-MM-DD`` stays a date; ``FROM..TO`` becomes an inclusive range (the API checks both)."""
+    out: list[Any] = []
+    for item in items:
+        first, dots, last = item.partition("..")
+        out.append({"from": first, "to": last} if dots else item)
+    return out
+
+
 def _schedule_from_args(
-    cron: str | None, tz: str | None, run_at: str | None, **extra: str | None
+    cron: str | None,
+    tz: str | None,
+    run_at: str | None,
+    *,
+    every: str | None = None,
+    start_at: str | None = None,
+    exclude: list[str] | None = None,
+    **extra: str | None,
 ) -> dict[str, Any] | None:
-    if cron is not None and run_at is not None:
-        raise _JobsUsage("give either --cron or --run-at, not both")
+    given = [flag for flag, value in (("--cron", cron), ("--every", every), ("--run-at", run_at)) if value]
+    if len(given) > 1:
+        raise _JobsUsage(f"give one of --cron, --every or --run-at, not {' and '.join(given)}")
+    if start_at is not None and every is None:
+        raise _JobsUsage("--start-at goes with --every")
     if run_at is not None:
-        if tz is not None:
-            raise _JobsUsage("--tz applies to --cron; a --run-at carries its own UTC offset")
+        if tz is not None or exclude:
+            raise _JobsUsage(
+                "--tz and --exclude apply to --cron and --every; a --run-at carries its own offset"
+            )
         return {"run_at": run_at}
-    if cron is None:
-        if tz is not None or any(v is not None for v in extra.values()):
-            raise _JobsUsage("--tz, --dst-gap and --dst-overlap go with --cron")
+    if every is not None:
+        if any(v is not None for v in extra.values()):
+            raise _JobsUsage("--dst-gap and --dst-overlap go with --cron: an --every interval ignores DST")
+        schedule: dict[str, Any] = {"every": every}
+        if start_at is not None:
+            schedule["start_at"] = start_at
+    elif cron is not None:
+        schedule = {"cron": cron}
+        schedule.update({k: v for k, v in extra.items() if v is not None})
+    else:
+        if tz is not None or exclude or any(v is not None for v in extra.values()):
+            raise _JobsUsage("--tz, --exclude, --dst-gap and --dst-overlap go with --cron or --every")
         return None
-    schedule: dict[str, Any] = {"cron": cron}
     if tz is not None:
         schedule["timezone"] = tz
-    schedule.update({k: v for k, v in extra.items() if v is not None})
+    if exclude:
+        schedule["exclude"] = _exclude_from_args(exclude)
     return schedule
 
 
@@ -496,10 +540,17 @@ def _jobs_call(client: DuetimeClient, args: argparse.Namespace) -> Any:
             return {"items": [run.raw for run in runs], "next_cursor": None}
         return client.list_runs(args.job_id, limit=args.limit, cursor=args.cursor).raw
     schedule = _schedule_from_args(
-        args.cron, args.tz, args.run_at, dst_gap=args.dst_gap, dst_overlap=args.dst_overlap
+        args.cron,
+        args.tz,
+        args.run_at,
+        every=args.every,
+        start_at=args.start_at,
+        exclude=args.exclude,
+        dst_gap=args.dst_gap,
+        dst_overlap=args.dst_overlap,
     )
     if (schedule is None) == (args.job_id is None):
-        raise _JobsUsage("preview takes a job ID or a schedule (--cron or --run-at), one of the two")
+        raise _JobsUsage("preview takes a job ID or a schedule (--cron, --every or --run-at), one of the two")
     if schedule is not None:
         return client.preview_schedule(schedule, count=args.count, start=args.start).raw
     return client.preview_job(args.job_id, count=args.count, start=args.start).raw

@@ -40,11 +40,13 @@ __all__ = [
     "ClientRequestError",
     "ConflictError",
     "CronScheduleSpec",
+    "DateRangeSpec",
     "DuetimeApiError",
     "DuetimeClient",
     "DuetimeClientError",
     "DuetimeConnectionError",
     "DuetimeTimeoutError",
+    "EveryScheduleSpec",
     "Job",
     "JobSpec",
     "NotFoundError",
@@ -94,6 +96,10 @@ class OneOffScheduleSpec(TypedDict):
     run_at: str
 
 
+# An inclusive range of local dates ``YYYY-MM-DD`` (the functional form: "from" is a keyword).
+DateRangeSpec = TypedDict("DateRangeSpec", {"from": str, "to": str})
+
+
 class CronScheduleSpec(TypedDict):
     cron: str
     timezone: NotRequired[str]
@@ -101,6 +107,17 @@ class CronScheduleSpec(TypedDict):
     end_at: NotRequired[str | None]
     dst_gap: NotRequired[Literal["shift", "skip"]]
     dst_overlap: NotRequired[Literal["first", "both"]]
+    exclude: NotRequired[list[str | DateRangeSpec] | None]
+
+
+class EveryScheduleSpec(TypedDict):
+    """``start_at + k × every`` in exact elapsed time; ``every`` like ``"90m"`` or ``"1h30m"``."""
+
+    every: str
+    start_at: NotRequired[str | None]
+    end_at: NotRequired[str | None]
+    timezone: NotRequired[str]
+    exclude: NotRequired[list[str | DateRangeSpec] | None]
 
 
 class RetrySpec(TypedDict, total=False):
@@ -112,7 +129,7 @@ class RetrySpec(TypedDict, total=False):
 
 class JobSpec(TypedDict):
     target: WebhookTargetSpec | QueueTargetSpec
-    schedule: OneOffScheduleSpec | CronScheduleSpec
+    schedule: OneOffScheduleSpec | CronScheduleSpec | EveryScheduleSpec
     name: NotRequired[str | None]
     payload: NotRequired[Any]
     retry: NotRequired[RetrySpec]
@@ -745,7 +762,7 @@ class DuetimeClient(_Base):
 
     def preview_schedule(
         self,
-        schedule: OneOffScheduleSpec | CronScheduleSpec | Mapping[str, Any],
+        schedule: OneOffScheduleSpec | CronScheduleSpec | EveryScheduleSpec | Mapping[str, Any],
         *,
         count: int | None = None,
         start: datetime | str | None = None,
@@ -889,7 +906,7 @@ class AsyncDuetimeClient(_Base):
 
     async def preview_schedule(
         self,
-        schedule: OneOffScheduleSpec | CronScheduleSpec | Mapping[str, Any],
+        schedule: OneOffScheduleSpec | CronScheduleSpec | EveryScheduleSpec | Mapping[str, Any],
         *,
         count: int | None = None,
         start: datetime | str | None = None,

@@ -447,6 +447,65 @@ async def test_cli_jobs_lifecycle(served: Served) -> None:
         assert (code, cancelled["state"]) == (0, "cancelled"), err
 
 
+async def test_cli_every_and_exclude(served: Served) -> None:
+    code, job, err = await duetime_jobs(
+        served,
+        "create",
+        "--url",
+        served.receiver.url + "/cli-every",
+        "--every",
+        "1h30m",
+        "--start-at",
+        "2030-01-01T00:00:00Z",
+        "--tz",
+        "Europe/Berlin",
+        "--exclude",
+        "2030-01-01",
+        "--exclude",
+        "2030-01-03..2030-01-04",
+    )
+    assert code == 0, err
+    assert job["schedule"] == {
+        "every": "1h30m",
+        "start_at": "2030-01-01T00:00:00Z",
+        "end_at": None,
+        "timezone": "Europe/Berlin",
+        "exclude": ["2030-01-01", {"from": "2030-01-03", "to": "2030-01-04"}],
+    }
+    # 1 January in Berlin runs to 23:00Z, so 22:30Z (23:30 local) is still excluded; the first
+    # occurrence is 00:00Z on the 2nd (01:00 local)
+    assert job["next_run_at"] == "2030-01-02T00:00:00Z"
+    code, preview, err = await duetime_jobs(
+        served,
+        "preview",
+        "--every",
+        "7d",
+        "--start-at",
+        "2030-01-01T00:00:00Z",
+        "--exclude",
+        "2030-01-08",
+        "--count",
+        "2",
+    )
+    assert code == 0, err
+    assert [i["at"] for i in preview["items"]] == ["2030-01-01T00:00:00Z", "2030-01-15T00:00:00Z"]
+    assert [e["at"] for e in preview["excluded"]] == ["2030-01-08T00:00:00Z"]
+    results = await asyncio.gather(
+        duetime_jobs(served, "create", "--url", "https://example.com/x", "--every", "90"),
+        duetime_jobs(
+            served, "create", "--url", "https://example.com/x", "--start-at", "2030-01-01T00:00:00Z"
+        ),
+        duetime_jobs(
+            served, "create", "--url", "https://example.com/x", "--every", "1h", "--cron", "* * * * *"
+        ),
+    )
+    bad_every, lone_start, both = (_one_error_line(*r) for r in results)
+    assert "[invalid_every, field schedule.every; HTTP 422]" in bad_every
+    assert "--start-at goes with --every" in lone_start
+    assert "not --cron and --every" in both
+    await duetime_jobs(served, "cancel", job["id"])
+
+
 async def test_cli_errors_exit_2_with_the_apis_message(served: Served) -> None:
     missing = str(uuid.uuid4())
     results = await asyncio.gather(
@@ -466,7 +525,7 @@ async def test_cli_errors_exit_2_with_the_apis_message(served: Served) -> None:
     assert "DUETIME_API_KEY" in no_key and "HTTP 401" in no_key
     assert "cannot reach http://127.0.0.1:9" in unreachable
     assert "--file" in empty
-    assert "not both" in both
+    assert "not --cron and --run-at" in both
     assert "cannot read /nonexistent/spec.json" in no_file
     assert "job ID or a schedule" in no_preview
 
