@@ -199,6 +199,15 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "backoff_initial_s": {"type": "number", "exclusiveMinimum": 0, "default": 1},
             "backoff_max_s": {"type": "number", "exclusiveMinimum": 0, "default": 600},
             "backoff_multiplier": {"type": "number", "exclusiveMinimum": 0, "default": 2.0},
+            "max_duration_s": {
+                "type": ["integer", "null"],
+                "minimum": 1,
+                "maximum": 2592000,
+                "default": None,
+                "description": "No attempt starts later than this after the occurrence was due; the "
+                "occurrence then fails with error `retry window exceeded`. A 429 or 503 answer's "
+                "`Retry-After` delays the next attempt to at least that, at most `backoff_max_s`.",
+            },
         },
     }
     spec_properties: JsonObject = {
@@ -266,13 +275,20 @@ def _schemas(limits: SpecLimits) -> JsonObject:
     }
     retry_out: JsonObject = {
         "type": "object",
-        "required": ["max_attempts", "backoff_initial_s", "backoff_max_s", "backoff_multiplier"],
+        "required": [
+            "max_attempts",
+            "backoff_initial_s",
+            "backoff_max_s",
+            "backoff_multiplier",
+            "max_duration_s",
+        ],
         "additionalProperties": False,
         "properties": {
             "max_attempts": {"type": "integer"},
             "backoff_initial_s": {"type": "number"},
             "backoff_max_s": {"type": "number"},
             "backoff_multiplier": {"type": "number"},
+            "max_duration_s": {"type": ["integer", "null"]},
         },
     }
     run: JsonObject = {

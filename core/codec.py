@@ -154,6 +154,7 @@ def retry_to_json(retry: RetryPolicy) -> dict[str, Any]:
         "backoff_initial_s": retry.backoff_initial_s,
         "backoff_max_s": retry.backoff_max_s,
         "backoff_multiplier": retry.backoff_multiplier,
+        "max_duration_s": retry.max_duration_s,
     }
 
 
@@ -183,6 +184,7 @@ def spec_from_json(data: dict[str, Any]) -> JobSpec:
             backoff_initial_s=float(retry.get("backoff_initial_s", 1.0)),
             backoff_max_s=float(retry.get("backoff_max_s", 600.0)),
             backoff_multiplier=float(retry.get("backoff_multiplier", 2.0)),
+            max_duration_s=None if retry.get("max_duration_s") is None else int(retry["max_duration_s"]),
         ),
         misfire=Misfire(data.get("misfire", "run_once")),
         misfire_grace_s=int(data.get("misfire_grace_s", 60)),

@@ -234,6 +234,31 @@ def _after_final(
     return base
 
 
+def _would_retry(spec: JobSpec, *, attempt: int, outcome: Outcome, retryable: bool) -> bool:
+    return (
+        outcome not in (Outcome.SUCCEEDED, Outcome.SKIPPED)
+        and retryable
+        and attempt < spec.retry.max_attempts
+    )
+
+
+def retry_window_exceeded(
+    spec: JobSpec,
+    *,
+    attempt: int,
+    outcome: Outcome,
+    retryable: bool,
+    now: datetime,
+    due: datetime,
+    retry_after_s: float | None = None,
+) -> bool:
+    """Whether this attempt's occurrence is over only because its next attempt could not start
+    inside ``retry.max_duration_s`` of ``due``: it then fails with ``retry.WINDOW_EXCEEDED``."""
+    return _would_retry(spec, attempt=attempt, outcome=outcome, retryable=retryable) and retry.window_closed(
+        spec.retry, now, due, retry_after_s
+    )
+
+
 def _retried(
     spec: JobSpec,
     plan: RowPlan,
@@ -243,11 +268,21 @@ def _retried(
     retryable: bool,
     now: datetime,
     rng: random.Random | None,
+    due: datetime | None,
+    retry_after_s: float | None,
 ) -> RowPlan | None:
     """The retry of the same occurrence after attempt ``attempt``, or None when it is over."""
-    if outcome in (Outcome.SUCCEEDED, Outcome.SKIPPED) or not retryable or attempt >= spec.retry.max_attempts:
+    if not _would_retry(spec, attempt=attempt, outcome=outcome, retryable=retryable):
         return None
-    return replace(plan, attempt=attempt, next_run_at=retry.next_retry_at(spec.retry, attempt, now, rng))
+    at = retry.plan_retry(
+        spec.retry,
+        attempt,
+        now,
+        due=due or plan.scheduled_for or now,
+        retry_after=retry_after_s,
+        rng=rng,
+    )
+    return None if at is None else replace(plan, attempt=attempt, next_run_at=at)
 
 
 def after_attempt(
@@ -260,15 +295,30 @@ def after_attempt(
     retryable: bool,
     now: datetime,
     rng: random.Random | None = None,
+    due: datetime | None = None,
+    retry_after_s: float | None = None,
 ) -> RowPlan:
     """What the row becomes after attempt number ``attempt`` of its current run ended.
+
+    ``due`` is when the occurrence was due (its jitter included): ``retry.max_duration_s`` counts
+    from it. ``retry_after_s`` is the wait a 429/503 answer asked for.
 
     ``plan.state`` is the row's state *now* (an owner may have paused or cancelled it while the
     call was in flight); a cancelled job stays cancelled and a paused one stays paused, but the
     occurrence still advances so a resume does not run it a second time.
     """
     succeeded = outcome is Outcome.SUCCEEDED
-    retried = _retried(spec, plan, attempt=attempt, outcome=outcome, retryable=retryable, now=now, rng=rng)
+    retried = _retried(
+        spec,
+        plan,
+        attempt=attempt,
+        outcome=outcome,
+        retryable=retryable,
+        now=now,
+        rng=rng,
+        due=due,
+        retry_after_s=retry_after_s,
+    )
     if retried is not None:
         return retried
     plan = replace(plan, attempt=attempt)
@@ -290,6 +340,8 @@ def after_occurrence_attempt(
     retryable: bool,
     now: datetime,
     rng: random.Random | None = None,
+    due: datetime | None = None,
+    retry_after_s: float | None = None,
 ) -> RowPlan | None:
     """An occurrence row (one occurrence of a recurring job run in a row of its own, for
     overlap=allow or a backfill): its retry, or None when the occurrence is over and the row goes.
@@ -299,4 +351,14 @@ def after_occurrence_attempt(
     """
     if plan.state is JobState.CANCELLED:
         return None
-    return _retried(spec, plan, attempt=attempt, outcome=outcome, retryable=retryable, now=now, rng=rng)
+    return _retried(
+        spec,
+        plan,
+        attempt=attempt,
+        outcome=outcome,
+        retryable=retryable,
+        now=now,
+        rng=rng,
+        due=due,
+        retry_after_s=retry_after_s,
+    )

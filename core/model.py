@@ -146,6 +146,8 @@ class RetryPolicy:
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 600.0
     backoff_multiplier: float = 2.0
+    # No attempt starts later than this after the occurrence was due (None: no such bound).
+    max_duration_s: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

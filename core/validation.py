@@ -116,7 +116,8 @@ SCHEDULE_FIELDS = (
 )
 MAX_EXCLUDE = 1000
 _LOCAL_DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})", re.ASCII)
-RETRY_FIELDS = ("max_attempts", "backoff_initial_s", "backoff_max_s", "backoff_multiplier")
+RETRY_FIELDS = ("max_attempts", "backoff_initial_s", "backoff_max_s", "backoff_multiplier", "max_duration_s")
+MAX_DURATION_S_RANGE = (1, 2_592_000)
 
 # Headers the job may not set: hop-by-hop ones (RFC 9110 §7.6.1), ones the HTTP client computes,
 # and the delivery headers Duetime itself sends (a job must not be able to forge them).
@@ -780,11 +781,16 @@ def _parse_retry(value: object, limits: SpecLimits) -> RetryPolicy:
             "retry.backoff_max_s",
             f"retry.backoff_max_s ({maximum:g}) must be at least retry.backoff_initial_s ({initial:g})",
         )
+    raw_window = obj.get("max_duration_s")
+    max_duration_s = (
+        None if raw_window is None else _integer(raw_window, "retry.max_duration_s", MAX_DURATION_S_RANGE)
+    )
     return RetryPolicy(
         max_attempts=max_attempts,
         backoff_initial_s=initial,
         backoff_max_s=maximum,
         backoff_multiplier=multiplier,
+        max_duration_s=max_duration_s,
     )
 
 

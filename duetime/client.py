@@ -125,6 +125,7 @@ class RetrySpec(TypedDict, total=False):
     backoff_initial_s: float
     backoff_max_s: float
     backoff_multiplier: float
+    max_duration_s: int | None
 
 
 class JobSpec(TypedDict):

@@ -211,6 +211,8 @@ class AttemptReport:
     retryable: bool
     status_code: int | None = None
     error: str | None = None
+    # The wait a 429/503 answer's Retry-After asked for, in seconds (core/retry.py).
+    retry_after_s: float | None = None
     # The spec the attempt ran with, parsed, and its text as the fence read it: the completion
     # reuses it when the row's spec text is still the same, instead of decoding the JSON again.
     spec: JobSpec | None = None

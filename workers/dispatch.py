@@ -49,6 +49,7 @@ class CallResult:
     error: str | None  # short, for a person; never header values or secrets
     started_at: datetime  # when the request was sent (after any limiter wait)
     finished_at: datetime
+    retry_after_s: float | None = None  # a 429/503's Retry-After, in seconds
 
 
 def _utcnow() -> datetime:
@@ -130,6 +131,7 @@ class Dispatcher:
             error=verdict.error,
             started_at=started_at,
             finished_at=max(finished_at, started_at),
+            retry_after_s=verdict.retry_after_s,
         )
 
     async def deliver_redis_many(self, ds: list[Delivery]) -> tuple[datetime, datetime, list[Verdict]]:

@@ -339,6 +339,7 @@ class WorkerPool:
             status_code=result.status_code,
             error=result.error,
             spec=spec,
+            retry_after_s=result.retry_after_s,
         )
 
 
@@ -375,6 +376,7 @@ def _report(
     status_code: int | None = None,
     error: str | None = None,
     spec: JobSpec | None = None,
+    retry_after_s: float | None = None,
 ) -> AttemptReport:
     """The outcome of ``run``'s attempt, carrying the lease it ran under."""
     return AttemptReport(
@@ -391,6 +393,7 @@ def _report(
         retryable=retryable,
         status_code=status_code,
         error=error,
+        retry_after_s=retry_after_s,
         spec=spec,
         spec_text=run.spec_text,
     )

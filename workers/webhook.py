@@ -16,11 +16,13 @@ scheduler, the one layer that retries.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 import socket
 import ssl
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -31,6 +33,7 @@ from yarl import URL
 from duetime.core import ssrf
 from duetime.core.errors import InvalidRequest, TargetNotAllowed
 from duetime.core.model import Outcome, WebhookTarget
+from duetime.core.retry import retry_after_s
 from duetime.workers import signing
 
 if TYPE_CHECKING:
@@ -61,6 +64,7 @@ class Verdict:
     retryable: bool
     status_code: int | None
     error: str | None
+    retry_after_s: float | None = None  # a 429/503's Retry-After, for the one retry layer
 
 
 def classify_status(status: int) -> Verdict:
@@ -222,6 +226,10 @@ async def call(
             timeout=timeout,
         ) as response:
             verdict = classify_status(response.status)
+            wait = retry_after_s(response.status, response.headers.get("Retry-After"), datetime.now(UTC))
+            if wait is not None:
+                # Read here, applied by the retry layer (core/retry.py): nothing retries in this module.
+                verdict = dataclasses.replace(verdict, retry_after_s=wait)
             await _drain(response)
             return verdict
     except TargetNotAllowed as exc:

@@ -20,9 +20,11 @@ from duetime.core.lifecycle import (
     RowPlan,
     after_attempt,
     after_occurrence_attempt,
+    retry_window_exceeded,
     split_point,
 )
 from duetime.core.model import JobSpec, JobState, Outcome, Run
+from duetime.core.retry import WINDOW_EXCEEDED
 from duetime.storage.ports import AttemptReport, CompletionStats, MissedSkip
 from duetime.storage.postgres.pools import StoreBase, translated, utcnow
 from duetime.storage.postgres.rows import plan_of
@@ -219,9 +221,22 @@ class BatchWriter:
         spec = _locked_spec(row, rep)
         parent = row["parent_id"]
         lateness = None
+        nominal_due = jitter.due_at(parent or rep.job_id, rep.scheduled_for, spec.jitter_s)
+        if row["run_kind"] == "manual":
+            nominal_due = rep.scheduled_for  # a trigger is due when it was asked for, no jitter
         if rep.started_at is not None:
-            nominal_due = jitter.due_at(parent or rep.job_id, rep.scheduled_for, spec.jitter_s)
             lateness = int((rep.started_at - nominal_due).total_seconds() * 1000)
+        error = rep.error
+        if retry_window_exceeded(
+            spec,
+            attempt=rep.attempt,
+            outcome=rep.outcome,
+            retryable=rep.retryable,
+            now=now,
+            due=nominal_due,
+            retry_after_s=rep.retry_after_s,
+        ):
+            error = WINDOW_EXCEEDED  # the status code stays in its own field
         run = Run(
             scheduled_for=rep.scheduled_for,
             attempt=rep.attempt,
@@ -229,7 +244,7 @@ class BatchWriter:
             finished_at=rep.finished_at,
             outcome=rep.outcome,
             status_code=rep.status_code,
-            error=rep.error,
+            error=error,
             lateness_ms=lateness,
         )
         last = self._history(row, run, rep.lease_token)
@@ -243,6 +258,8 @@ class BatchWriter:
                 outcome=rep.outcome,
                 retryable=rep.retryable,
                 now=now,
+                due=nominal_due,
+                retry_after_s=rep.retry_after_s,
             )
             if nxt is None:
                 self.finished_occurrences.append(rep.job_id)
@@ -263,6 +280,8 @@ class BatchWriter:
             outcome=rep.outcome,
             retryable=rep.retryable,
             now=now,
+            due=nominal_due,
+            retry_after_s=rep.retry_after_s,
         )
         if plan.overlap_skipped:
             last = self._overlap_skips(row, plan, spec.overlap.value, now) or last

@@ -158,6 +158,7 @@ async def test_create_answers_201_with_location_and_the_job_with_defaults(
         "backoff_initial_s": 1.0,
         "backoff_max_s": 600.0,
         "backoff_multiplier": 2.0,
+        "max_duration_s": None,
     }
     assert (job["misfire"], job["misfire_grace_s"], job["jitter_s"]) == ("run_once", 60, 0)
     for name in ("created_at", "updated_at", "next_run_at"):
