@@ -36,6 +36,7 @@ from duetime.core.validation import (
     parse_backfill_range,
     parse_idempotency_key,
     parse_job_spec,
+    parse_replay_request,
 )
 from duetime.storage.base import IdempotencyRequest, Registry
 
@@ -229,7 +230,16 @@ class JobsApi:
         return json_response(job_to_json(job), status=202)
 
     async def replay_job(self, request: web.Request) -> web.Response:
-        job = await self._registry.replay_job(request[OWNER], job_id_of(request))
+        """Without a body: a dead job back to scheduled. With ``{"scheduled_for"}``: one failed
+        occurrence of a recurring job runs once more, now (202)."""
+        owner, job_id = request[OWNER], job_id_of(request)
+        body = await request.read()
+        if body.strip():
+            require_json_content_type(request)
+            scheduled_for = parse_replay_request(parse_json(body))
+            job = await self._registry.replay_occurrence(owner, job_id, scheduled_for)
+            return json_response(job_to_json(job), status=202)
+        job = await self._registry.replay_job(owner, job_id)
         return json_response(job_to_json(job))
 
     async def backfill_job(self, request: web.Request) -> web.Response:

@@ -403,6 +403,12 @@ def _schemas(limits: SpecLimits) -> JsonObject:
         "Run": run,
         "Job": job,
         "BackfillRequest": backfill_in,
+        "ReplayRequest": {
+            "type": "object",
+            "required": ["scheduled_for"],
+            "additionalProperties": False,
+            "properties": {"scheduled_for": {**_TIME, "description": "The failed occurrence to run again."}},
+        },
         "Backfill": backfill_out,
         "JobPage": {
             "type": "object",
@@ -668,12 +674,28 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
             )
         },
         "/v1/jobs/{job_id}/replay": {
-            "post": _action(
-                "replay_job",
-                "Send a dead job back to scheduled with its attempts reset; it runs now.",
-                {"200": job_ok},
-                conflict=True,
-            )
+            "post": {
+                **_action(
+                    "replay_job",
+                    "Without a body: send a dead job back to scheduled with its attempts reset; it "
+                    'runs now. With `{"scheduled_for"}`: one failed occurrence of a recurring job '
+                    "runs once more, now, with its own Idempotency-Key (202; 409 "
+                    "`occurrence_not_failed` when its last attempt did not fail).",
+                    {
+                        "200": job_ok,
+                        "202": _json("Accepted: the occurrence runs now; the job as it is.", _ref("Job")),
+                        "400": _E400,
+                        "413": _E413,
+                        "415": _E415,
+                        "422": _E422,
+                    },
+                    conflict=True,
+                ),
+                "requestBody": {
+                    "required": False,
+                    "content": {"application/json": {"schema": _ref("ReplayRequest")}},
+                },
+            }
         },
         "/v1/jobs/{job_id}/backfill": {
             "post": {

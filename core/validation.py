@@ -911,6 +911,13 @@ def parse_backfill_range(data: object) -> tuple[datetime, datetime]:
     return start, end
 
 
+def parse_replay_request(data: object) -> datetime:
+    """The body of POST /v1/jobs/{id}/replay for one occurrence: ``{"scheduled_for": …}``."""
+    obj = _object(data, None, "a JSON object")
+    _check_keys(obj, ("scheduled_for",), "")
+    return parse_time(_require(obj, "scheduled_for", ""), "scheduled_for")
+
+
 PREVIEW_FIELDS = ("schedule", "count", "from")
 
 

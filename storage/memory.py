@@ -51,7 +51,14 @@ from duetime.storage.postgres.completion import (
     finishable,
     skippable,
 )
-from duetime.storage.registry_rules import encode_cursor, hash_key, job_cursor, require, run_cursor
+from duetime.storage.registry_rules import (
+    encode_cursor,
+    hash_key,
+    job_cursor,
+    require,
+    require_failed_occurrence,
+    run_cursor,
+)
 
 
 def _system_clock() -> datetime:
@@ -431,6 +438,29 @@ class MemoryStore:
             row.plan(), state=JobState.SCHEDULED, attempt=0, next_run_at=self._now(), run_kind="scheduled"
         )
         return self._write(row, plan=plan, revoke=False)
+
+    async def replay_occurrence(self, owner: str, job_id: uuid.UUID, scheduled_for: datetime) -> Job:
+        self._check()
+        row = self._owned(owner, job_id)
+        require("backfill", JobState(row.state))
+        if not _is_recurring(row.spec):
+            raise InvalidRequest(
+                "only an occurrence of a recurring (cron or every) job can be replayed by its "
+                "scheduled_for; replay a dead one-off job without a body",
+                code="not_recurring",
+                field="scheduled_for",
+            )
+        attempts = [
+            h
+            for h in self._runs
+            if h.job_id == job_id and h.run.scheduled_for == scheduled_for and h.run.attempt > 0
+        ]
+        final = max(attempts, key=lambda h: (h.run.attempt, h.run_id)).run.outcome.value if attempts else None
+        require_failed_occurrence(final, codec.format_time(scheduled_for))
+        now = self._now()
+        self._insert_occurrence(row, now, scheduled_for, seq=None, now=now)
+        self._wake([row.shard])
+        return row.job()
 
     async def backfill_job(
         self,

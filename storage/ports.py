@@ -96,6 +96,12 @@ class Registry(Protocol):
         """Queue a run of every occurrence of a recurring job in [start, end) (see core.backfill)."""
         ...
 
+    async def replay_occurrence(self, owner: str, job_id: uuid.UUID, scheduled_for: datetime) -> Job:
+        """Run one failed occurrence of a recurring job once more, now, in a row of its own (its
+        own ``scheduled_for``, so its own Idempotency-Key). Conflict ``occurrence_not_failed``
+        when the history has no failed final attempt for it."""
+        ...
+
     async def list_runs(
         self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None
     ) -> Page[Run]: ...

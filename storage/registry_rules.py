@@ -68,3 +68,19 @@ def require(action: str, state: JobState) -> None:
             }[state.value],
             code=f"job_{state.value}",
         )
+
+
+#: Outcomes of a last attempt that make an occurrence "failed" (what replay of an occurrence takes).
+FAILED_OUTCOMES = frozenset({"failed", "timed_out", "lease_expired"})
+
+
+def require_failed_occurrence(final_outcome: str | None, scheduled_for: str) -> None:
+    """Refuse a replay of an occurrence whose history has no failed final attempt."""
+    if final_outcome in FAILED_OUTCOMES:
+        return
+    seen = "has no run in the history" if final_outcome is None else f"ended {final_outcome}"
+    raise Conflict(
+        f"occurrence {scheduled_for} {seen}; only an occurrence whose last attempt failed can be "
+        "replayed (GET /v1/jobs/{id}/runs lists them)",
+        code="occurrence_not_failed",
+    )

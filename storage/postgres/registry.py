@@ -25,7 +25,14 @@ from duetime.storage.postgres.inserts import InsertBatcher
 from duetime.storage.postgres.pools import StoreBase, translated, utcnow
 from duetime.storage.postgres.rows import job_from_row, plan_of, run_from_row
 from duetime.storage.queries import Q
-from duetime.storage.registry_rules import encode_cursor, hash_key, job_cursor, require, run_cursor
+from duetime.storage.registry_rules import (
+    encode_cursor,
+    hash_key,
+    job_cursor,
+    require,
+    require_failed_occurrence,
+    run_cursor,
+)
 
 
 @dataclass(slots=True)
@@ -254,6 +261,36 @@ class RegistryPart(StoreBase):
                 plan_of(row), state=JobState.SCHEDULED, attempt=0, next_run_at=now, run_kind="scheduled"
             )
             return await self._write(action, plan=plan, revoke=False)
+
+    async def replay_occurrence(self, owner: str, job_id: uuid.UUID, scheduled_for: datetime) -> Job:
+        now = utcnow()
+        async with self._locked(owner, job_id) as action:
+            row, conn = action.row, action.conn
+            require("backfill", JobState(row["state"]))
+            spec = codec.spec_from_json(row["spec"])
+            if not spec.recurring:
+                raise InvalidRequest(
+                    "only an occurrence of a recurring (cron or every) job can be replayed by its "
+                    "scheduled_for; replay a dead one-off job without a body",
+                    code="not_recurring",
+                    field="scheduled_for",
+                )
+            final = await conn.fetchval(Q["final_outcome_of_occurrence"], job_id, scheduled_for)
+            require_failed_occurrence(final, codec.format_time(scheduled_for))
+            shard = row["shard"]
+            await conn.execute(
+                Q["insert_occurrences"],
+                [new_job_id(shard)],
+                [shard],
+                [owner],
+                [row["spec"]],
+                [now],
+                [scheduled_for],
+                [job_id],
+                [None],
+            )
+            action.wake = RowPlan(state=JobState.SCHEDULED, next_run_at=now, scheduled_for=None, attempt=0)
+            return job_from_row(row)
 
     async def backfill_job(
         self,

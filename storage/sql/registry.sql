@@ -66,6 +66,11 @@ SELECT count(*) FROM jobs WHERE owner = $1 AND state IN ('scheduled', 'paused') 
 -- name: job_exists
 SELECT 1 FROM jobs WHERE job_id = $1 AND owner = $2 AND parent_id IS NULL;
 
+-- name: final_outcome_of_occurrence
+-- The outcome of an occurrence's last attempt (replay of one occurrence takes only a failed one).
+SELECT outcome FROM runs WHERE job_id = $1 AND scheduled_for = $2 AND attempt > 0
+ORDER BY attempt DESC, run_id DESC LIMIT 1;
+
 -- name: list_runs
 SELECT * FROM runs WHERE job_id = $1 AND run_id < $2 ORDER BY run_id DESC LIMIT $3;
 

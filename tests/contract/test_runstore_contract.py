@@ -10,6 +10,9 @@ from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from duetime.core.errors import Conflict, InvalidRequest
 from duetime.core.ids import shard_of
 from duetime.core.model import JobState, Outcome, Overlap, RetryPolicy
 from duetime.storage.memory import MemoryStore
@@ -302,6 +305,30 @@ async def test_a_chained_catch_up_goes_back_to_back(store: Store) -> None:
     assert [
         r for r in await store.claim_due(row.shard, e, lookahead_s=0, lease_s=30, limit=500) if r.owner == o
     ] == []
+
+
+async def test_a_failed_occurrence_is_replayed_in_a_row_of_its_own(store: Store) -> None:
+    o, e = new_owner(), engine_id()
+    job, _ = await store.create_job(o, cron("0 * * * *"))
+    jid = uuid.UUID(job.id)
+    await store.trigger_job(o, jid)  # a run due now, failing for good (not retried)
+    [run] = await fence(store, (await claim(store, e, [jid])).values())
+    await store.complete_runs([report(run, Outcome.FAILED, retryable=False)])
+    with pytest.raises(Conflict) as caught:
+        await store.replay_occurrence(o, jid, run.scheduled_for + timedelta(seconds=1))
+    assert caught.value.code == "occurrence_not_failed"
+    replayed = await store.replay_occurrence(o, jid, run.scheduled_for)
+    assert replayed.id == job.id
+    due_now = await store.claim_due(run.shard, e, lookahead_s=0, lease_s=30, limit=500)
+    [again] = await fence(store, [r for r in due_now if r.owner == o])
+    assert (again.public_id, again.scheduled_for) == (jid, run.scheduled_for)
+    await store.complete_runs([report(again, Outcome.SUCCEEDED)])
+    with pytest.raises(Conflict) as caught:
+        await store.replay_occurrence(o, jid, run.scheduled_for)  # it succeeded now
+    assert caught.value.code == "occurrence_not_failed"
+    one_off_id = await due_job(store, o)
+    with pytest.raises(InvalidRequest):
+        await store.replay_occurrence(o, one_off_id, now())
 
 
 async def test_the_nats_queue_leases_pass_from_engine_to_one_worker(store: Store) -> None:
