@@ -24,10 +24,10 @@ from duetime.api.render import (
     json_response,
     runs_page_to_json,
 )
-from duetime.core.codec import REDACTED, spec_to_json
+from duetime.core.codec import REDACTED, run_to_json, spec_to_json
 from duetime.core.errors import InvalidRequest, NotFound
 from duetime.core.ids import parse_job_id
-from duetime.core.model import JobSpec, JobState, WebhookTarget
+from duetime.core.model import JobSpec, JobState, Outcome, WebhookTarget
 from duetime.core.ssrf import AddressPolicy, check_webhook_url
 from duetime.core.validation import (
     SpecLimits,
@@ -37,6 +37,7 @@ from duetime.core.validation import (
     parse_idempotency_key,
     parse_job_spec,
     parse_replay_request,
+    parse_time,
 )
 from duetime.storage.base import IdempotencyRequest, Registry
 
@@ -154,6 +155,7 @@ class JobsApi:
             web.post("/v1/jobs/{job_id}/backfill", self.backfill_job, name="backfill_job"),
             web.post("/v1/jobs/{job_id}/replay", self.replay_job, name="replay_job"),
             web.get("/v1/jobs/{job_id}/runs", self.list_runs, name="list_runs", allow_head=False),
+            web.get("/v1/runs", self.list_owner_runs, name="list_owner_runs", allow_head=False),
         ]
 
     async def _check_target(self, spec: JobSpec) -> None:
@@ -254,6 +256,27 @@ class JobsApi:
             pace_per_s=self._limits.backfill_pace_per_s,
         )
         return json_response(backfill_to_json(job_id, start, end, result), status=202)
+
+    async def list_owner_runs(self, request: web.Request) -> web.Response:
+        """The owner's runs across all jobs, newest first: one view of what failed."""
+        outcome = request.query.get("outcome") or None
+        if outcome is not None and outcome not in {o.value for o in Outcome}:
+            raise InvalidRequest(
+                f"outcome must be one of {', '.join(o.value for o in Outcome)}",
+                code="invalid_value",
+                field="outcome",
+            )
+        raw_since = request.query.get("since") or None
+        since = None if raw_since is None else parse_time(raw_since, "since")
+        page = await self._registry.list_owner_runs(
+            request[OWNER], outcome=outcome, since=since, limit=_limit(request), cursor=_cursor(request)
+        )
+        return json_response(
+            {
+                "items": [{**run_to_json(r.run), "job_id": str(r.job_id)} for r in page.items],
+                "next_cursor": page.next_cursor,
+            }
+        )
 
     async def list_runs(self, request: web.Request) -> web.Response:
         owner, job_id = request[OWNER], job_id_of(request)

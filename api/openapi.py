@@ -416,6 +416,23 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "additionalProperties": False,
             "properties": {"items": {"type": "array", "items": _ref("Job")}, "next_cursor": cursor},
         },
+        "OwnerRunPage": {
+            "type": "object",
+            "required": ["items", "next_cursor"],
+            "additionalProperties": False,
+            "properties": {
+                "items": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": [*run["required"], "job_id"],
+                        "additionalProperties": False,
+                        "properties": {**run["properties"], "job_id": {"type": "string", "format": "uuid"}},
+                    },
+                },
+                "next_cursor": cursor,
+            },
+        },
         "RunPage": {
             "type": "object",
             "required": ["items", "next_cursor"],
@@ -730,6 +747,35 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                     "200": _json("A page of runs.", _ref("RunPage")),
                     "401": _E401,
                     "404": _E404,
+                    "422": _E422,
+                    "503": _E503,
+                },
+            }
+        },
+        "/v1/runs": {
+            "get": {
+                "operationId": "list_owner_runs",
+                "summary": "The owner's runs across all jobs, newest (by finished_at) first, each with "
+                "its job_id: one view of what failed.",
+                "parameters": [
+                    {
+                        "name": "outcome",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"enum": ["succeeded", "failed", "timed_out", "lease_expired", "skipped"]},
+                    },
+                    {
+                        "name": "since",
+                        "in": "query",
+                        "required": False,
+                        "description": "Only runs that finished at or after this RFC 3339 instant.",
+                        "schema": _TIME,
+                    },
+                    *_page_params(),
+                ],
+                "responses": {
+                    "200": _json("A page of runs, each with its job_id.", _ref("OwnerRunPage")),
+                    "401": _E401,
                     "422": _E422,
                     "503": _E503,
                 },

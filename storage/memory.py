@@ -41,6 +41,7 @@ from duetime.storage.ports import (
     IdempotencyRequest,
     Lease,
     MissedSkip,
+    OwnerRun,
     Page,
     PublishedRun,
 )
@@ -53,8 +54,10 @@ from duetime.storage.postgres.completion import (
 )
 from duetime.storage.registry_rules import (
     encode_cursor,
+    encode_owner_runs_cursor,
     hash_key,
     job_cursor,
+    owner_runs_cursor,
     require,
     require_failed_occurrence,
     run_cursor,
@@ -524,6 +527,39 @@ class MemoryStore:
             parent_id=parent.job_id,
             backfill_seq=seq,
         )
+
+    async def list_owner_runs(
+        self,
+        owner: str,
+        *,
+        outcome: str | None,
+        since: datetime | None,
+        limit: int,
+        cursor: str | None,
+    ) -> Page[OwnerRun]:
+        self._check()
+        after = owner_runs_cursor(cursor)
+
+        def key(h: _HistoryRow) -> tuple[datetime, uuid.UUID, int]:
+            assert h.run.finished_at is not None
+            return h.run.finished_at, h.job_id, h.run_id
+
+        mine = {j for j, r in self._jobs.items() if r.owner == owner and r.parent_id is None}
+        rows = sorted(
+            (
+                h
+                for h in self._runs
+                if h.job_id in mine
+                and (outcome is None or h.run.outcome.value == outcome)
+                and (since is None or (h.run.finished_at is not None and h.run.finished_at >= since))
+                and (after is None or key(h) < after)
+            ),
+            key=key,
+            reverse=True,
+        )[: limit + 1]
+        page = rows[:limit]
+        next_cursor = encode_owner_runs_cursor(*key(page[-1])) if len(rows) > limit else None
+        return Page([OwnerRun(h.job_id, h.run) for h in page], next_cursor)
 
     async def list_runs(self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None) -> Page[Run]:
         self._check()

@@ -33,6 +33,14 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
+class OwnerRun:
+    """A run of the owner's history across jobs: the run and the job it belongs to."""
+
+    job_id: uuid.UUID
+    run: Run
+
+
+@dataclass(frozen=True, slots=True)
 class Page(Generic[T]):
     items: list[T]
     next_cursor: str | None
@@ -105,6 +113,18 @@ class Registry(Protocol):
     async def list_runs(
         self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None
     ) -> Page[Run]: ...
+
+    async def list_owner_runs(
+        self,
+        owner: str,
+        *,
+        outcome: str | None,
+        since: datetime | None,
+        limit: int,
+        cursor: str | None,
+    ) -> Page[OwnerRun]:
+        """The owner's runs across all jobs, newest (by finished_at) first (GET /v1/runs)."""
+        ...
 
     async def count_active_jobs(self, owner: str) -> int:
         """Scheduled and paused jobs of this owner (for the per-owner cap)."""

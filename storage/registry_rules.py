@@ -9,6 +9,7 @@ import base64
 import binascii
 import hashlib
 import uuid
+from datetime import UTC, datetime, timedelta
 
 from duetime.core.errors import Conflict, InvalidRequest
 from duetime.core.lifecycle import OWNER_TRANSITIONS
@@ -84,3 +85,25 @@ def require_failed_occurrence(final_outcome: str | None, scheduled_for: str) -> 
         "replayed (GET /v1/jobs/{id}/runs lists them)",
         code="occurrence_not_failed",
     )
+
+
+def owner_runs_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID, int] | None:
+    """Where a page of an owner's runs across jobs starts: before (finished_at, job id, run id).
+
+    The job id breaks ties between databases (run ids are per database), so the order is one
+    total order over every shard, newest first.
+    """
+    if not cursor:
+        return None
+    raw = decode_cursor(cursor, 8 + 16 + 8)
+    micros = int.from_bytes(raw[:8], "big", signed=True)
+    try:
+        finished = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+    except OverflowError as exc:
+        raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor") from exc
+    return finished, uuid.UUID(bytes=raw[8:24]), int.from_bytes(raw[24:], "big")
+
+
+def encode_owner_runs_cursor(finished: datetime, job_id: uuid.UUID, run_id: int) -> str:
+    micros = (finished - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    return encode_cursor(micros.to_bytes(8, "big", signed=True) + job_id.bytes + run_id.to_bytes(8, "big"))

@@ -21,14 +21,17 @@ from duetime.core.ids import SHARDS, new_job_id, shard_of
 from duetime.core.lifecycle import RowPlan, initial_plan, split_point, start_manual
 from duetime.core.model import Job, JobSpec, JobState, Overlap, Run
 from duetime.storage.base import Backfill, IdempotencyRequest, Page
+from duetime.storage.ports import OwnerRun
 from duetime.storage.postgres.inserts import InsertBatcher
 from duetime.storage.postgres.pools import StoreBase, translated, utcnow
 from duetime.storage.postgres.rows import job_from_row, plan_of, run_from_row
 from duetime.storage.queries import Q
 from duetime.storage.registry_rules import (
     encode_cursor,
+    encode_owner_runs_cursor,
     hash_key,
     job_cursor,
+    owner_runs_cursor,
     require,
     require_failed_occurrence,
     run_cursor,
@@ -358,6 +361,33 @@ class RegistryPart(StoreBase):
         page = rows[:limit]
         next_cursor = encode_cursor(page[-1]["run_id"].to_bytes(8, "big")) if len(rows) > limit else None
         return Page([run_from_row(r) for r in page], next_cursor)
+
+    async def list_owner_runs(
+        self,
+        owner: str,
+        *,
+        outcome: str | None,
+        since: datetime | None,
+        limit: int,
+        cursor: str | None,
+    ) -> Page[OwnerRun]:
+        after = owner_runs_cursor(cursor)
+        finished, job, run_id = after if after is not None else (None, None, None)
+        found: list[asyncpg.Record] = []
+        async with translated():
+            for pool in self.pools():
+                found.extend(
+                    await pool.fetch(
+                        Q["list_owner_runs"], owner, outcome, since, finished, job, run_id, limit + 1
+                    )
+                )
+        found.sort(key=lambda r: (r["finished_at"], r["job_id"], r["run_id"]), reverse=True)
+        page = found[:limit]
+        next_cursor = None
+        if len(found) > limit:
+            last = page[-1]
+            next_cursor = encode_owner_runs_cursor(last["finished_at"], last["job_id"], last["run_id"])
+        return Page([OwnerRun(r["job_id"], run_from_row(r)) for r in page], next_cursor)
 
     async def count_active_jobs(self, owner: str) -> int:
         total = 0

@@ -71,6 +71,18 @@ SELECT 1 FROM jobs WHERE job_id = $1 AND owner = $2 AND parent_id IS NULL;
 SELECT outcome FROM runs WHERE job_id = $1 AND scheduled_for = $2 AND attempt > 0
 ORDER BY attempt DESC, run_id DESC LIMIT 1;
 
+-- name: list_owner_runs
+-- GET /v1/runs: an owner's runs across jobs, newest first, one database's share; the caller
+-- merges the databases by the same key. Runs are written under the job's (parent's) id.
+SELECT r.*, r.job_id AS public_job_id FROM runs r
+JOIN jobs j ON j.job_id = r.job_id
+WHERE j.owner = $1 AND j.parent_id IS NULL
+  AND ($2::text IS NULL OR r.outcome = $2)
+  AND ($3::timestamptz IS NULL OR r.finished_at >= $3)
+  AND ($4::timestamptz IS NULL OR (r.finished_at, r.job_id, r.run_id) < ($4, $5::uuid, $6::bigint))
+ORDER BY r.finished_at DESC, r.job_id DESC, r.run_id DESC
+LIMIT $7;
+
 -- name: list_runs
 SELECT * FROM runs WHERE job_id = $1 AND run_id < $2 ORDER BY run_id DESC LIMIT $3;
 

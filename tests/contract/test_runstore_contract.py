@@ -331,6 +331,36 @@ async def test_a_failed_occurrence_is_replayed_in_a_row_of_its_own(store: Store)
         await store.replay_occurrence(o, one_off_id, now())
 
 
+async def test_an_owners_runs_across_jobs_newest_first(store: Store) -> None:
+    o, other, e = new_owner(), new_owner(), engine_id()
+    ids = [await due_job(store, o) for _ in range(3)] + [await due_job(store, other)]
+    await asyncio.sleep(1.1)
+    claimed = await claim(store, e, ids)
+    runs = await fence(store, claimed.values())
+    by_id = {r.job_id: r for r in runs}
+    outcomes = [Outcome.SUCCEEDED, Outcome.FAILED, Outcome.FAILED, Outcome.FAILED]
+    for job_id, outcome in zip(ids, outcomes, strict=True):
+        await store.complete_runs([report(by_id[job_id], outcome)])  # one after another: ordered
+    page = await store.list_owner_runs(o, outcome=None, since=None, limit=10, cursor=None)
+    assert [r.job_id for r in page.items] == list(reversed(ids[:3])), "newest first, only the owner's"
+    assert page.next_cursor is None
+    failed = await store.list_owner_runs(o, outcome="failed", since=None, limit=10, cursor=None)
+    assert [r.job_id for r in failed.items] == [ids[2], ids[1]]
+    assert all(r.run.outcome is Outcome.FAILED for r in failed.items)
+    later = await store.list_owner_runs(
+        o, outcome=None, since=now() + timedelta(seconds=5), limit=10, cursor=None
+    )
+    assert later.items == []
+    seen, cursor = [], None
+    while True:
+        one = await store.list_owner_runs(o, outcome=None, since=None, limit=1, cursor=cursor)
+        seen += [r.job_id for r in one.items]
+        cursor = one.next_cursor
+        if cursor is None:
+            break
+    assert seen == list(reversed(ids[:3])), "following next_cursor lists each run once"
+
+
 async def test_the_nats_queue_leases_pass_from_engine_to_one_worker(store: Store) -> None:
     o, e = new_owner(), engine_id()
     taken_id, left_id = await due_job(store, o), await due_job(store, o)

@@ -46,6 +46,20 @@ async def test_a_failed_occurrence_runs_once_more(owner: Owner, receiver: Receiv
     status, body = await owner.call("POST", path, {"scheduled_for": occurrence})
     assert (status, body["error"]["code"]) == (409, "occurrence_not_failed"), body
 
+    # one view of what failed: the owner's runs across jobs, each with its job_id
+    status, page = await owner.call("GET", "/v1/runs?outcome=failed&limit=10")
+    assert status == 200, page
+    assert [(r["job_id"], r["scheduled_for"], r["status_code"]) for r in page["items"]] == [
+        (job["id"], occurrence, 404)
+    ]
+    status, page = await owner.call("GET", "/v1/runs")
+    assert status == 200 and [r["outcome"] for r in page["items"]] == ["succeeded", "failed"]
+    status, page = await owner.call("GET", "/v1/runs?since=2999-01-01T00:00:00Z")
+    assert (status, page["items"], page["next_cursor"]) == (200, [], None)
+    for query, field in (("outcome=broken", "outcome"), ("since=yesterday", "since"), ("limit=0", "limit")):
+        status, body = await owner.call("GET", f"/v1/runs?{query}")
+        assert (status, body["error"]["field"]) == (422, field), body
+
     status, body = await owner.call("POST", path, {"scheduled_for": "yesterday"})
     assert (status, body["error"]["field"]) == (422, "scheduled_for"), body
     status, body = await owner.call("POST", path, {"when": occurrence})
