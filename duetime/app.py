@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import REGISTRY, generate_latest
+from prometheus_client import REGISTRY, Gauge, generate_latest
 
 from duetime._version import __version__
 from duetime.api.app import create_app
@@ -36,6 +36,11 @@ from duetime.workers.pool import WorkerPool
 from duetime.workers.remote import RemoteWorker
 
 log = logging.getLogger("duetime")
+
+# `duetime_build_info{version="…"} 1` on every process's /metrics (API, engine, worker, `run`): a
+# dashboard joins on it to see which release each process runs, e.g. halfway through an upgrade.
+BUILD_INFO = Gauge("duetime_build_info", "The Duetime release this process runs (always 1)", ["version"])
+BUILD_INFO.labels(__version__).set(1)
 
 
 def address_policy(settings: Settings) -> AddressPolicy:

@@ -19,9 +19,9 @@ from typing import Any
 
 import aiohttp
 
-from duetime.core import ssrf
+from duetime.core import signing, ssrf
 from duetime.core.model import Broker, Outcome, QueueTarget, Target, WebhookTarget
-from duetime.workers import signing, webhook
+from duetime.workers import webhook
 from duetime.workers.limits import HostLimiter
 from duetime.workers.queues import QueuePublisher
 from duetime.workers.webhook import Verdict

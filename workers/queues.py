@@ -26,8 +26,8 @@ import redis.exceptions as redis_errors
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from duetime.core import signing
 from duetime.core.model import Broker, Outcome, QueueTarget
-from duetime.workers import signing
 from duetime.workers.webhook import Verdict
 
 if TYPE_CHECKING:
