@@ -24,10 +24,10 @@ from duetime._version import __version__
 from duetime.api.app import create_app
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import SpecLimits
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
-from duetime.engine.runqueue import InProcessRunQueue
 from duetime.engine.service import Engine, EngineConfig
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
+from duetime.runqueue.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
 from duetime.settings import Settings
 from duetime.storage.postgres import PostgresStore, expire_published_of
 from duetime.storage.shardmap import ShardMap
@@ -168,7 +168,17 @@ class Node:
                 host_rate_per_s=s.target_rate,
             )
             await self._dispatcher.start()
-            self._remote = RemoteWorker(self.store, self._dispatcher, s)
+            self._remote = RemoteWorker(
+                self.store,
+                self._dispatcher,
+                nats_url=s.nats_url,
+                subject_prefix=s.nats_run_subject,
+                lease_s=s.lease_s,
+                heartbeat_s=s.heartbeat_s,
+                ack_wait_s=s.nats_ack_wait_s,
+                concurrency=s.worker_concurrency,
+                shutdown_grace_s=s.shutdown_grace_s,
+            )
             await self._remote.start()
         if self.engine:
             self._publisher = NatsRunPublisher(

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 from duetime.engine import entries
 from duetime.engine.clock import FakeClock
-from duetime.engine.runqueue import InProcessRunQueue
 from duetime.engine.service import Engine, EngineConfig
+from duetime.runqueue.inprocess import InProcessRunQueue
 
 T = datetime(2026, 12, 1, tzinfo=UTC)
 

@@ -7,7 +7,7 @@ import uuid
 from datetime import UTC, datetime
 
 from duetime.engine import entries
-from duetime.engine.runqueue import InProcessRunQueue
+from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.storage.postgres import FencedRow
 
 T = datetime(2026, 12, 1, tzinfo=UTC)

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from duetime.core.delivery import Delivery
 from duetime.core.model import WebhookTarget
 from duetime.core.signing import (
     encode_body,
@@ -15,7 +16,6 @@ from duetime.core.signing import (
     sign,
     verify_signature,
 )
-from duetime.workers.dispatch import Delivery
 from duetime.workers.webhook import contract_headers
 
 JOB = "0b5c3c1e-8d1f-4c7e-9a51-7f0e2a4b9d10"
