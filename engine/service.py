@@ -25,8 +25,8 @@ from duetime.engine.wheel import TimerWheel, WheelDriver
 from duetime.runqueue import metrics
 from duetime.runqueue.inprocess import RunQueue
 from duetime.runqueue.leases import LeaseKeeper
-from duetime.storage.notify import DueListener
 from duetime.storage.postgres import ClaimedRow, MissedSkip, PostgresStore
+from duetime.storage.postgres.listen import DueListener
 
 log = logging.getLogger("duetime.engine")
 

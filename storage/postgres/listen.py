@@ -1,7 +1,7 @@
 """LISTEN for "a job of shard N became due inside the lookahead", so the engine can wake that
 shard's claim loop within milliseconds of the commit instead of at its next poll.
 
-The statements that NOTIFY are in storage/sql/queries.sql (``pg_notify`` on ``NOTIFY_CHANNEL``,
+The statement that NOTIFYs is in storage/sql/hints.sql (``pg_notify`` on ``NOTIFY_CHANNEL``,
 the shard as payload). The listening connections live here, in storage, so the engine needs no
 database driver: it hands over a callback and gets a listener to close.
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 import asyncpg
 
-from duetime.storage.postgres import NOTIFY_CHANNEL
+from duetime.storage.postgres.hints import NOTIFY_CHANNEL
 from duetime.storage.shardmap import ShardMap
 
 log = logging.getLogger("duetime.engine")
