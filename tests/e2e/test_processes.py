@@ -20,6 +20,8 @@ from duetime.storage.shardmap import ShardMap
 from loadtest.common import free_port
 from tests.e2e.harness import Owner, Receiver, at
 
+pytestmark = pytest.mark.processes
+
 
 class Proc:
     def __init__(self, env: dict[str, str], *args: str) -> None:

@@ -25,7 +25,7 @@ from loadtest.common import free_port
 from tests.e2e.harness import Receiver
 from tests.faults.harness import NodeProc, node_env
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 
 def _always(status: int) -> Callable[[int], int]:
