@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import Call, Owner, Receiver, parse
+from tests.support.node import Owner, parse
+from tests.support.receiver import Call, Receiver
 
 SLOW_S = 2.5  # each call takes this long: longer than the every-second cron's period
 

@@ -15,7 +15,8 @@ import redis.asyncio as aioredis
 
 from duetime.app import Node
 from duetime.core.signing import verify_signature
-from tests.e2e.harness import Owner, Receiver, at, fast_settings, parse
+from tests.support.node import Owner, at, fast_settings, parse
+from tests.support.receiver import Receiver
 
 
 def webhook(receiver: Receiver, path: str, **extra: object) -> dict[str, object]:
