@@ -18,16 +18,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import REGISTRY, generate_latest
+from prometheus_client import REGISTRY, Gauge, generate_latest
 
 from duetime._version import __version__
 from duetime.api.app import create_app
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import SpecLimits
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
-from duetime.engine.runqueue import InProcessRunQueue
 from duetime.engine.service import Engine, EngineConfig
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
+from duetime.runqueue.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
 from duetime.settings import Settings
 from duetime.storage.ports import Registry
 from duetime.storage.postgres import PostgresStore
@@ -37,6 +37,11 @@ from duetime.workers.pool import WorkerPool
 from duetime.workers.remote import RemoteWorker
 
 log = logging.getLogger("duetime")
+
+# `duetime_build_info{version="…"} 1` on every process's /metrics (API, engine, worker, `run`): a
+# dashboard joins on it to see which release each process runs, e.g. halfway through an upgrade.
+BUILD_INFO = Gauge("duetime_build_info", "The Duetime release this process runs (always 1)", ["version"])
+BUILD_INFO.labels(__version__).set(1)
 
 
 def address_policy(settings: Settings) -> AddressPolicy:
@@ -164,7 +169,17 @@ class Node:
                 host_rate_per_s=s.target_rate,
             )
             await self._dispatcher.start()
-            self._remote = RemoteWorker(self.store, self._dispatcher, s)
+            self._remote = RemoteWorker(
+                self.store,
+                self._dispatcher,
+                nats_url=s.nats_url,
+                subject_prefix=s.nats_run_subject,
+                lease_s=s.lease_s,
+                heartbeat_s=s.heartbeat_s,
+                ack_wait_s=s.nats_ack_wait_s,
+                concurrency=s.worker_concurrency,
+                shutdown_grace_s=s.shutdown_grace_s,
+            )
             await self._remote.start()
         if self.engine:
             self._publisher = NatsRunPublisher(

@@ -18,12 +18,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from duetime.core import codec
-from duetime.engine import entries, metrics
+from duetime.engine import entries
 from duetime.engine.clock import Clock, SystemClock
-from duetime.engine.leases import LeaseKeeper
 from duetime.engine.misfire import FireNow, SkipTo, decide
-from duetime.engine.runqueue import RunQueue
 from duetime.engine.wheel import TimerWheel, WheelDriver
+from duetime.runqueue import metrics
+from duetime.runqueue.inprocess import RunQueue
+from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.ports import ClaimedRow, DueListener, FenceRequest, Lease, MissedSkip, RunStore
 
 log = logging.getLogger("duetime.engine")
