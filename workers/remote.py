@@ -17,7 +17,7 @@ import socket
 
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.runqueue.natsqueue import NatsRunConsumer
-from duetime.storage.postgres import PostgresStore
+from duetime.storage.ports import RunStore
 from duetime.workers.dispatch import Dispatcher
 from duetime.workers.pool import WorkerPool
 
@@ -33,7 +33,7 @@ class RemoteWorker:
 
     def __init__(
         self,
-        store: PostgresStore,
+        store: RunStore,
         dispatcher: Dispatcher,
         *,
         nats_url: str,
