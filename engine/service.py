@@ -169,6 +169,11 @@ class Engine:
                 self._start_claiming(shard)
             if gained:
                 metrics.SHARDS_GAINED.inc(len(gained))
+                log.info(
+                    "engine %s took on shards %s",
+                    self.config.engine_id,
+                    ",".join(map(str, sorted(gained))),
+                )
             if lost:
                 metrics.SHARDS_LOST.inc(len(lost))
                 await self._withdraw(lost)

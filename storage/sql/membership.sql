@@ -31,5 +31,6 @@ FROM engines
 ORDER BY engine_id;
 
 -- name: forget_dead_engines
--- Members dead for longer than $1 seconds are forgotten (they re-join if they ever come back).
-DELETE FROM engines WHERE heartbeat_at < now() - make_interval(secs => $1::float8);
+-- Members silent for longer than $1 seconds and than their own lease (so dead) are forgotten
+-- (they re-join if they ever come back).
+DELETE FROM engines WHERE heartbeat_at < now() - make_interval(secs => greatest(lease_s, $1::float8));
