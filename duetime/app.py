@@ -217,7 +217,7 @@ class Node:
         )
         dealt = await self._membership.join()
         log.info(
-            "engine %s joined the membership; serving shards %s",
+            "engine %s joined the membership; shards dealt to it: %s",
             s.engine_id,
             ",".join(map(str, sorted(dealt))) or "none",
         )

@@ -57,7 +57,8 @@ class MembershipKeeper:
         """Register (a restart under the same id is the same member) and return the shards dealt
         to this engine by the membership as it is now."""
         await self._store.join(self.registration)
-        mine = self._deal(await self._store.engines(), self.registration.allowed)
+        # No ERROR for unserved shards yet: engines started together join one by one.
+        mine = self._deal(await self._store.engines(), self.registration.allowed, report=False)
         self._reported = frozenset()
         return mine
 
@@ -118,7 +119,9 @@ class MembershipKeeper:
             await self._store.set_serving(reg, engine.serving)
             self._reported = engine.serving
 
-    def _deal(self, records: list[EngineRecord], allowed: frozenset[int]) -> frozenset[int]:
+    def _deal(
+        self, records: list[EngineRecord], allowed: frozenset[int], *, report: bool = True
+    ) -> frozenset[int]:
         reg = self.registration
         live = [r for r in records if r.live or r.engine_id == reg.engine_id]
         result = deal([r.member() for r in live], reg.replicas)
@@ -136,7 +139,7 @@ class MembershipKeeper:
                 counts[s] += 1
         for s in range(SHARDS):
             metrics.SHARD_ENGINES.labels(str(s)).set(counts[s])
-        if result.unserved:
+        if result.unserved and report:
             log.error(
                 "shards %s are served by no engine: no live engine may serve them (check --shards / "
                 "DUETIME_SHARDS of the engines, or start one that may); their runs wait",

@@ -128,7 +128,5 @@ async def test_a_database_that_does_not_answer_fails_with_exit_1(tmp_path: Path)
 
 
 async def test_no_database_named_is_a_settings_error(tmp_path: Path) -> None:
-    code, _, err = await duetime(
-        "cluster", "status", env=_env(DUETIME_DATA_DIR=str(tmp_path)), cwd=tmp_path
-    )
+    code, _, err = await duetime("cluster", "status", env=_env(DUETIME_DATA_DIR=str(tmp_path)), cwd=tmp_path)
     assert code == 2 and "DUETIME_DATABASE_URL" in err
