@@ -385,6 +385,7 @@ class BurstCluster:
         workers: int,
         rss: _RssWatch,
         split: bool = False,
+        retries: bool = False,
     ) -> None:
         self.prefix = f"duetime.burst-runs.{secrets.token_hex(4)}"
         self.logdir = Path(tempfile.mkdtemp(prefix="duetime-burst-cluster-"))
@@ -400,6 +401,13 @@ class BurstCluster:
             split=split,
         )
         self.samples: list[tuple[float, float, float]] = []
+        # One attempt per job, so one history row per finished job -- unless runs are retried (a
+        # failover measurement): then a job is done once it succeeded, whatever came before.
+        self._done_sql = (
+            "SELECT count(*) FROM runs"
+            if not retries
+            else "SELECT count(DISTINCT job_id) FROM runs WHERE outcome = 'succeeded'"
+        )
         self._dsn = dsn
         self._rss = rss
         self._task: asyncio.Task[None] | None = None
@@ -422,7 +430,7 @@ class BurstCluster:
             async with aiohttp.ClientSession() as http:
                 while True:
                     at = time.time()
-                    done = await conn.fetchval("SELECT count(*) FROM runs")
+                    done = await conn.fetchval(self._done_sql)
                     try:
                         claims = await self.fleet.claims(http)
                     except aiohttp.ClientError:  # an engine died: alive() says so to _measure
@@ -771,7 +779,14 @@ async def run_burst(a: BurstArgs) -> dict[str, Any]:
             fleet: Fleet
             if a.topology == "cluster":
                 fleet = BurstCluster(
-                    settings, env, dsn, engines=a.processes, workers=a.workers, rss=rss, split=a.split_shards
+                    settings,
+                    env,
+                    dsn,
+                    engines=a.processes,
+                    workers=a.workers,
+                    rss=rss,
+                    split=a.split_shards,
+                    retries=a.kill_engine_at_s is not None,
                 )
                 await fleet.start()
             else:
