@@ -21,9 +21,9 @@ from collections.abc import Sequence
 
 from duetime.core.dealing import Deal, deal
 from duetime.core.ids import SHARDS
-from duetime.engine import metrics
 from duetime.engine.service import Engine
-from duetime.storage.membership import EngineRecord, MembershipStore, Registration
+from duetime.runqueue import metrics
+from duetime.storage.postgres.membership import EngineRecord, MembershipStore, Registration
 
 log = logging.getLogger("duetime.membership")
 

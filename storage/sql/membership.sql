@@ -1,5 +1,5 @@
 -- Membership of the engines (migration 0004), on the home database. Loaded by storage/queries.py
--- with the other named statements; used by storage/membership.py. All times are database time.
+-- with the other named statements; used by storage/postgres/membership.py. All times are database time.
 
 -- name: join_engine
 -- A (re)start: the same id is the same member, with a new incarnation and started_at.

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from duetime.storage.membership import MembershipStore, Registration
 from duetime.storage.postgres import PostgresStore
+from duetime.storage.postgres.membership import MembershipStore, Registration
 from duetime.storage.shardmap import ShardMap
 from tests.conftest import _create_db, _drop_db
 from tests.integration.test_cli import _env, duetime

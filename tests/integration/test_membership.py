@@ -16,14 +16,14 @@ import pytest
 
 from duetime.core.ids import SHARDS
 from duetime.core.model import Broker, JobSpec, OneOffSchedule, QueueTarget
-from duetime.engine.leases import LeaseKeeper
 from duetime.engine.membership import MembershipKeeper
-from duetime.engine.runqueue import InProcessRunQueue
 from duetime.engine.service import Engine, EngineConfig
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.bulk import BulkJob, seed_jobs
-from duetime.storage.membership import MembershipStore, Registration
 from duetime.storage.migrate import migrate
 from duetime.storage.postgres import PostgresStore
+from duetime.storage.postgres.membership import MembershipStore, Registration
 from duetime.storage.shardmap import ShardMap
 from tests.conftest import ADMIN_DSN
 

@@ -16,8 +16,8 @@ import yaml
 from prometheus_client import REGISTRY
 
 import duetime.api.metrics
-import duetime.engine.metrics
-import duetime.engine.natsqueue
+import duetime.runqueue.metrics
+import duetime.runqueue.natsqueue
 from duetime.cli import COMMANDS, build_parser
 from duetime.settings import Settings, unknown_variables
 
@@ -150,7 +150,7 @@ def test_the_alert_rules_are_loaded_and_watch_the_dealing_with_real_metrics() ->
 
 def _metric_names() -> set[str]:
     assert (
-        duetime.engine.metrics and duetime.api.metrics and duetime.engine.natsqueue
+        duetime.runqueue.metrics and duetime.api.metrics and duetime.runqueue.natsqueue
     )  # imported for their registrations
     names: set[str] = set()
     for family in REGISTRY.collect():

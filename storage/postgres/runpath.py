@@ -1,0 +1,122 @@
+"""The run path up to the call: claim due rows into a wheel, fence them before a call, keep
+their leases alive (heartbeats), give back what was claimed and not fired."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+
+import asyncpg
+
+from duetime.storage.ports import ClaimedRow, FencedRow, FenceRequest, Lease
+from duetime.storage.postgres.pools import StoreBase, translated
+from duetime.storage.queries import Q
+
+
+class RunPathPart(StoreBase):
+    """Claims, fences and leases of ``PostgresStore``."""
+
+    async def claim_due(
+        self, shard: int, engine_id: str, *, lookahead_s: float, lease_s: float, limit: int
+    ) -> list[ClaimedRow]:
+        async with translated():
+            rows = await self.pool_for_shard(shard).fetch(
+                Q["claim_due"], shard, engine_id, float(lookahead_s), limit, float(lease_s)
+            )
+        return [_claimed(r) for r in rows]
+
+    async def retake_claims(
+        self, engine_id: str, shards: Sequence[int], *, lease_s: float
+    ) -> list[ClaimedRow]:
+        out: list[ClaimedRow] = []
+        async with translated():
+            for dsn, held in self.shard_map.databases().items():
+                mine = [s for s in held if s in shards]
+                if mine:
+                    rows = await self.pool_for_dsn(dsn).fetch(
+                        Q["retake_claims"], engine_id, mine, float(lease_s)
+                    )
+                    out.extend(_claimed(r) for r in rows)
+        return out
+
+    async def fence_runs(self, items: Sequence[FenceRequest], *, lease_s: float) -> list[FencedRow]:
+        """Returns the runs that may be called."""
+        out: list[FencedRow] = []
+        async with translated():
+            for dsn, group in self.by_db(items).items():
+                rows = await self.pool_for_dsn(dsn).fetch(
+                    Q["fence_runs"],
+                    [g.job_id for g in group],
+                    [g.lease_token for g in group],
+                    float(lease_s),
+                    [g.scheduled_for for g in group],
+                )
+                out.extend(
+                    FencedRow(
+                        job_id=r["job_id"],
+                        shard=r["shard"],
+                        owner=r["owner"],
+                        lease_token=r["lease_token"],
+                        scheduled_for=r["scheduled_for"],
+                        due_at=r["next_run_at"],
+                        attempt=r["attempt"] + 1,
+                        spec=json.loads(r["spec"]),
+                        spec_version=r["spec_version"],
+                        spec_text=r["spec"],
+                        run_kind=r["run_kind"],
+                        parent_id=r["parent_id"],
+                    )
+                    for r in rows
+                )
+        return out
+
+    async def extend_leases(self, leases: Sequence[Lease], *, lease_s: float) -> set[uuid.UUID]:
+        """Returns the ids whose lease still holds."""
+        held: set[uuid.UUID] = set()
+        async with translated():
+            for dsn, group in self.by_db(leases).items():
+                rows = await self.pool_for_dsn(dsn).fetch(
+                    Q["extend_leases"],
+                    [g.job_id for g in group],
+                    [g.lease_token for g in group],
+                    float(lease_s),
+                )
+                held.update(r["job_id"] for r in rows)
+        return held
+
+    async def keep_waiting_claims(
+        self, shard: int, engine_id: str, *, within_s: float, extend_s: float, limit: int
+    ) -> int:
+        """Extend the leases of ``engine_id``'s claims on ``shard`` that would lapse within
+        ``within_s``, by ``extend_s`` from now; at most ``limit`` rows. Returns how many."""
+        async with translated():
+            status: str = await self.pool_for_shard(shard).execute(
+                Q["keep_waiting_claims"], shard, engine_id, float(within_s), float(extend_s), limit
+            )
+        return int(status.rsplit(" ", 1)[-1])
+
+    async def release_claims(self, leases: Sequence[Lease]) -> int:
+        released = 0
+        async with translated():
+            for dsn, group in self.by_db(leases).items():
+                rows = await self.pool_for_dsn(dsn).fetch(
+                    Q["release_claims"], [g.job_id for g in group], [g.lease_token for g in group]
+                )
+                released += len(rows)
+        return released
+
+
+def _claimed(r: asyncpg.Record) -> ClaimedRow:
+    return ClaimedRow(
+        job_id=r["job_id"],
+        shard=r["shard"],
+        lease_token=r["lease_token"],
+        due_at=r["next_run_at"],
+        scheduled_for=r["scheduled_for"],
+        attempt=r["attempt"],
+        run_kind=r["run_kind"],
+        misfire_spec=r["misfire_spec"],
+        db_now=r["db_now"],
+        owner=r["owner"],
+    )
