@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,8 +22,10 @@ import pytest
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from loadtest.common import free_port
-from tests.e2e.harness import Call, Owner, Receiver, parse
-from tests.e2e.test_processes import Proc, env_for
+from tests.e2e.test_processes import env_for
+from tests.support.node import Owner, parse
+from tests.support.processes import DuetimeProcess
+from tests.support.receiver import Call, Receiver
 
 OUTAGE_S = 10
 CATCH_UP_WITHIN = timedelta(seconds=3)
@@ -40,7 +43,7 @@ def slot(call: Call) -> datetime:
 
 
 async def test_run_all_catches_up_after_a_ten_second_stop(
-    pg_dsn: str, store: PostgresStore, receiver: Receiver
+    pg_dsn: str, store: PostgresStore, receiver: Receiver, tmp_path: Path
 ) -> None:
     port = free_port()
     env = env_for(pg_dsn, port)
@@ -50,8 +53,8 @@ async def test_run_all_catches_up_after_a_ten_second_stop(
         "/allow-grace1": {"misfire": "run_all", "misfire_grace_s": 1},  # missed: run_all applies
         "/skip": {"misfire": "run_all", "misfire_grace_s": 1, "overlap": "skip"},  # back to back
     }
-    first = Proc(env, "run")
-    await first.wait_line("serving")
+    first = DuetimeProcess("first", env, ["run"], tmp_path).start()
+    await first.ready("serving")
     ids: dict[str, str] = {}
     async with aiohttp.ClientSession() as http:
         owner = Owner("c", key, secret, http, f"http://127.0.0.1:{port}")
@@ -73,9 +76,9 @@ async def test_run_all_catches_up_after_a_ten_second_stop(
         stopped = datetime.now(UTC)
         before = {path: {slot(c) for c in receiver.on(path)} for path in jobs}
         await asyncio.sleep(OUTAGE_S)
-        second = Proc(env, "run")
+        second = DuetimeProcess("second", env, ["run"], tmp_path).start()
         try:
-            await second.wait_line("serving")
+            await second.ready("serving")
             restarted = datetime.now(UTC)
             started = time.monotonic()
             await asyncio.sleep(8)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from tests.e2e.harness import Owner, Receiver, parse
+from tests.support.node import Owner, parse
+from tests.support.receiver import Receiver
 
 
 async def test_every_fires_exactly_as_the_preview_says(owner: Owner, receiver: Receiver) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.e2e.harness import Owner, Receiver
+from tests.support.node import Owner
+from tests.support.receiver import Receiver
 
 
 async def test_a_failed_occurrence_runs_once_more(owner: Owner, receiver: Receiver) -> None:

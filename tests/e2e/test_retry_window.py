@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from tests.e2e.harness import Owner, Receiver, at
+from tests.support.node import Owner, at
+from tests.support.receiver import Receiver
 
 
 async def test_retry_after_on_a_503_spaces_the_next_attempt(owner: Owner, receiver: Receiver) -> None:
