@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -129,8 +131,29 @@ class Cluster:
         self.api_url = f"http://127.0.0.1:{port}"
         return await self._start(name, {"DUETIME_HTTP_PORT": str(port)}, ["api"])
 
-    async def engine(self, name: str, shards: str) -> DuetimeProcess:
-        return await self._start(name, {"DUETIME_ENGINE_ID": f"test-{name}"}, ["engine", "--shards", shards])
+    async def engine(self, name: str, shards: str | None = None) -> DuetimeProcess:
+        """``duetime engine`` as ``test-<name>``; without ``shards`` it may serve all 16 and the
+        dealing decides which it serves."""
+        args = ["engine"] if shards is None else ["engine", "--shards", shards]
+        return await self._start(name, {"DUETIME_ENGINE_ID": f"test-{name}"}, args)
+
+    async def status(self) -> dict[str, Any]:
+        """``duetime cluster status --json`` with the cluster's settings, parsed."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "duetime",
+            "cluster",
+            "status",
+            "--json",
+            env={**os.environ, **self.env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, f"cluster status exited {proc.returncode}: {err.decode()[-2000:]}"
+        answer: dict[str, Any] = json.loads(out)
+        return answer
 
     async def worker(self, name: str) -> DuetimeProcess:
         return await self._start(name, {}, ["worker"])
