@@ -17,7 +17,7 @@ from duetime.core.model import JobState, Outcome, Overlap
 from duetime.runqueue.natsqueue import decode_run, encode_run
 from duetime.storage.postgres import AttemptReport, ClaimedRow, PostgresStore
 from duetime.storage.queries import Q
-from tests.integration.test_storage import ENGINE, claim_all, cron, fence, now, owner, report, store
+from tests.database.test_storage import ENGINE, claim_all, cron, fence, now, owner, report, store
 
 __all__ = ["store"]  # the fixture, used by name below
 
