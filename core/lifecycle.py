@@ -2,7 +2,8 @@
 
 Storage reads the locked rows, calls these functions, and writes the results in the same
 transaction, so the rule for "what happens next" lives here once and is tested with a fake clock.
-The diagram and the table of transitions are in docs/state-machine.md.
+Which owner action is allowed in which state, and which run-path event may take a row in which
+phase, are the tables of ``core.states``; docs/state-machine.md draws them.
 
 Owner-facing transitions (API):            Run path (engine/workers), per row:
   scheduled ─pause→ paused ─resume→ scheduled     idle ─claim→ claimed ─fence→ running ─complete→ idle
@@ -19,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from duetime.core import jitter, retry
+from duetime.core import jitter, retry, states
 from duetime.core.model import CronSchedule, JobSpec, JobState, OneOffSchedule, Outcome, Overlap
 from duetime.core.schedule import count_between, latest_at_or_before, next_occurrence
 
@@ -27,18 +28,10 @@ from duetime.core.schedule import count_between, latest_at_or_before, next_occur
 #: by one; the last one written says how many more there were.
 OVERLAP_RECORD_CAP = 100
 
-OVERLAP_SKIP_REASON = "skipped: the previous run of this job was still in flight (overlap policy {policy})"
+#: Re-exported from the table it is drawn from (``core.states``).
+OWNER_TRANSITIONS = states.OWNER_TRANSITIONS
 
-#: Which owner actions are allowed from which state; anything else answers 409.
-OWNER_TRANSITIONS: dict[str, frozenset[JobState]] = {
-    "update": frozenset({JobState.SCHEDULED, JobState.PAUSED, JobState.DEAD}),
-    "pause": frozenset({JobState.SCHEDULED, JobState.PAUSED}),
-    "resume": frozenset({JobState.SCHEDULED, JobState.PAUSED}),
-    "trigger": frozenset({JobState.SCHEDULED}),
-    "replay": frozenset({JobState.DEAD}),
-    "backfill": frozenset({JobState.SCHEDULED}),
-    "cancel": frozenset(JobState),
-}
+OVERLAP_SKIP_REASON = "skipped: the previous run of this job was still in flight (overlap policy {policy})"
 
 
 @dataclass(frozen=True, slots=True)

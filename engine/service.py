@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from duetime.core import codec
-from duetime.engine import entries, metrics
+from duetime.core import codec, wire
+from duetime.core.misfire import FireNow, SkipTo, decide
+from duetime.engine import metrics
 from duetime.engine.clock import Clock, SystemClock
 from duetime.engine.leases import LeaseKeeper
-from duetime.engine.misfire import FireNow, SkipTo, decide
 from duetime.engine.runqueue import RunQueue
 from duetime.engine.wheel import TimerWheel, WheelDriver
 from duetime.storage.postgres import NOTIFY_CHANNEL, ClaimedRow, MissedSkip, PostgresStore
@@ -168,7 +168,7 @@ class Engine:
         self._fired_count = 0
         metrics.WHEEL_SIZE.set(0)
         if waiting:
-            items = [(e.job_id, e.shard, e.lease_token) for e in map(entries.unpack, waiting)]
+            items = [(e.job_id, e.shard, e.lease_token) for e in map(wire.unpack_entry, waiting)]
             released = 0
             for i in range(0, len(items), 1000):
                 released += await asyncio.shield(self._store.release_claims(items[i : i + 1000]))
@@ -263,7 +263,7 @@ class Engine:
         batch: list[bytes] = []
         skips: list[MissedSkip] = []
         for row in rows:
-            scheduled_for, due_ms = row.scheduled_for, entries.to_ms(row.due_at)
+            scheduled_for, due_ms = row.scheduled_for, wire.to_ms(row.due_at)
             if row.misfire_spec is not None:
                 spec = codec.spec_from_json(row.misfire_spec)
                 decision = decide(
@@ -288,15 +288,15 @@ class Engine:
                     continue
                 assert isinstance(decision, FireNow)
                 scheduled_for = decision.scheduled_for
-                due_ms = entries.to_ms(row.db_now)
+                due_ms = wire.to_ms(row.db_now)
             batch.append(
-                entries.pack(
+                wire.pack_entry(
                     due_ms,
                     row.job_id,
                     row.lease_token,
                     scheduled_for,
                     row.shard,
-                    entries.owner_lane(row.owner),
+                    wire.owner_lane(row.owner),
                 )
             )
         if batch:
@@ -312,7 +312,8 @@ class Engine:
     def _on_fire(self, fired: list[bytes]) -> None:
         now_ms = self._clock.now_ms()
         observe = metrics.FIRE_LATENESS.observe
-        late = [now_ms - int.from_bytes(entry[:8], "big", signed=True) for entry in fired]
+        due_ms = wire.entry_due_ms
+        late = [now_ms - due_ms(entry) for entry in fired]
         for ms in late:
             observe(max(ms, 0) / 1000.0)
         if self.lateness_probe is not None:
@@ -323,9 +324,9 @@ class Engine:
         self._fire_event.set()
 
     def _queue_fired(self, fired: Sequence[bytes], *, front: bool = False) -> None:
-        lanes, ring = self._lanes, self._ring
+        lanes, ring, lane_of = self._lanes, self._ring, wire.entry_lane
         for entry in reversed(fired) if front else fired:
-            lane = entries.lane_of(entry)
+            lane = lane_of(entry)
             q = lanes.get(lane)
             if q is None:
                 q = lanes[lane] = deque()
@@ -371,7 +372,7 @@ class Engine:
             if self._stopping.is_set():
                 return  # what is left is released by stop()
             raw = self._take_fair(cfg.fence_batch)
-            batch = [entries.unpack(e) for e in raw]
+            batch = [wire.unpack_entry(e) for e in raw]
             started = time.perf_counter()
             try:
                 fenced = await self._store.fence_runs(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from duetime.engine import entries
+from duetime.core import wire
 from duetime.engine.clock import FakeClock
 from duetime.engine.runqueue import InProcessRunQueue
 from duetime.engine.service import Engine, EngineConfig
@@ -16,7 +16,7 @@ T = datetime(2026, 12, 1, tzinfo=UTC)
 def _engine(held: int) -> Engine:
     config = EngineConfig(engine_id="t", lease_s=30)
     engine = Engine(None, InProcessRunQueue(), None, config, clock=FakeClock(0))  # type: ignore[arg-type]
-    engine._queue_fired([entries.pack(0, uuid.uuid4(), 1, T, 0) for _ in range(held)])
+    engine._queue_fired([wire.pack_entry(0, uuid.uuid4(), 1, T, 0) for _ in range(held)])
     return engine
 
 
