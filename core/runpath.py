@@ -88,11 +88,12 @@ class RunSpec:
             object.__setattr__(self, "_parsed", spec)  # a cache, not a change: same value each time
         return spec
 
-    def reuse(self, text: str, version: int) -> RunSpec:
-        """This spec if the row still holds ``text`` (so its parse is reused), else the row's own."""
+    def reuse(self, text: str) -> JobSpec:
+        """The parsed spec of a row whose spec text is now ``text``: this one's parse while the text
+        is unchanged since the fence (the common case), else ``text`` decoded."""
         if text == self.text:
-            return self if version == self.version else RunSpec(text, version, self._parsed)
-        return RunSpec(text, version)
+            return self.parsed
+        return codec.spec_from_json(json.loads(text))
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,14 +19,15 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from duetime.core import codec, wire
+from duetime.core import wire
 from duetime.core.misfire import FireNow, SkipTo, decide
+from duetime.core.runpath import Claim, Skip
 from duetime.engine import metrics
 from duetime.engine.clock import Clock, SystemClock
 from duetime.engine.leases import LeaseKeeper
 from duetime.engine.runqueue import RunQueue
 from duetime.engine.wheel import TimerWheel, WheelDriver
-from duetime.storage.postgres import NOTIFY_CHANNEL, ClaimedRow, MissedSkip, PostgresStore
+from duetime.storage.postgres import NOTIFY_CHANNEL, PostgresStore
 
 log = logging.getLogger("duetime.engine")
 
@@ -168,7 +169,7 @@ class Engine:
         self._fired_count = 0
         metrics.WHEEL_SIZE.set(0)
         if waiting:
-            items = [(e.job_id, e.shard, e.lease_token) for e in map(wire.unpack_entry, waiting)]
+            items = [wire.unpack_entry(e) for e in waiting]
             released = 0
             for i in range(0, len(items), 1000):
                 released += await asyncio.shield(self._store.release_claims(items[i : i + 1000]))
@@ -258,14 +259,14 @@ class Engine:
         rate = self.fence_progress / self.fence_time_s if self.fence_time_s > 0 else 2000.0
         return min(held / max(rate, 1.0), 3 * self.config.lease_s)
 
-    async def _admit(self, rows: Sequence[ClaimedRow]) -> None:
+    async def _admit(self, rows: Sequence[Claim]) -> None:
         """Claimed rows into the wheel; overdue ones first through the misfire policy."""
         batch: list[bytes] = []
-        skips: list[MissedSkip] = []
+        skips: list[Skip] = []
         for row in rows:
             scheduled_for, due_ms = row.scheduled_for, wire.to_ms(row.due_at)
             if row.misfire_spec is not None:
-                spec = codec.spec_from_json(row.misfire_spec)
+                spec = row.misfire_spec
                 decision = decide(
                     spec,
                     row.scheduled_for,
@@ -277,7 +278,7 @@ class Engine:
                 if isinstance(decision, SkipTo):
                     metrics.SKIPPED.inc(len(decision.skipped) + decision.unrecorded)
                     skips.append(
-                        MissedSkip(
+                        Skip(
                             row.job_id,
                             row.shard,
                             row.lease_token,
@@ -375,10 +376,7 @@ class Engine:
             batch = [wire.unpack_entry(e) for e in raw]
             started = time.perf_counter()
             try:
-                fenced = await self._store.fence_runs(
-                    [(e.job_id, e.shard, e.lease_token, e.scheduled_for) for e in batch],
-                    lease_s=cfg.lease_s,
-                )
+                fenced = await self._store.fence_runs(batch, lease_s=cfg.lease_s)
             except Exception:
                 log.exception("fence failed; the batch will be retried")
                 self._queue_fired(raw, front=True)
@@ -391,7 +389,7 @@ class Engine:
             metrics.FENCED.inc(len(fenced))
             metrics.FENCE_REJECTED.inc(len(batch) - len(fenced))
             for run in fenced:
-                self._keeper.track(run.job_id, run.shard, run.lease_token)
+                self._keeper.track(run)
                 await self._queue.put(run)
 
     # ------------------------------------------------------------------ janitor

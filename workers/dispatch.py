@@ -15,40 +15,30 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import aiohttp
 
 from duetime.core import ssrf
 from duetime.core.model import Broker, Outcome, QueueTarget, Target, WebhookTarget
+from duetime.core.runpath import CallResult, Delivery, Verdict
 from duetime.workers import signing, webhook
 from duetime.workers.limits import HostLimiter
 from duetime.workers.queues import QueuePublisher
-from duetime.workers.webhook import Verdict
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    job_id: str  # uuid string
-    scheduled_for: datetime  # nominal occurrence (before jitter), aware UTC
-    attempt: int  # 1-based
-    fencing_token: int
-    owner: str
-    signing_secret: str  # the owner's secret, "whsec_<base64>"
-    payload: Any  # JSON value (None → body "null")
-    target: Target  # WebhookTarget | QueueTarget
+__all__ = ["BatchResult", "CallResult", "Delivery", "Dispatcher"]
 
 
 @dataclass(frozen=True, slots=True)
-class CallResult:
-    outcome: Outcome  # SUCCEEDED, FAILED or TIMED_OUT
-    retryable: bool
-    status_code: int | None
-    error: str | None  # short, for a person; never header values or secrets
-    started_at: datetime  # when the request was sent (after any limiter wait)
+class BatchResult:
+    """One attempt each for a batch of deliveries sent together: one verdict per delivery, in
+    order, and the one send's start and end."""
+
+    started_at: datetime
     finished_at: datetime
+    verdicts: list[Verdict]
 
 
 def _utcnow() -> datetime:
@@ -108,7 +98,7 @@ class Dispatcher:
             key = self._limit_key(target)
         except ValueError:
             now = self._clock()
-            return CallResult(Outcome.FAILED, False, None, "invalid webhook URL", now, now)
+            return CallResult(Verdict(Outcome.FAILED, False, None, "invalid webhook URL"), now, now)
 
         started_at = self._clock()
         try:
@@ -122,19 +112,11 @@ class Dispatcher:
             # Our own bug, not the target's: record it as a retryable failure and keep going.
             log.exception("delivery of job %s failed inside the dispatcher", d.job_id)
             verdict = Verdict(Outcome.FAILED, True, None, f"internal error ({type(exc).__name__})")
-        finished_at = self._clock()
-        return CallResult(
-            outcome=verdict.outcome,
-            retryable=verdict.retryable,
-            status_code=verdict.status_code,
-            error=verdict.error,
-            started_at=started_at,
-            finished_at=max(finished_at, started_at),
-        )
+        return CallResult(verdict, started_at, max(self._clock(), started_at))
 
-    async def deliver_redis_many(self, ds: list[Delivery]) -> tuple[datetime, datetime, list[Verdict]]:
+    async def deliver_redis_many(self, ds: list[Delivery]) -> BatchResult:
         """One attempt each for many deliveries to Redis targets, sent together: one limiter slot
-        and one token per call, one batcher call. Returns (started_at, finished_at, verdicts)."""
+        and one token per call, one batcher call."""
         started_at = self._clock()
         try:
             async with self._limiter.slot(f"broker:{Broker.REDIS.value}", len(ds)), self._total:
@@ -146,7 +128,7 @@ class Dispatcher:
             log.exception("delivery of %d Redis runs failed inside the dispatcher", len(ds))
             failed = Verdict(Outcome.FAILED, True, None, f"internal error ({type(exc).__name__})")
             verdicts = [failed] * len(ds)
-        return started_at, max(self._clock(), started_at), verdicts
+        return BatchResult(started_at, max(self._clock(), started_at), verdicts)
 
     async def _call(
         self, session: aiohttp.ClientSession, d: Delivery, target: Target, body: bytes, now: datetime

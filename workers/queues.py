@@ -27,11 +27,11 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from duetime.core.model import Broker, Outcome, QueueTarget
+from duetime.core.runpath import Verdict
 from duetime.workers import signing
-from duetime.workers.webhook import Verdict
 
 if TYPE_CHECKING:
-    from duetime.workers.dispatch import Delivery
+    from duetime.core.runpath import Delivery
 
 log = logging.getLogger(__name__)
 

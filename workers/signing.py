@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from duetime.core.codec import format_time
 
 if TYPE_CHECKING:
-    from duetime.workers.dispatch import Delivery
+    from duetime.core.runpath import Delivery
 
 SECRET_PREFIX = "whsec_"
 SIGNATURE_VERSION = "v1"

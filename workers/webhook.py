@@ -20,7 +20,6 @@ import ipaddress
 import re
 import socket
 import ssl
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -31,12 +30,13 @@ from yarl import URL
 from duetime.core import ssrf
 from duetime.core.errors import InvalidRequest, TargetNotAllowed
 from duetime.core.model import Outcome, WebhookTarget
+from duetime.core.runpath import Verdict
 from duetime.workers import signing
 
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from duetime.workers.dispatch import Delivery
+    from duetime.core.runpath import Delivery
 
 MAX_RESPONSE_READ = 64 * 1024
 USER_AGENT = "Duetime-Webhook/1"
@@ -51,16 +51,6 @@ RESERVED_HEADERS: frozenset[str] = signing.CONTRACT_HEADERS | frozenset(
 # RFC 9110 field-name token, and a value with no control characters but tab.
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What one call came to, before the dispatcher adds its timestamps (shared with queues)."""
-
-    outcome: Outcome
-    retryable: bool
-    status_code: int | None
-    error: str | None
 
 
 def classify_status(status: int) -> Verdict:

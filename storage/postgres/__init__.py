@@ -14,26 +14,16 @@
 Their SQL lives in ``storage/sql/<concept>.sql``.
 """
 
-from duetime.storage.postgres.completion import (
-    AttemptReport,
-    CompletionStats,
-    MissedSkip,
-    _locked_spec,
-)
+from duetime.storage.postgres.completion import CompletionStats, _locked_spec
 from duetime.storage.postgres.hints import NOTIFY_CHANNEL
 from duetime.storage.postgres.queue_leases import expire_published_of, extend_published, take_runs
 from duetime.storage.postgres.rows import job_from_row
-from duetime.storage.postgres.runpath import ClaimedRow, FencedRow
 from duetime.storage.postgres.shards import ShardMoveReport, move_shard
 from duetime.storage.postgres.store import PostgresStore
 
 __all__ = [
     "NOTIFY_CHANNEL",
-    "AttemptReport",
-    "ClaimedRow",
     "CompletionStats",
-    "FencedRow",
-    "MissedSkip",
     "PostgresStore",
     "ShardMoveReport",
     "_locked_spec",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
+from duetime.core.runpath import Leased, Published
 from duetime.storage.postgres.completion import expire_locked
 from duetime.storage.postgres.pools import StoreBase, translated
 from duetime.storage.queries import Q
@@ -16,22 +17,22 @@ class QueueLeasePart(StoreBase):
 
     async def take_runs(
         self,
-        items: Sequence[tuple[uuid.UUID, int, int, str]],
+        items: Sequence[Published],
         *,
         holder: str,
         lease_s: float,
     ) -> set[tuple[uuid.UUID, int]]:
-        """items: (job_id, shard, lease_token, publishing engine). The worker ``holder`` takes the
-        leases of those still running under that token and engine; returns the (id, token) pairs it
-        now holds — by pair, since a stale message may carry the same id with an older token."""
+        """The worker ``holder`` takes the leases of the published runs still running under their
+        message's token and held by the engine that published them; returns the (id, token) pairs
+        it now holds — by pair, since a stale message may carry the same id with an older token."""
         taken: set[tuple[uuid.UUID, int]] = set()
         async with translated():
-            for dsn, group in self.by_db((s, (j, t, p)) for j, s, t, p in items).items():
+            for dsn, group in self.by_db((i.shard, i) for i in items).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
                     Q["take_runs"],
-                    [g[0] for g in group],
-                    [g[1] for g in group],
-                    [g[2] for g in group],
+                    [g.job_id for g in group],
+                    [g.lease_token for g in group],
+                    [g.publisher for g in group],
                     holder,
                     float(lease_s),
                 )
@@ -39,17 +40,17 @@ class QueueLeasePart(StoreBase):
         return taken
 
     async def extend_published(
-        self, items: Sequence[tuple[uuid.UUID, int, int]], *, holder: str, lease_s: float
+        self, items: Sequence[Leased], *, holder: str, lease_s: float
     ) -> set[uuid.UUID]:
-        """items: (job_id, shard, lease_token). Extends the leases ``holder`` (an engine) still holds on
-        runs it published; returns their ids. A run a worker took, or that finished, is not among them."""
+        """Extends the leases ``holder`` (an engine) still holds on runs it published; returns their
+        ids. A run a worker took, or that finished, is not among them."""
         held: set[uuid.UUID] = set()
         async with translated():
-            for dsn, group in self.by_db((s, (j, t)) for j, s, t in items).items():
+            for dsn, group in self.by_db((i.shard, i) for i in items).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
                     Q["extend_published"],
-                    [g[0] for g in group],
-                    [g[1] for g in group],
+                    [g.job_id for g in group],
+                    [g.lease_token for g in group],
                     holder,
                     float(lease_s),
                 )
@@ -85,7 +86,7 @@ class QueueLeasePart(StoreBase):
 
 async def take_runs(
     store: QueueLeasePart,
-    items: Sequence[tuple[uuid.UUID, int, int, str]],
+    items: Sequence[Published],
     *,
     holder: str,
     lease_s: float,
@@ -95,7 +96,7 @@ async def take_runs(
 
 
 async def extend_published(
-    store: QueueLeasePart, items: Sequence[tuple[uuid.UUID, int, int]], *, holder: str, lease_s: float
+    store: QueueLeasePart, items: Sequence[Leased], *, holder: str, lease_s: float
 ) -> set[uuid.UUID]:
     """See ``QueueLeasePart.extend_published``."""
     return await store.extend_published(items, holder=holder, lease_s=lease_s)

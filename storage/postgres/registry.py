@@ -21,8 +21,9 @@ from duetime.core import codec
 from duetime.core.backfill import plan_backfill
 from duetime.core.errors import Conflict, InvalidRequest, NotFound
 from duetime.core.ids import SHARDS, new_job_id, shard_of
-from duetime.core.lifecycle import OWNER_TRANSITIONS, RowPlan, initial_plan, split_point, start_manual
-from duetime.core.model import Job, JobSpec, JobState, Overlap, Run
+from duetime.core.lifecycle import RowPlan, initial_plan, split_point, start_manual
+from duetime.core.model import Job, JobSpec, JobState, Overlap, Phase, Run
+from duetime.core.states import OwnerAction, OwnerMove, owner_move
 from duetime.storage.base import Backfill, IdempotencyRequest, Page
 from duetime.storage.postgres.inserts import InsertBatcher
 from duetime.storage.postgres.pools import StoreBase, translated, utcnow
@@ -173,20 +174,14 @@ class RegistryPart(StoreBase):
                 self._hints.due_soon(row["shard"], action.wake, utcnow())
 
     @staticmethod
-    def _require(action: str, row: asyncpg.Record) -> None:
-        state = JobState(row["state"])
-        if state not in OWNER_TRANSITIONS[action]:
-            raise Conflict(
-                f"cannot {action} a job that is {state.value}"
-                + {
-                    "completed": "; a completed job stays completed, create a new one",
-                    "cancelled": "; a cancelled job stays cancelled, create a new one",
-                    "dead": "; replay it first (POST /v1/jobs/{id}/replay)",
-                    "paused": "; resume it first (POST /v1/jobs/{id}/resume)",
-                    "scheduled": "",
-                }[state.value],
-                code=f"job_{state.value}",
-            )
+    def _move(action: OwnerAction, row: asyncpg.Record) -> OwnerMove:
+        """What the owner table says ``action`` does to this row's job; a refusal raises the 409."""
+        return owner_move(action, JobState(row["state"]))
+
+    @staticmethod
+    def _moved(move: OwnerMove) -> JobState:
+        assert move.to is not None, "the owner table names a target state for this action"
+        return move.to
 
     async def _write(
         self,
@@ -222,7 +217,7 @@ class RegistryPart(StoreBase):
         new_json = codec.spec_to_json(spec)
         async with self._locked(owner, job_id) as action:
             row = action.row
-            self._require("update", row)
+            self._move(OwnerAction.UPDATE, row)
             old = row["spec"]
             timing_changed = (
                 old["schedule"] != new_json["schedule"] or old["jitter_s"] != new_json["jitter_s"]
@@ -247,42 +242,46 @@ class RegistryPart(StoreBase):
     async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job:
         async with self._locked(owner, job_id) as action:
             row = action.row
-            if row["state"] == JobState.CANCELLED.value:
+            move = self._move(OwnerAction.CANCEL, row)
+            if move.noop:
                 return job_from_row(row)
-            plan = replace(plan_of(row), state=JobState.CANCELLED, next_run_at=None, pending_triggers=())
-            await action.conn.fetch(Q["cascade_state"], job_id, JobState.CANCELLED.value)
+            to = self._moved(move)
+            plan = replace(plan_of(row), state=to, next_run_at=None, pending_triggers=())
+            await action.conn.fetch(Q["cascade_state"], job_id, to.value)
             await action.conn.execute(Q["drop_idle_occurrences"], job_id)
             return await self._write(action, plan=plan, revoke=True)
 
     async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job:
         async with self._locked(owner, job_id) as action:
             row = action.row
-            self._require("pause", row)
-            if row["state"] == JobState.PAUSED.value:
+            move = self._move(OwnerAction.PAUSE, row)
+            if move.noop:
                 return job_from_row(row)
-            plan = replace(plan_of(row), state=JobState.PAUSED)
-            await action.conn.fetch(Q["cascade_state"], job_id, JobState.PAUSED.value)
+            to = self._moved(move)
+            plan = replace(plan_of(row), state=to)
+            await action.conn.fetch(Q["cascade_state"], job_id, to.value)
             return await self._write(action, plan=plan, revoke=True)
 
     async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job:
         async with self._locked(owner, job_id) as action:
             row = action.row
-            self._require("resume", row)
-            if row["state"] == JobState.SCHEDULED.value:
+            move = self._move(OwnerAction.RESUME, row)
+            if move.noop:
                 return job_from_row(row)
             # Occurrences missed while paused are left overdue on purpose: the claim applies the
             # job's misfire policy to them, the same rule as after an outage.
-            plan = replace(plan_of(row), state=JobState.SCHEDULED)
-            await action.conn.fetch(Q["cascade_state"], job_id, JobState.SCHEDULED.value)
+            to = self._moved(move)
+            plan = replace(plan_of(row), state=to)
+            await action.conn.fetch(Q["cascade_state"], job_id, to.value)
             return await self._write(action, plan=plan, revoke=False)
 
     async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
         now = utcnow()
         async with self._locked(owner, job_id) as action:
             row = action.row
-            self._require("trigger", row)
+            self._move(OwnerAction.TRIGGER, row)
             plan = plan_of(row)
-            if row["phase"] == "idle" and plan.attempt == 0 and plan.run_kind == "scheduled":
+            if row["phase"] == Phase.IDLE and plan.attempt == 0 and plan.run_kind == "scheduled":
                 plan = start_manual(plan, now)
                 revoke = False
             else:
@@ -296,10 +295,8 @@ class RegistryPart(StoreBase):
         now = utcnow()
         async with self._locked(owner, job_id) as action:
             row = action.row
-            self._require("replay", row)
-            plan = replace(
-                plan_of(row), state=JobState.SCHEDULED, attempt=0, next_run_at=now, run_kind="scheduled"
-            )
+            to = self._moved(self._move(OwnerAction.REPLAY, row))
+            plan = replace(plan_of(row), state=to, attempt=0, next_run_at=now, run_kind="scheduled")
             return await self._write(action, plan=plan, revoke=False)
 
     async def backfill_job(
@@ -315,7 +312,7 @@ class RegistryPart(StoreBase):
         now = utcnow()
         async with self._locked(owner, job_id) as action:
             row, conn = action.row, action.conn
-            self._require("backfill", row)
+            self._move(OwnerAction.BACKFILL, row)
             spec = codec.spec_from_json(row["spec"])
             waiting = await conn.fetchrow(Q["occurrences_of"], job_id)
             pending = int(waiting["pending"])

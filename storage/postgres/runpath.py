@@ -3,58 +3,15 @@ their leases alive (heartbeats), give back what was claimed and not fired."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
 
 import asyncpg
 
+from duetime.core import codec
+from duetime.core.runpath import Claim, FencedRun, FenceItem, Leased, RunSpec
 from duetime.storage.postgres.pools import StoreBase, translated
 from duetime.storage.queries import Q
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimedRow:
-    """A row leased into an engine's wheel. ``misfire_spec`` is set only when it is overdue past
-    its grace, so the engine can apply the misfire policy."""
-
-    job_id: uuid.UUID
-    shard: int
-    lease_token: int
-    due_at: datetime
-    scheduled_for: datetime
-    attempt: int
-    run_kind: str
-    misfire_spec: dict[str, Any] | None
-    db_now: datetime
-    owner: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class FencedRow:
-    """A run that passed the fence: it may be called, as attempt ``attempt``."""
-
-    job_id: uuid.UUID
-    shard: int
-    owner: str
-    lease_token: int
-    scheduled_for: datetime
-    due_at: datetime
-    attempt: int
-    spec: dict[str, Any]
-    spec_version: int
-    run_kind: str
-    spec_text: str = ""  # the spec as the fence read it (jsonb's text), when it came from the fence
-    # Set on an occurrence row (overlap=allow, backfill): the job it runs an occurrence of. The
-    # target sees this id (Duetime-Job-Id, Idempotency-Key); the lease is the row's own.
-    parent_id: uuid.UUID | None = None
-
-    @property
-    def public_id(self) -> uuid.UUID:
-        return self.parent_id or self.job_id
 
 
 class RunPathPart(StoreBase):
@@ -62,17 +19,15 @@ class RunPathPart(StoreBase):
 
     async def claim_due(
         self, shard: int, engine_id: str, *, lookahead_s: float, lease_s: float, limit: int
-    ) -> list[ClaimedRow]:
+    ) -> list[Claim]:
         async with translated():
             rows = await self.pool_for_shard(shard).fetch(
                 Q["claim_due"], shard, engine_id, float(lookahead_s), limit, float(lease_s)
             )
         return [_claimed(r) for r in rows]
 
-    async def retake_claims(
-        self, engine_id: str, shards: Sequence[int], *, lease_s: float
-    ) -> list[ClaimedRow]:
-        out: list[ClaimedRow] = []
+    async def retake_claims(self, engine_id: str, shards: Sequence[int], *, lease_s: float) -> list[Claim]:
+        out: list[Claim] = []
         async with translated():
             for dsn, held in self.shard_map.databases().items():
                 mine = [s for s in held if s in shards]
@@ -83,22 +38,21 @@ class RunPathPart(StoreBase):
                     out.extend(_claimed(r) for r in rows)
         return out
 
-    async def fence_runs(
-        self, items: Sequence[tuple[uuid.UUID, int, int, datetime]], *, lease_s: float
-    ) -> list[FencedRow]:
-        """items: (job_id, shard, lease_token, scheduled_for). Returns those that may be called."""
-        out: list[FencedRow] = []
+    async def fence_runs(self, items: Sequence[FenceItem], *, lease_s: float) -> list[FencedRun]:
+        """Fired claims (wheel entries) → the runs that may be called. The spec comes as the row's
+        text, not decoded here: the worker parses it once, when it needs it."""
+        out: list[FencedRun] = []
         async with translated():
-            for dsn, group in self.by_db((s, (j, t, sf)) for j, s, t, sf in items).items():
+            for dsn, group in self.by_db((i.shard, i) for i in items).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
                     Q["fence_runs"],
-                    [g[0] for g in group],
-                    [g[1] for g in group],
+                    [g.job_id for g in group],
+                    [g.lease_token for g in group],
                     float(lease_s),
-                    [g[2] for g in group],
+                    [g.scheduled_for for g in group],
                 )
                 out.extend(
-                    FencedRow(
+                    FencedRun(
                         job_id=r["job_id"],
                         shard=r["shard"],
                         owner=r["owner"],
@@ -106,9 +60,7 @@ class RunPathPart(StoreBase):
                         scheduled_for=r["scheduled_for"],
                         due_at=r["next_run_at"],
                         attempt=r["attempt"] + 1,
-                        spec=json.loads(r["spec"]),
-                        spec_version=r["spec_version"],
-                        spec_text=r["spec"],
+                        spec=RunSpec(r["spec"], r["spec_version"]),
                         run_kind=r["run_kind"],
                         parent_id=r["parent_id"],
                     )
@@ -116,15 +68,16 @@ class RunPathPart(StoreBase):
                 )
         return out
 
-    async def extend_leases(
-        self, items: Sequence[tuple[uuid.UUID, int, int]], *, lease_s: float
-    ) -> set[uuid.UUID]:
-        """items: (job_id, shard, lease_token). Returns the ids whose lease still holds."""
+    async def extend_leases(self, items: Sequence[Leased], *, lease_s: float) -> set[uuid.UUID]:
+        """Returns the ids whose lease still holds."""
         held: set[uuid.UUID] = set()
         async with translated():
-            for dsn, group in self.by_db((s, (j, t)) for j, s, t in items).items():
+            for dsn, group in self.by_db((i.shard, i) for i in items).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
-                    Q["extend_leases"], [g[0] for g in group], [g[1] for g in group], float(lease_s)
+                    Q["extend_leases"],
+                    [g.job_id for g in group],
+                    [g.lease_token for g in group],
+                    float(lease_s),
                 )
                 held.update(r["job_id"] for r in rows)
         return held
@@ -140,19 +93,20 @@ class RunPathPart(StoreBase):
             )
         return int(status.rsplit(" ", 1)[-1])
 
-    async def release_claims(self, items: Sequence[tuple[uuid.UUID, int, int]]) -> int:
+    async def release_claims(self, items: Sequence[Leased]) -> int:
         released = 0
         async with translated():
-            for dsn, group in self.by_db((s, (j, t)) for j, s, t in items).items():
+            for dsn, group in self.by_db((i.shard, i) for i in items).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
-                    Q["release_claims"], [g[0] for g in group], [g[1] for g in group]
+                    Q["release_claims"], [g.job_id for g in group], [g.lease_token for g in group]
                 )
                 released += len(rows)
         return released
 
 
-def _claimed(r: asyncpg.Record) -> ClaimedRow:
-    return ClaimedRow(
+def _claimed(r: asyncpg.Record) -> Claim:
+    missed = r["misfire_spec"]  # only a missed row's (core.misfire.MISSED_SQL)
+    return Claim(
         job_id=r["job_id"],
         shard=r["shard"],
         lease_token=r["lease_token"],
@@ -160,7 +114,7 @@ def _claimed(r: asyncpg.Record) -> ClaimedRow:
         scheduled_for=r["scheduled_for"],
         attempt=r["attempt"],
         run_kind=r["run_kind"],
-        misfire_spec=r["misfire_spec"],
         db_now=r["db_now"],
         owner=r["owner"],
+        misfire_spec=codec.spec_from_json(missed) if missed is not None else None,
     )

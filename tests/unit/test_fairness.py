@@ -7,14 +7,14 @@ import uuid
 from datetime import UTC, datetime
 
 from duetime.core import wire
+from duetime.core.runpath import FencedRun, RunSpec
 from duetime.engine.runqueue import InProcessRunQueue
-from duetime.storage.postgres import FencedRow
 
 T = datetime(2026, 12, 1, tzinfo=UTC)
 
 
-def run(owner: str) -> FencedRow:
-    return FencedRow(
+def run(owner: str) -> FencedRun:
+    return FencedRun(
         job_id=uuid.uuid4(),
         shard=0,
         owner=owner,
@@ -22,8 +22,7 @@ def run(owner: str) -> FencedRow:
         scheduled_for=T,
         due_at=T,
         attempt=1,
-        spec={},
-        spec_version=1,
+        spec=RunSpec("{}", 1),
         run_kind="scheduled",
     )
 

@@ -99,7 +99,7 @@ def test_the_spec_text_is_the_rows_own_text_not_a_re_encoding() -> None:
     row_text = json.dumps(codec.spec_to_json(spec), indent=1)  # jsonb::text spells it its own way
     got = wire.decode_message(wire.encode_message(_run(text=row_text), "e"))
     assert got.run.spec.text == row_text
-    assert got.run.spec.reuse(row_text, 5) is got.run.spec  # the completion reuses its parse
+    assert got.run.spec.reuse(row_text) is got.run.spec.parsed  # the completion reuses its parse
 
 
 def test_a_message_of_an_older_engine_without_the_parent_field_decodes() -> None:
