@@ -121,9 +121,7 @@ class Dispatcher:
         try:
             async with self._limiter.slot(f"broker:{Broker.REDIS.value}", len(ds)), self._total:
                 started_at = self._clock()
-                verdicts = await self._queues.publish_redis_many(
-                    [(d, d.target.topic, signing.encode_body(d.payload)) for d in ds]  # type: ignore[union-attr]
-                )
+                verdicts = await self._queues.publish_redis_many(ds)
         except Exception as exc:
             log.exception("delivery of %d Redis runs failed inside the dispatcher", len(ds))
             failed = Verdict(Outcome.FAILED, True, None, f"internal error ({type(exc).__name__})")
