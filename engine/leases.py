@@ -25,7 +25,8 @@ class LeaseKeeper:
         self._store = store
         self._lease_s = lease_s
         self._heartbeat_s = heartbeat_s
-        # The lease of each run held, as the record it came in (a fenced run): nothing is copied.
+        # The lease of each run held, as the record it came in (a fenced run, alive anyway while
+        # it waits in the run queue or is called): nothing is copied per run.
         self._held: dict[uuid.UUID, Leased] = {}
         self._settling: set[uuid.UUID] = set()
         self._task: asyncio.Task[None] | None = None

@@ -43,7 +43,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from duetime.core import wire
 from duetime.core.errors import StorageUnavailable
-from duetime.core.runpath import AttemptReport, FencedRun, Leased, Published
+from duetime.core.runpath import AttemptReport, FencedRun, Lease, Leased, Published
 from duetime.engine import metrics
 from duetime.engine.leases import LeaseKeeper
 from duetime.engine.runqueue import InProcessRunQueue
@@ -282,7 +282,9 @@ class PublishedLeaseKeeper(LeaseKeeper):
         self._since: dict[uuid.UUID, float] = {}
 
     def track(self, run: Leased) -> None:
-        super().track(run)
+        # Only the lease is kept, not the run: once published, the run (and its spec text) is the
+        # broker's to hold, and a burst may wait there by the hundred thousand.
+        super().track(Lease(run.job_id, run.shard, run.lease_token))
         self._since[run.job_id] = time.monotonic()
 
     def _forget(self, job_id: uuid.UUID, token: int) -> None:
