@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,7 +14,8 @@ import pytest
 
 from duetime.core import misfire
 from duetime.core.errors import Conflict
-from duetime.core.model import JobState, Phase
+from duetime.core.lifecycle import OwnerStep, RowPlan, owner_step, update_step
+from duetime.core.model import Broker, CronSchedule, JobSpec, JobState, Phase, QueueTarget
 from duetime.core.states import (
     OWNER_TABLE,
     OWNER_TRANSITIONS,
@@ -210,3 +211,69 @@ def test_the_doc_shows_the_tables_as_the_code_draws_them() -> None:
         assert render() in text, (
             f"docs/state-machine.md is stale: paste the output of duetime.core.states.{render.__name__}()"
         )
+
+
+# ---------------------------------------------------------------------------------- owner steps
+
+
+def _plan(state: JobState, **changes: object) -> RowPlan:
+    at = datetime(2026, 12, 1, tzinfo=UTC)
+    return replace(RowPlan(state=state, next_run_at=at, scheduled_for=at, attempt=0), **changes)  # type: ignore[arg-type]
+
+
+NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
+
+
+def test_owner_steps_write_the_tables_target_state_and_revoke_only_what_stops_a_run() -> None:
+    paused = owner_step(OwnerAction.PAUSE, _plan(JobState.SCHEDULED), now=NOW, idle=True)
+    assert paused is not None and paused.plan.state is JobState.PAUSED and paused.revoke
+    resumed = owner_step(OwnerAction.RESUME, _plan(JobState.PAUSED), now=NOW, idle=True)
+    assert resumed is not None and resumed.plan.state is JobState.SCHEDULED and not resumed.revoke
+    cancelled = owner_step(
+        OwnerAction.CANCEL, _plan(JobState.DEAD, pending_triggers=(NOW,)), now=NOW, idle=True
+    )
+    assert cancelled is not None and cancelled.revoke
+    assert (cancelled.plan.state, cancelled.plan.next_run_at, cancelled.plan.pending_triggers) == (
+        JobState.CANCELLED,
+        None,
+        (),
+    )
+    replayed = owner_step(OwnerAction.REPLAY, _plan(JobState.DEAD, attempt=5), now=NOW, idle=True)
+    assert replayed is not None and not replayed.revoke
+    assert (replayed.plan.state, replayed.plan.attempt, replayed.plan.next_run_at) == (
+        JobState.SCHEDULED,
+        0,
+        NOW,
+    )
+
+
+def test_repeats_are_no_ops_and_refusals_raise_before_anything_is_planned() -> None:
+    assert owner_step(OwnerAction.PAUSE, _plan(JobState.PAUSED), now=NOW, idle=True) is None
+    assert owner_step(OwnerAction.CANCEL, _plan(JobState.CANCELLED), now=NOW, idle=True) is None
+    with pytest.raises(Conflict):
+        owner_step(OwnerAction.TRIGGER, _plan(JobState.PAUSED), now=NOW, idle=True)
+    with pytest.raises(Conflict):
+        update_step(uuid.uuid4(), None, _plan(JobState.COMPLETED), timing_changed=True, now=NOW)  # type: ignore[arg-type]
+
+
+def test_a_trigger_steps_in_front_when_idle_and_queues_behind_a_busy_run() -> None:
+    now_run = owner_step(OwnerAction.TRIGGER, _plan(JobState.SCHEDULED), now=NOW, idle=True)
+    assert now_run is not None and now_run.plan.run_kind == "manual" and now_run.plan.next_run_at == NOW
+    queued = owner_step(OwnerAction.TRIGGER, _plan(JobState.SCHEDULED), now=NOW, idle=False)
+    assert (
+        queued is not None and queued.plan.run_kind == "scheduled" and queued.plan.pending_triggers == (NOW,)
+    )
+    retrying = owner_step(OwnerAction.TRIGGER, _plan(JobState.SCHEDULED, attempt=2), now=NOW, idle=True)
+    assert retrying is not None and retrying.plan.pending_triggers == (NOW,)
+
+
+def test_a_new_schedule_starts_over_keeps_a_paused_job_paused_and_revokes() -> None:
+    spec = JobSpec(target=QueueTarget(Broker.REDIS, "t"), schedule=CronSchedule("0 * * * *"))
+    job_id = uuid.uuid4()
+    step = update_step(
+        job_id, spec, _plan(JobState.PAUSED, pending_triggers=(NOW,)), timing_changed=True, now=NOW
+    )
+    assert step.revoke and step.plan.state is JobState.PAUSED and step.plan.pending_triggers == (NOW,)
+    assert step.plan.scheduled_for == datetime(2026, 12, 1, 13, tzinfo=UTC)
+    same = _plan(JobState.SCHEDULED)
+    assert update_step(job_id, spec, same, timing_changed=False, now=NOW) == OwnerStep(same, revoke=False)
