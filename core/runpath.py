@@ -52,13 +52,42 @@ class FenceItem(Leased, Protocol):
     def scheduled_for(self) -> datetime: ...
 
 
+class Offered(Leased, Protocol):
+    """A run's lease as a run-queue message offers it, and the engine that published it: a worker
+    may take the lease only from that engine (``take_runs``)."""
+
+    @property
+    def publisher(self) -> str: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A lease on its own, for callers that hold nothing else (tests, tools)."""
+    """A row's lease on its own: the row, its shard and the fencing token it holds (what a store
+    answers a take with, and what a holder keeps when it does not keep the run)."""
 
     job_id: uuid.UUID
     shard: int
     lease_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class FenceRequest:
+    """A ``FenceItem`` on its own (the engine passes its fired wheel entries as they are)."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    scheduled_for: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedRun:
+    """An ``Offered`` lease on its own (a worker passes the decoded messages as they are)."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    publisher: str
 
 
 @dataclass(frozen=True, slots=True)

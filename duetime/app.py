@@ -29,7 +29,8 @@ from duetime.engine.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
 from duetime.engine.runqueue import InProcessRunQueue
 from duetime.engine.service import Engine, EngineConfig
 from duetime.settings import Settings
-from duetime.storage.postgres import PostgresStore, expire_published_of
+from duetime.storage.ports import Registry
+from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from duetime.workers.dispatch import Dispatcher
 from duetime.workers.pool import WorkerPool
@@ -184,7 +185,7 @@ class Node:
             self._published.start()
             # Before Engine.start: its own restart step selects without locking, and could finish a
             # run a worker is taking at that moment (then called twice); this one cannot.
-            expired = await expire_published_of(self.store, s.engine_id, sorted(s.shards))
+            expired = await self.store.expire_published_of(s.engine_id, sorted(s.shards))
             if expired:
                 log.info("finished %d runs published by a previous life of this engine", expired)
             self._engine = Engine(self.store, self._publisher, self._published, engine_config(s))
@@ -225,7 +226,7 @@ class Node:
             await self.store.close()
 
 
-def _ops_app(store: PostgresStore, not_ready: Callable[[], str | None] = lambda: None) -> web.Application:
+def _ops_app(store: Registry, not_ready: Callable[[], str | None] = lambda: None) -> web.Application:
     """/healthz, /readyz and /metrics for a process that does not serve the API."""
 
     async def healthz(_: web.Request) -> web.Response:

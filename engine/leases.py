@@ -13,7 +13,7 @@ import uuid
 
 from duetime.core.runpath import Leased
 from duetime.engine import metrics
-from duetime.storage.postgres import PostgresStore
+from duetime.storage.ports import RunStore
 
 log = logging.getLogger("duetime.leases")
 
@@ -21,7 +21,7 @@ _CHUNK = 1000
 
 
 class LeaseKeeper:
-    def __init__(self, store: PostgresStore, *, lease_s: float, heartbeat_s: float) -> None:
+    def __init__(self, store: RunStore, *, lease_s: float, heartbeat_s: float) -> None:
         self._store = store
         self._lease_s = lease_s
         self._heartbeat_s = heartbeat_s

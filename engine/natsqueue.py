@@ -47,7 +47,7 @@ from duetime.core.runpath import AttemptReport, FencedRun, Lease, Leased, Publis
 from duetime.engine import metrics
 from duetime.engine.leases import LeaseKeeper
 from duetime.engine.runqueue import InProcessRunQueue
-from duetime.storage.postgres import PostgresStore, extend_published, take_runs
+from duetime.storage.ports import RunStore
 
 log = logging.getLogger("duetime.natsqueue")
 
@@ -274,7 +274,7 @@ class PublishedLeaseKeeper(LeaseKeeper):
     ``max_wait_s``: a message the broker lost must not keep its run's lease alive forever."""
 
     def __init__(
-        self, store: PostgresStore, *, holder: str, lease_s: float, heartbeat_s: float, max_wait_s: float
+        self, store: RunStore, *, holder: str, lease_s: float, heartbeat_s: float, max_wait_s: float
     ) -> None:
         super().__init__(store, lease_s=lease_s, heartbeat_s=heartbeat_s)
         self._holder = holder
@@ -304,7 +304,7 @@ class PublishedLeaseKeeper(LeaseKeeper):
         items = list(self._held.values())
         for i in range(0, len(items), 1000):
             chunk = items[i : i + 1000]
-            kept = await extend_published(self._store, chunk, holder=self._holder, lease_s=self._lease_s)
+            kept = await self._store.extend_published(chunk, holder=self._holder, lease_s=self._lease_s)
             metrics.LEASE_EXTENSIONS.inc(len(kept))
             for lease in chunk:
                 if lease.job_id not in kept:
@@ -346,7 +346,7 @@ class NatsRunConsumer(InProcessRunQueue):
 
     def __init__(
         self,
-        store: PostgresStore,
+        store: RunStore,
         keeper: LeaseKeeper,
         *,
         url: str,
@@ -525,7 +525,7 @@ class NatsRunConsumer(InProcessRunQueue):
             return
         try:
             with TAKE_SECONDS.time():
-                taken = await take_runs(self._store, published, holder=self.holder, lease_s=self._lease_s)
+                taken = await self._store.take_runs(published, holder=self.holder, lease_s=self._lease_s)
         except StorageUnavailable as exc:
             log.warning("taking %d runs failed (%s); handing them back", len(published), exc)
             for msg in their_msgs:
@@ -536,7 +536,7 @@ class NatsRunConsumer(InProcessRunQueue):
         now = time.monotonic()
         for message, msg in zip(published, their_msgs, strict=True):
             run = message.run
-            if (run.job_id, run.lease_token) not in taken:
+            if Lease(run.job_id, run.shard, run.lease_token) not in taken:
                 await self._term(msg)
                 continue
             self._keeper.track(run)

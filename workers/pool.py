@@ -21,7 +21,7 @@ from duetime.core.runpath import AttemptReport, CallResult, Delivery, FencedRun,
 from duetime.engine import metrics
 from duetime.engine.leases import LeaseKeeper
 from duetime.engine.runqueue import RunQueue
-from duetime.storage.postgres import PostgresStore
+from duetime.storage.ports import RunStore
 from duetime.workers.dispatch import Dispatcher
 
 log = logging.getLogger("duetime.workers")
@@ -32,7 +32,7 @@ WATCHDOG_S = 300
 class SecretCache:
     """Owners' signing secrets, read once a minute at most: a burst must not query per run."""
 
-    def __init__(self, store: PostgresStore, ttl_s: float = 60.0) -> None:
+    def __init__(self, store: RunStore, ttl_s: float = 60.0) -> None:
         self._store = store
         self._ttl = ttl_s
         self._cache: dict[str, tuple[float, str]] = {}
@@ -77,7 +77,7 @@ class Completer:
 
     def __init__(
         self,
-        store: PostgresStore,
+        store: RunStore,
         keeper: LeaseKeeper,
         *,
         batch: int = 500,
@@ -170,7 +170,7 @@ class Completer:
 class WorkerPool:
     def __init__(
         self,
-        store: PostgresStore,
+        store: RunStore,
         queue: RunQueue,
         dispatcher: Dispatcher,
         keeper: LeaseKeeper,

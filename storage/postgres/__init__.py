@@ -14,9 +14,9 @@
 Their SQL lives in ``storage/sql/<concept>.sql``.
 """
 
-from duetime.storage.postgres.completion import CompletionStats, _locked_spec
+from duetime.storage.ports import CompletionStats
+from duetime.storage.postgres.completion import _locked_spec
 from duetime.storage.postgres.hints import NOTIFY_CHANNEL
-from duetime.storage.postgres.queue_leases import expire_published_of, extend_published, take_runs
 from duetime.storage.postgres.rows import job_from_row
 from duetime.storage.postgres.shards import ShardMoveReport, move_shard
 from duetime.storage.postgres.store import PostgresStore
@@ -27,9 +27,6 @@ __all__ = [
     "PostgresStore",
     "ShardMoveReport",
     "_locked_spec",
-    "expire_published_of",
-    "extend_published",
     "job_from_row",
     "move_shard",
-    "take_runs",
 ]

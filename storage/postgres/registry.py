@@ -3,9 +3,6 @@ history, owners and API keys, and idempotency keys. Every call is scoped by owne
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import secrets
 import uuid
 import zlib
@@ -29,35 +26,7 @@ from duetime.storage.postgres.inserts import InsertBatcher
 from duetime.storage.postgres.pools import StoreBase, translated, utcnow
 from duetime.storage.postgres.rows import job_from_row, plan_of, run_from_row
 from duetime.storage.queries import Q
-
-_NIL_UUID = uuid.UUID(int=0)
-_MAX_RUN_ID = (1 << 63) - 1
-
-
-def _hash_key(api_key: str) -> bytes:
-    return hashlib.sha256(api_key.encode()).digest()
-
-
-def _encode_cursor(value: bytes) -> str:
-    return base64.urlsafe_b64encode(value).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str, size: int) -> bytes:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidRequest(
-            "cursor is not one this server issued; pass next_cursor from the previous page unchanged",
-            code="invalid_cursor",
-            field="cursor",
-        ) from exc
-    if len(raw) != size:
-        raise InvalidRequest(
-            "cursor is not one this server issued; pass next_cursor from the previous page unchanged",
-            code="invalid_cursor",
-            field="cursor",
-        )
-    return raw
+from duetime.storage.registry_rules import encode_cursor, hash_key, job_cursor, run_cursor
 
 
 @dataclass(slots=True)
@@ -145,7 +114,7 @@ class RegistryPart(StoreBase):
     async def list_jobs(
         self, owner: str, *, state: JobState | None, limit: int, cursor: str | None
     ) -> Page[Job]:
-        after = uuid.UUID(bytes=_decode_cursor(cursor, 16)) if cursor else _NIL_UUID
+        after = job_cursor(cursor)
         rows: list[asyncpg.Record] = []
         async with translated():
             for pool in self.pools():
@@ -157,7 +126,7 @@ class RegistryPart(StoreBase):
                     )
         rows.sort(key=lambda r: r["job_id"])
         page = rows[:limit]
-        next_cursor = _encode_cursor(page[-1]["job_id"].bytes) if len(rows) > limit else None
+        next_cursor = encode_cursor(page[-1]["job_id"].bytes) if len(rows) > limit else None
         return Page([job_from_row(r) for r in page], next_cursor)
 
     @asynccontextmanager
@@ -321,20 +290,14 @@ class RegistryPart(StoreBase):
         )
 
     async def list_runs(self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None) -> Page[Run]:
-        before = int.from_bytes(_decode_cursor(cursor, 8), "big") if cursor else _MAX_RUN_ID
-        if before > _MAX_RUN_ID:
-            raise InvalidRequest(
-                "cursor is not one this server issued; pass next_cursor from the previous page unchanged",
-                code="invalid_cursor",
-                field="cursor",
-            )
+        before = run_cursor(cursor)
         pool = self.pool_for_shard(shard_of(job_id))
         async with translated():
             if await pool.fetchval(Q["job_exists"], job_id, owner) is None:
                 raise NotFound(f"no job {job_id}", ident=str(job_id))
             rows = await pool.fetch(Q["list_runs"], job_id, before, limit + 1)
         page = rows[:limit]
-        next_cursor = _encode_cursor(page[-1]["run_id"].to_bytes(8, "big")) if len(rows) > limit else None
+        next_cursor = encode_cursor(page[-1]["run_id"].to_bytes(8, "big")) if len(rows) > limit else None
         return Page([run_from_row(r) for r in page], next_cursor)
 
     async def count_active_jobs(self, owner: str) -> int:
@@ -346,7 +309,7 @@ class RegistryPart(StoreBase):
 
     async def owner_for_key(self, api_key: str) -> str | None:
         async with translated():
-            owner: str | None = await self.home_pool.fetchval(Q["owner_for_key"], _hash_key(api_key))
+            owner: str | None = await self.home_pool.fetchval(Q["owner_for_key"], hash_key(api_key))
         return owner
 
     async def create_api_key(self, owner: str) -> tuple[str, str]:
@@ -355,14 +318,14 @@ class RegistryPart(StoreBase):
         api_key = "dt_" + secrets.token_urlsafe(24)  # 192 random bits
         async with translated(), self.home_pool.acquire() as conn, conn.transaction():
             await conn.execute(Q["insert_owner"], owner, new_signing_secret())
-            await conn.execute(Q["insert_api_key"], _hash_key(api_key), api_key[:10], owner)
+            await conn.execute(Q["insert_api_key"], hash_key(api_key), api_key[:10], owner)
             secret: str = await conn.fetchval(Q["signing_secret"], owner)
         return api_key, secret
 
     async def revoke_api_key(self, api_key_or_prefix: str) -> int:
         async with translated():
             status: str = await self.home_pool.execute(
-                Q["revoke_api_key"], _hash_key(api_key_or_prefix), api_key_or_prefix
+                Q["revoke_api_key"], hash_key(api_key_or_prefix), api_key_or_prefix
             )
         return int(status.rsplit(maxsplit=1)[-1])
 

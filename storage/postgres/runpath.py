@@ -43,7 +43,7 @@ class RunPathPart(StoreBase):
         text, not decoded here: the worker parses it once, when it needs it."""
         out: list[FencedRun] = []
         async with translated():
-            for dsn, group in self.by_db((i.shard, i) for i in items).items():
+            for dsn, group in self.by_db(items).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
                     Q["fence_runs"],
                     [g.job_id for g in group],
@@ -72,7 +72,7 @@ class RunPathPart(StoreBase):
         """Returns the ids whose lease still holds."""
         held: set[uuid.UUID] = set()
         async with translated():
-            for dsn, group in self.by_db((i.shard, i) for i in items).items():
+            for dsn, group in self.by_db(items).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
                     Q["extend_leases"],
                     [g.job_id for g in group],
@@ -96,7 +96,7 @@ class RunPathPart(StoreBase):
     async def release_claims(self, items: Sequence[Leased]) -> int:
         released = 0
         async with translated():
-            for dsn, group in self.by_db((i.shard, i) for i in items).items():
+            for dsn, group in self.by_db(items).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
                     Q["release_claims"], [g.job_id for g in group], [g.lease_token for g in group]
                 )

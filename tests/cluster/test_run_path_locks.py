@@ -24,8 +24,8 @@ import asyncpg
 import pytest
 
 from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
-from duetime.core.runpath import FencedRun, Lease, Published, RunSpec
-from duetime.storage.postgres import PostgresStore, extend_published, take_runs
+from duetime.core.runpath import Lease, PublishedRun
+from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from tests.cluster.harness import utcnow
 
@@ -99,18 +99,13 @@ async def _locks_in_id_order(
         await probe.close()
 
 
-def _published(job_id: uuid.UUID) -> Published:
-    """A message of ENGINE's for a running row under TOKEN (only its lease and publisher matter)."""
-    at = utcnow()
-    run = FencedRun(job_id, 0, "o", TOKEN, at, at, 1, RunSpec("{}", 1), "scheduled")
-    return Published(run, ENGINE)
-
-
 async def test_take_runs_locks_in_job_id_order(store: PostgresStore, pg_dsn: str) -> None:
     ids = await _running_jobs(store, 3)
 
     async def take(batch: list[uuid.UUID]) -> object:
-        return await take_runs(store, [_published(j) for j in batch], holder="w", lease_s=30)
+        return await store.take_runs(
+            [PublishedRun(j, 0, TOKEN, ENGINE) for j in batch], holder="w", lease_s=30
+        )
 
     assert await _locks_in_id_order(pg_dsn, ids, take) == []
 
@@ -119,7 +114,7 @@ async def test_extend_published_locks_in_job_id_order(store: PostgresStore, pg_d
     ids = await _running_jobs(store, 3)
 
     async def extend(batch: list[uuid.UUID]) -> object:
-        return await extend_published(store, [Lease(j, 0, TOKEN) for j in batch], holder=ENGINE, lease_s=30)
+        return await store.extend_published([Lease(j, 0, TOKEN) for j in batch], holder=ENGINE, lease_s=30)
 
     assert await _locks_in_id_order(pg_dsn, ids, extend) == []
 

@@ -8,7 +8,9 @@ from datetime import UTC, datetime
 
 from duetime.core import wire
 from duetime.core.runpath import FencedRun, RunSpec
+from duetime.engine.leases import LeaseKeeper
 from duetime.engine.runqueue import InProcessRunQueue
+from duetime.storage.memory import MemoryStore
 
 T = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -76,7 +78,9 @@ async def test_the_fencer_takes_fired_entries_in_owner_turns() -> None:
     from duetime.engine.clock import FakeClock
     from duetime.engine.service import Engine, EngineConfig
 
-    engine = Engine(None, InProcessRunQueue(), None, EngineConfig(engine_id="t"), clock=FakeClock(0))  # type: ignore[arg-type]
+    store = MemoryStore()
+    keeper = LeaseKeeper(store, lease_s=30, heartbeat_s=10)
+    engine = Engine(store, InProcessRunQueue(), keeper, EngineConfig(engine_id="t"), clock=FakeClock(0))
     lane_a, lane_b = wire.owner_lane("a"), wire.owner_lane("b")
     fired = [wire.pack_entry(0, uuid.uuid4(), 1, T, 0, lane_a) for _ in range(10_000)]
     fired += [wire.pack_entry(0, uuid.uuid4(), 1, T, 0, lane_b) for _ in range(300)]
