@@ -4,7 +4,7 @@ Pure, like the rest of the core: storage builds these from rows, the engine and 
 them on, and storage finishes them. One record per stage, each carrying the previous one by
 reference rather than copying its fields:
 
-  Claim ──(wheel entry, core.wire)──▶ FencedRun ──▶ Delivery ──▶ Verdict ──▶ AttemptReport
+  Claim ──(wheel entry, runqueue.wire)──▶ FencedRun ──▶ Delivery ──▶ Verdict ──▶ AttemptReport
   (leased into a wheel)               (may be called) (what the   (how the    (the run + its
                                                       target gets) call went)  verdict + times)
 
@@ -46,7 +46,7 @@ class Leased(Protocol):
 
 class FenceItem(Leased, Protocol):
     """A lease and the occurrence it fires for (a misfire's run_once may move it): what the fence
-    needs of a fired wheel entry (``core.wire.WheelEntry``) or of a claim."""
+    needs of a fired wheel entry (``runqueue.wire.WheelEntry``) or of a claim."""
 
     @property
     def scheduled_for(self) -> datetime: ...

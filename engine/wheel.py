@@ -6,8 +6,8 @@ O(log n) per insert and a Python object per entry; one ``call_at`` per run costs
 (~200 bytes) plus a heap entry each. The wheel stores each run as the compact ``bytes`` the engine
 already built, appends it to a list in O(1), and fires a whole millisecond's slot with one list swap.
 
-Entry format (fixed, owned by ``core.wire``; the wheel reads only its prefix): the first 8 bytes are
-the due instant in ms since the Unix epoch as a big-endian signed int64 (``core.wire.DUE_PREFIX``),
+Entry format (fixed, owned by ``runqueue.wire``; the wheel reads only its prefix): the first 8 bytes are
+the due instant in ms since the Unix epoch as a big-endian signed int64 (``runqueue.wire.DUE_PREFIX``),
 followed by an opaque payload. Sorting entries therefore sorts them by due time, and the wheel never
 needs a side table to know when an entry is due.
 
@@ -63,15 +63,15 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from operator import itemgetter
 
-from duetime.core import wire
 from duetime.engine.clock import Clock
+from duetime.runqueue import wire
 
 __all__ = ["ENTRY_HEADER", "TimerWheel", "WheelDriver", "entry_due_ms", "make_entry"]
 
 log = logging.getLogger("duetime.engine.wheel")
 
 ENTRY_HEADER = wire.DUE_PREFIX
-"""The 8-byte big-endian due instant every entry starts with (``core.wire`` owns the format)."""
+"""The 8-byte big-endian due instant every entry starts with (``runqueue.wire`` owns the format)."""
 
 _unpack_due = ENTRY_HEADER.unpack_from
 _due_key = itemgetter(slice(0, 8))  # stable sort key: the due prefix only, payload ignored

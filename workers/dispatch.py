@@ -18,10 +18,10 @@ from datetime import UTC, datetime
 
 import aiohttp
 
-from duetime.core import ssrf
+from duetime.core import signing, ssrf
 from duetime.core.model import Broker, Outcome, QueueTarget, Target, WebhookTarget
 from duetime.core.runpath import CallResult, Delivery, Verdict
-from duetime.workers import signing, webhook
+from duetime.workers import webhook
 from duetime.workers.limits import HostLimiter
 from duetime.workers.queues import QueuePublisher
 

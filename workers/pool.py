@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 from duetime.core.errors import StorageUnavailable
 from duetime.core.model import Broker, Outcome, QueueTarget, WebhookTarget
 from duetime.core.runpath import AttemptReport, CallResult, Delivery, FencedRun, Verdict
-from duetime.engine import metrics
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.runqueue import RunQueue
+from duetime.runqueue import metrics
+from duetime.runqueue.inprocess import RunQueue
+from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.ports import RunStore
 from duetime.workers.dispatch import Dispatcher
 

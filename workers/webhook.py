@@ -27,16 +27,13 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.helpers import is_ip_address
 from yarl import URL
 
-from duetime.core import ssrf
+from duetime.core import signing, ssrf
 from duetime.core.errors import InvalidRequest, TargetNotAllowed
 from duetime.core.model import Outcome, WebhookTarget
-from duetime.core.runpath import Verdict
-from duetime.workers import signing
+from duetime.core.runpath import Delivery, Verdict
 
 if TYPE_CHECKING:
     from datetime import datetime
-
-    from duetime.core.runpath import Delivery
 
 MAX_RESPONSE_READ = 64 * 1024
 USER_AGENT = "Duetime-Webhook/1"
@@ -62,6 +59,22 @@ def classify_status(status: int) -> Verdict:
     if status in (408, 429) or status >= 500:
         return Verdict(Outcome.FAILED, True, status, f"HTTP {status}")
     return Verdict(Outcome.FAILED, False, status, f"HTTP {status}")
+
+
+def contract_headers(d: Delivery, body: bytes, now: datetime) -> dict[str, str]:
+    """Every header the contract promises a webhook target, signature included."""
+    key = signing.idempotency_key(d.job_id, d.scheduled_for)
+    timestamp = int(now.timestamp())
+    return {
+        signing.IDEMPOTENCY_KEY: key,
+        signing.JOB_ID: d.job_id,
+        signing.SCHEDULED_FOR: signing.format_occurrence(d.scheduled_for),
+        signing.ATTEMPT: str(d.attempt),
+        signing.FENCING_TOKEN: str(d.fencing_token),
+        signing.WEBHOOK_ID: key,
+        signing.WEBHOOK_TIMESTAMP: str(timestamp),
+        signing.WEBHOOK_SIGNATURE: signing.sign(d.signing_secret, key, timestamp, body),
+    }
 
 
 def request_headers(target: WebhookTarget, contract: dict[str, str]) -> dict[str, str]:
@@ -200,7 +213,7 @@ async def call(
     bad = invalid_header(target.headers)
     if bad is not None:
         return Verdict(Outcome.FAILED, False, None, f"job header {bad[:100]!r} is not a valid HTTP header")
-    headers = request_headers(target, signing.contract_headers(d, body, now))
+    headers = request_headers(target, contract_headers(d, body, now))
     timeout = aiohttp.ClientTimeout(total=target.timeout_s)
     try:
         async with session.request(

@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from duetime.core import wire
 from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
 from duetime.core.runpath import FencedRun, RunSpec
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.natsqueue import (
+from duetime.runqueue import wire
+from duetime.runqueue.leases import LeaseKeeper
+from duetime.runqueue.natsqueue import (
     CONSUMER,
     NatsRunConsumer,
     connect,

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from duetime.core import wire
 from duetime.core.errors import Conflict, NotFound
 from duetime.core.ids import shard_of
 from duetime.core.model import JobState, Outcome, Overlap
 from duetime.core.runpath import AttemptReport, Claim, FencedRun, RunSpec, Verdict
+from duetime.runqueue import wire
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.queries import Q
 from tests.integration.test_storage import ENGINE, claim_all, cron, fence, now, owner, report, store

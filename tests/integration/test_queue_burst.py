@@ -13,15 +13,18 @@ import secrets
 import uuid
 from datetime import UTC, datetime
 
+import pytest
 import redis.asyncio as aioredis
 
 from duetime.core import ssrf
 from duetime.core.model import Broker, JobSpec, OneOffSchedule, Outcome, QueueTarget, WebhookTarget
 from duetime.core.runpath import AttemptReport, Delivery, FencedRun, RunSpec, Verdict
-from duetime.engine.runqueue import InProcessRunQueue
+from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.workers.dispatch import BatchResult, Dispatcher
 from duetime.workers.pool import WorkerPool
 from duetime.workers.queues import PUBLISHED
+
+pytestmark = pytest.mark.redis
 
 REDIS_URL = os.environ.get("DUETIME_TEST_REDIS", "redis://127.0.0.1:6379/0")
 SCHEDULED_FOR = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)

@@ -6,10 +6,10 @@ import asyncio
 import uuid
 from datetime import UTC, datetime
 
-from duetime.core import wire
 from duetime.core.runpath import FencedRun, RunSpec
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.runqueue import InProcessRunQueue
+from duetime.runqueue import wire
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.memory import MemoryStore
 
 T = datetime(2026, 12, 1, tzinfo=UTC)

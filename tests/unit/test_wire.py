@@ -1,4 +1,4 @@
-"""The run path's wire formats round-trip: wheel entries and run-queue messages (core.wire)."""
+"""The run path's wire formats round-trip: wheel entries and run-queue messages (runqueue.wire)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from duetime.core import codec, wire
+from duetime.core import codec
 from duetime.core.model import Broker, JobSpec, OneOffSchedule, QueueTarget
 from duetime.core.runpath import FencedRun, RunSpec
 from duetime.engine import wheel
+from duetime.runqueue import wire
 
 T = datetime(2026, 12, 1, 0, 0, 0, 123456, tzinfo=UTC)
 
@@ -47,6 +48,7 @@ def test_an_entry_round_trips_and_its_prefix_and_lane_read_without_unpacking(
     )
     assert wire.entry_due_ms(entry) == due_ms
     assert wire.entry_lane(entry) == lane
+    assert wire.entry_shard(entry) == shard
 
 
 def test_entries_sort_by_their_due_instant_and_the_wheel_reads_the_same_prefix() -> None:

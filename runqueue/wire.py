@@ -1,5 +1,7 @@
 """The run path's two wire formats, owned here and nowhere else: the wheel entry and the run-queue
-message. Pure (struct and msgpack, no I/O).
+message. No I/O (struct and msgpack); it sits in the run-queue layer rather than the core because
+the core imports no serialization library, and the engine (whose wheel holds the entries) is
+above this layer.
 
 **Wheel entry.** A million runs wait in one engine's wheel before a midnight burst, so an entry is
 43 bytes of packed fields (about 80 bytes of RSS with the bytes header), not a Python object per
@@ -33,6 +35,7 @@ ENTRY_SIZE = ENTRY.size
 DUE_PREFIX = struct.Struct(">q")
 """The 8-byte big-endian due instant every wheel entry starts with (the wheel reads only this)."""
 _LANE_AT = ENTRY_SIZE - 2
+_SHARD_AT = ENTRY_SIZE - 3
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
@@ -92,7 +95,12 @@ def entry_due_ms(entry: bytes) -> int:
 
 
 def entry_lane(entry: bytes) -> int:
-    return int.from_bytes(entry[_LANE_AT:ENTRY_SIZE], "big")
+    return entry[_LANE_AT] << 8 | entry[_LANE_AT + 1]
+
+
+def entry_shard(entry: bytes) -> int:
+    """The shard an entry's claim is on, without unpacking the rest (a shard handed away)."""
+    return entry[_SHARD_AT]
 
 
 # ---------------------------------------------------------------------------------- run messages

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from duetime.core.runpath import FencedRun
-from duetime.engine import metrics
+from duetime.runqueue import metrics
 
 
 class RunQueue(Protocol):

@@ -12,7 +12,7 @@ import logging
 import uuid
 
 from duetime.core.runpath import Leased
-from duetime.engine import metrics
+from duetime.runqueue import metrics
 from duetime.storage.ports import RunStore
 
 log = logging.getLogger("duetime.leases")

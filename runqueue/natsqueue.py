@@ -1,7 +1,7 @@
 """The run queue across processes: NATS JetStream between "due" and "running".
 
 One subject per logical shard (``<prefix>.<shard>``), one work-queue stream capturing them all, one
-durable pull consumer shared by every worker. Each message is one fenced run (``core.wire``'s
+durable pull consumer shared by every worker. Each message is one fenced run (``runqueue.wire``'s
 message format), with ``Nats-Msg-Id = <job id>:<lease token>`` so a publish retried after a lost
 PubAck is dropped by the stream's duplicate window.
 
@@ -41,12 +41,11 @@ from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType,
 from nats.js.client import JetStreamContext
 from prometheus_client import Counter, Gauge, Histogram
 
-from duetime.core import wire
 from duetime.core.errors import StorageUnavailable
 from duetime.core.runpath import AttemptReport, FencedRun, Lease, Leased, Published
-from duetime.engine import metrics
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.runqueue import InProcessRunQueue
+from duetime.runqueue import metrics, wire
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.ports import RunStore
 
 log = logging.getLogger("duetime.natsqueue")
