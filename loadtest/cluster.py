@@ -1,5 +1,5 @@
 """Separate ``duetime engine`` and ``duetime worker`` processes for the benchmarks, over the NATS
-run queue: start them (``tests.cluster.harness.DuetimeProcess``, the same launcher the cluster
+run queue: start them (``tests.support.processes.DuetimeProcess``, the same launcher the
 tests use), wait until each one's /readyz answers 200, read a counter from their /metrics, stop
 them all (SIGTERM, SIGKILL after a grace) and delete the run queue's stream afterwards.
 
@@ -20,7 +20,7 @@ import aiohttp
 from duetime.app import split_shards
 from duetime.runqueue.natsqueue import stream_name
 from duetime.settings import format_shard_set
-from tests.cluster.harness import DuetimeProcess
+from tests.support.processes import DuetimeProcess
 
 
 async def wait_ready(proc: DuetimeProcess, within: float = 60.0) -> str:
