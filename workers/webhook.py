@@ -29,10 +29,10 @@ from aiohttp.helpers import is_ip_address
 from yarl import URL
 
 from duetime.core import signing, ssrf
-from duetime.core.delivery import Delivery, Verdict
 from duetime.core.errors import InvalidRequest, TargetNotAllowed
 from duetime.core.model import Outcome, WebhookTarget
 from duetime.core.retry import retry_after_s
+from duetime.core.runpath import Delivery, Verdict
 
 MAX_RESPONSE_READ = 64 * 1024
 USER_AGENT = "Duetime-Webhook/1"

@@ -48,7 +48,7 @@ SELECT * FROM unnest($1::uuid[], $2::smallint[], $3::timestamptz[], $4::int[], $
 DELETE FROM jobs WHERE job_id = ANY($1::uuid[]) AND parent_id IS NOT NULL;
 
 -- name: insert_catch_up
--- A catch-up (engine/misfire.py): occurrences that are already due, each in an occurrence row
+-- A catch-up (core/misfire.py): occurrences that are already due, each in an occurrence row
 -- copied from its job's row. Under overlap=allow ($4 null) all are due now; under skip and
 -- buffer_one they wait in line after whatever backfill of the job already waits ($4 is their
 -- place in the line) and release_next_backfill lets the first one go after the commit.

@@ -28,7 +28,7 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_
     CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0 AND j.parent_id IS NULL
               AND (j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
                    OR (j.next_run_at <= now() - interval '1 second'
-                       AND j.spec->'schedule' ?| array['cron', 'every']))
+                       AND COALESCE(j.spec->'schedule' ?| array['cron', 'every'], false)))
          THEN j.spec END AS misfire_spec,
     now() AS db_now;
 
@@ -43,7 +43,7 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_
     CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0 AND j.parent_id IS NULL
               AND (j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
                    OR (j.next_run_at <= now() - interval '1 second'
-                       AND j.spec->'schedule' ?| array['cron', 'every']))
+                       AND COALESCE(j.spec->'schedule' ?| array['cron', 'every'], false)))
          THEN j.spec END AS misfire_spec,
     now() AS db_now;
 

@@ -1,4 +1,4 @@
-"""The claim-time decision for a late row (engine/misfire.py), on a fake clock: which occurrences
+"""The claim-time decision for a late row (core/misfire.py), on a fake clock: which occurrences
 run, which are skipped, and where the job's own row goes on, so that a catch-up catches up."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from duetime.core.misfire import CatchUp, FireNow, SkipTo, decide
 from duetime.core.model import CronSchedule, JobSpec, Misfire, OneOffSchedule, Overlap, QueueTarget
 from duetime.core.schedule import next_occurrence
-from duetime.engine.misfire import CatchUp, FireNow, SkipTo, decide
 
 T0 = datetime(2026, 12, 1, 20, 0, 0, tzinfo=UTC)
 S = timedelta(seconds=1)

@@ -22,7 +22,7 @@ import pytest
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from loadtest.common import free_port
-from tests.e2e.test_processes import env_for
+from tests.processes.test_processes import env_for
 from tests.support.node import Owner, parse
 from tests.support.processes import DuetimeProcess
 from tests.support.receiver import Call, Receiver
