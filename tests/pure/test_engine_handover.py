@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 
 from duetime.core.ids import shard_of
 from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
-from duetime.engine import entries
 from duetime.engine.service import Engine, EngineConfig
+from duetime.runqueue import wire
 from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.memory import MemoryStore
@@ -46,7 +46,7 @@ async def test_a_lost_shard_is_given_back_and_a_gained_one_claimed() -> None:
 
     def in_wheel() -> set[uuid.UUID]:
         # The wheel's waiting entries, read without draining it (the test looks, it must not move).
-        return {entries.unpack(e).job_id for e in engine.wheel._live}
+        return {wire.unpack_entry(e).job_id for e in engine.wheel._live}
 
     def of(shards: range) -> set[uuid.UUID]:
         return {j for s in shards for j in jobs[s]}
