@@ -20,8 +20,10 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import REGISTRY, generate_latest
 
+from duetime import logs
 from duetime._version import __version__
 from duetime.api.app import create_app
+from duetime.api.request_id import request_id_middleware
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import SpecLimits
 from duetime.engine.leases import LeaseKeeper
@@ -134,9 +136,10 @@ class Node:
                 ),
                 owner_rate_per_s=s.api_owner_rate,
                 max_jobs_per_owner=s.max_jobs_per_owner,
+                access_log=s.access_log,
             )
             if self.api
-            else _ops_app(self.store, self._not_ready)
+            else _ops_app(self.store, self._not_ready, access_log=s.access_log)
         )
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -225,8 +228,12 @@ class Node:
             await self.store.close()
 
 
-def _ops_app(store: PostgresStore, not_ready: Callable[[], str | None] = lambda: None) -> web.Application:
-    """/healthz, /readyz and /metrics for a process that does not serve the API."""
+def _ops_app(
+    store: PostgresStore, not_ready: Callable[[], str | None] = lambda: None, *, access_log: bool = False
+) -> web.Application:
+    """/healthz, /readyz and /metrics for a process that does not serve the API: the same request
+    ids, access log and metrics content type as the API's, so one scrape config and one log
+    pipeline fit every process."""
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "version": __version__})
@@ -246,7 +253,7 @@ def _ops_app(store: PostgresStore, not_ready: Callable[[], str | None] = lambda:
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(REGISTRY), content_type="text/plain")
 
-    app = web.Application()
+    app = web.Application(middlewares=[request_id_middleware(access_log=access_log)])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
@@ -301,7 +308,7 @@ def _child_main(settings: Settings, started: Any) -> None:
     """One process of a multi-process `duetime run`: a full node for its shards."""
     import uvloop
 
-    logging.basicConfig(level=settings.log_level)
+    logs.configure(settings.log_level, settings.log_format)
     uvloop.run(_serve(Node(settings), lambda _url: started.set()))
 
 

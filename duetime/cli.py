@@ -29,6 +29,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+from duetime import logs
 from duetime._version import __version__
 from duetime.client import DEFAULT_URL, DuetimeApiError, DuetimeClient, DuetimeConnectionError
 from duetime.core.errors import DuetimeError, StorageUnavailable
@@ -618,14 +619,6 @@ def _describe(exc: BaseException) -> str | None:
     return None
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     environ = dict(os.environ)
@@ -638,7 +631,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"duetime: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
-    _configure_logging(settings.log_level)
+    logs.configure(settings.log_level, settings.log_format)
     for warning in unknown_variables(environ):
         log.warning("%s", warning)
     stop = _SignalStop()

@@ -317,6 +317,13 @@ def _log_level(variable: str, raw: str) -> str:
     return text
 
 
+def _log_format(variable: str, raw: str) -> str:
+    text = raw.strip().lower()
+    if text not in ("text", "json"):
+        raise SettingsError(variable, raw, "'text' (for a terminal) or 'json' (one object per line)")
+    return text
+
+
 def _path(variable: str, raw: str) -> Path:
     return Path(raw.strip()).expanduser()
 
@@ -640,6 +647,25 @@ class Settings:
     log_level: str = field(
         default="INFO",
         metadata=_meta("DUETIME_LOG_LEVEL", "One of " + ", ".join(LOG_LEVELS) + ".", _log_level),
+    )
+    log_format: str = field(
+        default="text",
+        metadata=_meta(
+            "DUETIME_LOG_FORMAT",
+            "`text` (for a terminal) or `json`: one JSON object per line with `ts` (RFC 3339), `level`, "
+            "`logger`, `msg` and `request_id` while answering a request; the same in every process.",
+            _log_format,
+        ),
+    )
+    access_log: bool = field(
+        default=False,
+        metadata=_meta(
+            "DUETIME_ACCESS_LOG",
+            "Log one line per HTTP request answered (logger `duetime.access`: method, route, status, "
+            "duration, request id), in the DUETIME_LOG_FORMAT of the process.",
+            _boolean,
+            shown="0",
+        ),
     )
     data_dir: Path = field(
         default=Path(".duetime"),
