@@ -15,7 +15,6 @@ from typing import Final
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-from prometheus_client import REGISTRY, generate_latest
 
 from duetime._version import __version__
 from duetime.api.auth import KeyCache, bearer_key
@@ -36,13 +35,13 @@ from duetime.api.request_id import request_id_middleware
 from duetime.core.errors import DuetimeError, StorageUnavailable
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import SpecLimits
+from duetime.exposition import metrics_response
 from duetime.storage.base import Registry
 
 log = logging.getLogger("duetime.api")
 
 MAX_BODY_BYTES: Final = 256 * 1024
 READY_TIMEOUT_S: Final = 5.0
-METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def _needs_auth(path: str) -> bool:
@@ -151,7 +150,7 @@ def create_app(
         return json_response({"status": "ready"})
 
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": METRICS_CONTENT_TYPE})
+        return metrics_response()
 
     async def openapi(request: web.Request) -> web.Response:
         return web.Response(body=openapi_body, content_type="application/json")

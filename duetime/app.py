@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import REGISTRY, generate_latest
 
 from duetime import logs
 from duetime._version import __version__
@@ -26,11 +25,14 @@ from duetime.api.app import create_app
 from duetime.api.request_id import request_id_middleware
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import SpecLimits
+from duetime.engine.due_age import DueAgeSampler
 from duetime.engine.leases import LeaseKeeper
 from duetime.engine.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
 from duetime.engine.runqueue import InProcessRunQueue
 from duetime.engine.service import Engine, EngineConfig
+from duetime.exposition import metrics_response
 from duetime.settings import Settings
+from duetime.storage.due_age import oldest_unclaimed_due
 from duetime.storage.postgres import PostgresStore, expire_published_of
 from duetime.storage.shardmap import ShardMap
 from duetime.workers.dispatch import Dispatcher
@@ -94,6 +96,7 @@ class Node:
     _publisher: NatsRunPublisher | None = None
     _published: PublishedLeaseKeeper | None = None
     _remote: RemoteWorker | None = None
+    _due_age: DueAgeSampler | None = None
 
     async def start(self) -> None:
         tune_gc()
@@ -124,6 +127,14 @@ class Node:
             self._keeper.start()
             self._engine = Engine(self.store, queue, self._keeper, engine_config(s))
             await self._engine.start()
+        if self.engine:
+            store = self.store
+            self._due_age = DueAgeSampler(
+                lambda shards: oldest_unclaimed_due(store, shards),
+                s.shards,
+                interval_s=max(s.janitor_interval_s, 1.0),
+            )
+            self._due_age.start()
         app = (
             create_app(
                 self.store,
@@ -207,6 +218,8 @@ class Node:
         s = self.settings
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._due_age is not None:
+            await self._due_age.stop()
         if self._engine is not None:
             await self._engine.stop()
         if self._publisher is not None:
@@ -251,7 +264,7 @@ def _ops_app(
         return web.json_response({"status": "ready"})
 
     async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(REGISTRY), content_type="text/plain")
+        return metrics_response()
 
     app = web.Application(middlewares=[request_id_middleware(access_log=access_log)])
     app.router.add_get("/healthz", healthz)

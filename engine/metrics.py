@@ -69,3 +69,8 @@ OVERLAP_SPLITS = Counter(
     "duetime_overlap_splits_total",
     "Occurrences of overlap=allow jobs started in a row of their own because the previous run was in flight",
 )
+OLDEST_UNCLAIMED_DUE = Gauge(
+    "duetime_oldest_unclaimed_due_seconds",
+    "Age of the oldest due row of the shard that no engine has claimed (0 = none waits)",
+    ["shard"],
+)
