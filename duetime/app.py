@@ -32,8 +32,8 @@ from duetime.engine.runqueue import InProcessRunQueue
 from duetime.engine.service import Engine, EngineConfig
 from duetime.exposition import metrics_response
 from duetime.settings import Settings
-from duetime.storage.due_age import oldest_unclaimed_due
 from duetime.storage.postgres import PostgresStore, expire_published_of
+from duetime.storage.postgres.due_age import oldest_unclaimed_due
 from duetime.storage.shardmap import ShardMap
 from duetime.workers.dispatch import Dispatcher
 from duetime.workers.pool import WorkerPool

@@ -18,8 +18,8 @@ from duetime.core.ids import shard_of
 from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
 from duetime.engine.due_age import DueAgeSampler
 from duetime.exposition import METRICS_CONTENT_TYPE
-from duetime.storage.due_age import oldest_unclaimed_due
 from duetime.storage.postgres import PostgresStore
+from duetime.storage.postgres.due_age import oldest_unclaimed_due
 from duetime.storage.shardmap import ShardMap
 from tests.conftest import _create_db, _drop_db
 from tests.e2e.harness import fast_settings

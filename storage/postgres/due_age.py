@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from duetime.storage.postgres import PostgresStore, _translated
+from duetime.storage.postgres.pools import translated
+from duetime.storage.postgres.store import PostgresStore
 from duetime.storage.queries import Q
 
 
@@ -31,7 +32,7 @@ async def oldest_unclaimed_due(store: PostgresStore, shards: Iterable[int]) -> l
         mine = sorted(wanted.intersection(held))
         if not mine:
             continue
-        async with _translated():
+        async with translated():
             rows = await store.pool_for_dsn(dsn).fetch(Q["oldest_unclaimed_due"], mine)
         out.extend(DueBacklog(shard=row["shard"], oldest_age_s=max(0.0, row["age_s"])) for row in rows)
     return out
