@@ -30,6 +30,9 @@ ENV_PREFIX = "DUETIME_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # Variables read by other parts of the tree (tests, load test) rather than by ``Settings``.
 FOREIGN_PREFIXES = ("DUETIME_TEST_", "DUETIME_LOADTEST_")
+# Read by the client side (`duetime jobs`, duetime.client) rather than by a server process: a shell
+# that exports them for the CLI must not make every server warn about them.
+CLIENT_VARIABLES = ("DUETIME_URL", "DUETIME_API_KEY")
 
 
 class SettingsError(DuetimeError):
@@ -744,6 +747,8 @@ def unknown_variables(environ: Mapping[str, str] = os.environ) -> list[str]:
     out: list[str] = []
     for name in sorted(environ):
         if not name.startswith(ENV_PREFIX) or name in known or name.startswith(FOREIGN_PREFIXES):
+            continue
+        if name in CLIENT_VARIABLES:
             continue
         close = difflib.get_close_matches(name, known, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""

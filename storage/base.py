@@ -20,6 +20,33 @@ class IdempotencyRequest:
     body_hash: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class SigningKeys:
+    """An owner's webhook signing secrets: the current one, and the one it replaced with the end
+    of its grace (both None when the secret was never rotated)."""
+
+    current: str
+    previous: str | None
+    previous_valid_until: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class SecretRotation:
+    owner: str
+    signing_secret: str
+    previous_valid_until: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyInfo:
+    """What may be shown of an API key: its prefix (the key itself is never stored)."""
+
+    prefix: str
+    owner: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
 T = TypeVar("T")
 
 

@@ -39,6 +39,9 @@ class Delivery:
     signing_secret: str  # the owner's secret, "whsec_<base64>"
     payload: Any  # JSON value (None → body "null")
     target: Target  # WebhookTarget | QueueTarget
+    # During a rotation's grace: the owner's previous secret, which signs too (Standard Webhooks
+    # carries several signatures, space-separated), so receivers holding either verify the call.
+    extra_signing_secrets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,9 @@ from duetime.core.model import JobSpec, Outcome, WebhookTarget
 from duetime.engine import metrics
 from duetime.engine.leases import LeaseKeeper
 from duetime.engine.runqueue import RunQueue
+from duetime.storage.base import SigningKeys
 from duetime.storage.postgres import AttemptReport, FencedRow, PostgresStore
+from duetime.storage.postgres.keys import valid_secrets
 from duetime.workers.dispatch import CallResult, Delivery, Dispatcher
 from duetime.workers.webhook import Verdict
 
@@ -31,18 +33,28 @@ WATCHDOG_S = 300
 
 
 class SecretCache:
-    """Owners' signing secrets, read once a minute at most: a burst must not query per run."""
+    """Owners' signing secrets, read once a minute at most: a burst must not query per run.
+
+    What is cached is the owner's keys with the end of the previous secret's grace, not the list
+    of secrets to sign with: the grace is checked against the clock at every call, so a call made
+    after it ended never carries the old secret's signature, whatever the cache's age. A rotation
+    reaches a worker within ``ttl_s``; the grace should be longer than that.
+    """
 
     def __init__(self, store: PostgresStore, ttl_s: float = 60.0) -> None:
         self._store = store
         self._ttl = ttl_s
-        self._cache: dict[str, tuple[float, str]] = {}
+        self._cache: dict[str, tuple[float, SigningKeys]] = {}
         # One read per owner in flight: at a burst's first second (and at every expiry) a
         # thousand workers miss together, and they share one query instead of queueing a
         # thousand behind the pool.
-        self._loading: dict[str, asyncio.Future[str]] = {}
+        self._loading: dict[str, asyncio.Future[SigningKeys]] = {}
 
-    async def get(self, owner: str) -> str:
+    async def get(self, owner: str) -> tuple[str, ...]:
+        """The secrets that sign a call made now: the current one first."""
+        return valid_secrets(await self._keys(owner), datetime.now(UTC))
+
+    async def _keys(self, owner: str) -> SigningKeys:
         hit = self._cache.get(owner)
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
@@ -52,18 +64,18 @@ class SecretCache:
             loading.add_done_callback(lambda f: self._loaded(owner, f))
         return await asyncio.shield(loading)
 
-    def _loaded(self, owner: str, fut: asyncio.Future[str]) -> None:
+    def _loaded(self, owner: str, fut: asyncio.Future[SigningKeys]) -> None:
         if self._loading.get(owner) is fut:
             del self._loading[owner]
         if not fut.cancelled():
             fut.exception()  # retrieved here too, in case every waiter was cancelled
 
-    async def _load(self, owner: str) -> str:
-        secret = await self._store.signing_secret(owner)
-        if secret is None:
+    async def _load(self, owner: str) -> SigningKeys:
+        keys = await self._store.signing_keys(owner)
+        if keys is None:
             raise LookupError(f"owner {owner!r} has no signing secret")
-        self._cache[owner] = (time.monotonic() + self._ttl, secret)
-        return secret
+        self._cache[owner] = (time.monotonic() + self._ttl, keys)
+        return keys
 
 
 class Completer:
@@ -294,7 +306,7 @@ class WorkerPool:
         spec = codec.spec_from_json(run.spec)
         now = datetime.now(UTC)
         try:
-            secret = await self._secrets.get(run.owner)
+            secrets = await self._secrets.get(run.owner)
         except (LookupError, StorageUnavailable) as exc:
             return _report(
                 run,
@@ -304,7 +316,7 @@ class WorkerPool:
                 retryable=True,
                 error=f"signing secret unavailable: {exc}",
             )
-        delivery = _delivery(run, spec, signing_secret=secret)
+        delivery = _delivery(run, spec, signing_secret=secrets[0], extra_signing_secrets=secrets[1:])
         # A last-resort watchdog: the dispatcher has its own timeouts, so this only fires when a
         # call hangs where nothing else would notice (a client library that never answers). A
         # worker that waits forever would fill the run queue and stall the engine's fencer.
@@ -350,7 +362,9 @@ def _to_redis(run: FencedRow) -> bool:
     return isinstance(target, dict) and target.get("type") == "queue" and target.get("broker") == "redis"
 
 
-def _delivery(run: FencedRow, spec: JobSpec, *, signing_secret: str) -> Delivery:
+def _delivery(
+    run: FencedRow, spec: JobSpec, *, signing_secret: str, extra_signing_secrets: tuple[str, ...] = ()
+) -> Delivery:
     """What the target gets for ``run``: under the job's id (an occurrence row's parent), never
     the row's own (one builder for every call path, so no path can name an internal row)."""
     return Delivery(
@@ -361,6 +375,7 @@ def _delivery(run: FencedRow, spec: JobSpec, *, signing_secret: str) -> Delivery
         owner=run.owner,
         signing_secret=signing_secret,
         payload=spec.payload,
+        extra_signing_secrets=extra_signing_secrets,
         target=spec.target,
     )
 

@@ -103,7 +103,9 @@ def contract_headers(d: Delivery, body: bytes, now: datetime) -> dict[str, str]:
         FENCING_TOKEN: str(d.fencing_token),
         WEBHOOK_ID: key,
         WEBHOOK_TIMESTAMP: str(timestamp),
-        WEBHOOK_SIGNATURE: sign(d.signing_secret, key, timestamp, body),
+        WEBHOOK_SIGNATURE: " ".join(
+            sign(secret, key, timestamp, body) for secret in (d.signing_secret, *d.extra_signing_secrets)
+        ),
     }
 
 
