@@ -32,7 +32,8 @@ from duetime.engine.runqueue import InProcessRunQueue
 from duetime.engine.service import Engine, EngineConfig
 from duetime.exposition import metrics_response
 from duetime.settings import Settings
-from duetime.storage.postgres import PostgresStore, expire_published_of
+from duetime.storage.ports import Registry
+from duetime.storage.postgres import PostgresStore
 from duetime.storage.postgres.due_age import oldest_unclaimed_due
 from duetime.storage.shardmap import ShardMap
 from duetime.workers.dispatch import Dispatcher
@@ -198,7 +199,7 @@ class Node:
             self._published.start()
             # Before Engine.start: its own restart step selects without locking, and could finish a
             # run a worker is taking at that moment (then called twice); this one cannot.
-            expired = await expire_published_of(self.store, s.engine_id, sorted(s.shards))
+            expired = await self.store.expire_published_of(s.engine_id, sorted(s.shards))
             if expired:
                 log.info("finished %d runs published by a previous life of this engine", expired)
             self._engine = Engine(self.store, self._publisher, self._published, engine_config(s))
@@ -242,7 +243,7 @@ class Node:
 
 
 def _ops_app(
-    store: PostgresStore, not_ready: Callable[[], str | None] = lambda: None, *, access_log: bool = False
+    store: Registry, not_ready: Callable[[], str | None] = lambda: None, *, access_log: bool = False
 ) -> web.Application:
     """/healthz, /readyz and /metrics for a process that does not serve the API: the same request
     ids, access log and metrics content type as the API's, so one scrape config and one log

@@ -47,8 +47,8 @@ from duetime.settings import (
     redact_dsn,
     unknown_variables,
 )
-from duetime.storage.base import ApiKeyInfo, Registry
 from duetime.storage.migrate import migrate
+from duetime.storage.ports import ApiKeyInfo, Registry
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 from duetime.engine.metrics import OLDEST_UNCLAIMED_DUE
-from duetime.storage.postgres.due_age import DueBacklog
+from duetime.storage.ports import DueBacklog
 
 log = logging.getLogger("duetime.engine")
 

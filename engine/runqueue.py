@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from duetime.engine import metrics
-from duetime.storage.postgres import FencedRow
+from duetime.storage.ports import FencedRow
 
 
 class RunQueue(Protocol):

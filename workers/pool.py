@@ -21,9 +21,7 @@ from duetime.core.model import JobSpec, Outcome, WebhookTarget
 from duetime.engine import metrics
 from duetime.engine.leases import LeaseKeeper
 from duetime.engine.runqueue import RunQueue
-from duetime.storage.base import SigningKeys
-from duetime.storage.postgres import AttemptReport, FencedRow, PostgresStore
-from duetime.storage.postgres.keys import valid_secrets
+from duetime.storage.ports import AttemptReport, FencedRow, RunStore, SigningKeys
 from duetime.workers.dispatch import CallResult, Delivery, Dispatcher
 from duetime.workers.webhook import Verdict
 
@@ -41,7 +39,7 @@ class SecretCache:
     reaches a worker within ``ttl_s``; the grace should be longer than that.
     """
 
-    def __init__(self, store: PostgresStore, ttl_s: float = 60.0) -> None:
+    def __init__(self, store: RunStore, ttl_s: float = 60.0) -> None:
         self._store = store
         self._ttl = ttl_s
         self._cache: dict[str, tuple[float, SigningKeys]] = {}
@@ -52,7 +50,7 @@ class SecretCache:
 
     async def get(self, owner: str) -> tuple[str, ...]:
         """The secrets that sign a call made now: the current one first."""
-        return valid_secrets(await self._keys(owner), datetime.now(UTC))
+        return (await self._keys(owner)).valid_at(datetime.now(UTC))
 
     async def _keys(self, owner: str) -> SigningKeys:
         hit = self._cache.get(owner)
@@ -90,7 +88,7 @@ class Completer:
 
     def __init__(
         self,
-        store: PostgresStore,
+        store: RunStore,
         keeper: LeaseKeeper,
         *,
         batch: int = 500,
@@ -183,7 +181,7 @@ class Completer:
 class WorkerPool:
     def __init__(
         self,
-        store: PostgresStore,
+        store: RunStore,
         queue: RunQueue,
         dispatcher: Dispatcher,
         keeper: LeaseKeeper,

@@ -18,7 +18,7 @@ import socket
 from duetime.engine.leases import LeaseKeeper
 from duetime.engine.natsqueue import NatsRunConsumer
 from duetime.settings import Settings
-from duetime.storage.postgres import PostgresStore
+from duetime.storage.ports import RunStore
 from duetime.workers.dispatch import Dispatcher
 from duetime.workers.pool import WorkerPool
 
@@ -29,7 +29,7 @@ def worker_id() -> str:
 
 
 class RemoteWorker:
-    def __init__(self, store: PostgresStore, dispatcher: Dispatcher, settings: Settings) -> None:
+    def __init__(self, store: RunStore, dispatcher: Dispatcher, settings: Settings) -> None:
         s = settings
         assert s.nats_url is not None, "DUETIME_RUN_QUEUE=nats needs DUETIME_NATS_URL (checked by Settings)"
         self.id = worker_id()

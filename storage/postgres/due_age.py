@@ -8,19 +8,11 @@ looks at the rows themselves. One statement per database, one index probe per sh
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from duetime.storage.ports import DueBacklog
 from duetime.storage.postgres.pools import translated
 from duetime.storage.postgres.store import PostgresStore
 from duetime.storage.queries import Q
-
-
-@dataclass(frozen=True, slots=True)
-class DueBacklog:
-    """One shard's reading: seconds since the earliest unclaimed due row fell due (0 = none)."""
-
-    shard: int
-    oldest_age_s: float
 
 
 async def oldest_unclaimed_due(store: PostgresStore, shards: Iterable[int]) -> list[DueBacklog]:

@@ -7,10 +7,8 @@ receiver fleet can move to the new secret one instance at a time.
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from duetime.core.errors import NotFound
-from duetime.storage.base import ApiKeyInfo, SecretRotation, SigningKeys
+from duetime.storage.ports import ApiKeyInfo, SecretRotation, SigningKeys
 from duetime.storage.postgres.pools import StoreBase, translated
 from duetime.storage.queries import Q
 
@@ -58,14 +56,3 @@ class KeysPart(StoreBase):
             )
             for r in rows
         ]
-
-
-def valid_secrets(keys: SigningKeys, now: datetime) -> tuple[str, ...]:
-    """The secrets that sign at ``now``: the current one, then the previous one during its grace."""
-    if (
-        keys.previous is not None
-        and keys.previous_valid_until is not None
-        and now < keys.previous_valid_until
-    ):
-        return (keys.current, keys.previous)
-    return (keys.current,)
