@@ -36,6 +36,7 @@ from duetime.storage.ports import Registry
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.postgres.due_age import oldest_unclaimed_due
 from duetime.storage.shardmap import ShardMap
+from duetime.workers import tracing
 from duetime.workers.dispatch import Dispatcher
 from duetime.workers.pool import WorkerPool
 from duetime.workers.remote import RemoteWorker
@@ -101,6 +102,8 @@ class Node:
 
     async def start(self) -> None:
         tune_gc()
+        if self.workers and not tracing.enabled():
+            tracing.configure()  # OTEL_TRACES_EXPORTER; raises TracingUnavailable without the extra
         s = self.settings
         self.store = await PostgresStore.open(
             ShardMap.from_dsns(s.shard_dsns()),

@@ -774,6 +774,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(settings.log_level, settings.log_format)
     for warning in unknown_variables(environ):
         log.warning("%s", warning)
+    if args.command in ("run", "engine", "worker"):
+        from duetime.workers import tracing
+
+        try:
+            tracing.configure(environ)  # before any part starts: a missing extra is a settings error
+        except tracing.TracingUnavailable as exc:
+            print(f"duetime: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     stop = _SignalStop()
     try:
         with asyncio.Runner(loop_factory=_new_loop) as runner:

@@ -42,6 +42,8 @@ class Delivery:
     # During a rotation's grace: the owner's previous secret, which signs too (Standard Webhooks
     # carries several signatures, space-separated), so receivers holding either verify the call.
     extra_signing_secrets: tuple[str, ...] = ()
+    # With tracing on (workers/tracing.py): the W3C traceparent of this attempt's span.
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from duetime.core import codec
@@ -22,7 +23,9 @@ from duetime.engine import metrics
 from duetime.engine.leases import LeaseKeeper
 from duetime.engine.runqueue import RunQueue
 from duetime.storage.ports import AttemptReport, FencedRow, RunStore, SigningKeys
+from duetime.workers import tracing
 from duetime.workers.dispatch import CallResult, Delivery, Dispatcher
+from duetime.workers.signing import idempotency_key
 from duetime.workers.webhook import Verdict
 
 log = logging.getLogger("duetime.workers")
@@ -266,6 +269,19 @@ class WorkerPool:
             spec = codec.spec_from_json(run.spec)
             specs.append(spec)
             deliveries.append(_delivery(run, spec, signing_secret=""))
+        with tracing.run_spans([_run_info(d) for d in deliveries]) as spans:
+            if spans is not None:
+                deliveries = [
+                    replace(d, traceparent=t.traceparent) for d, t in zip(deliveries, spans, strict=True)
+                ]
+            reports = await self._redis_batch(runs, specs, deliveries)
+            for report, span in zip(reports, spans or (), strict=False):
+                span.end(report.outcome.value, report.status_code, report.error)
+        return reports
+
+    async def _redis_batch(
+        self, runs: list[FencedRow], specs: list[JobSpec], deliveries: list[Delivery]
+    ) -> list[AttemptReport]:
         limit = self._dispatcher.broker_timeout_s + self._watchdog_s
         try:
             async with asyncio.timeout(limit):
@@ -301,6 +317,23 @@ class WorkerPool:
         return reports
 
     async def call(self, run: FencedRow) -> AttemptReport:
+        """One attempt of ``run``; with tracing on, inside its span, whose traceparent it sends."""
+        if not tracing.enabled():
+            return await self._call(run, None)
+        info = tracing.RunInfo(
+            job_id=str(run.public_id),
+            idempotency_key=idempotency_key(str(run.public_id), run.scheduled_for),
+            attempt=run.attempt,
+            fencing_token=run.lease_token,
+            target_type=str(run.spec.get("target", {}).get("type", "")),
+        )
+        with tracing.run_spans([info]) as spans:
+            assert spans is not None
+            report = await self._call(run, spans[0].traceparent)
+            spans[0].end(report.outcome.value, report.status_code, report.error)
+        return report
+
+    async def _call(self, run: FencedRow, traceparent: str | None) -> AttemptReport:
         spec = codec.spec_from_json(run.spec)
         now = datetime.now(UTC)
         try:
@@ -315,6 +348,8 @@ class WorkerPool:
                 error=f"signing secret unavailable: {exc}",
             )
         delivery = _delivery(run, spec, signing_secret=secrets[0], extra_signing_secrets=secrets[1:])
+        if traceparent is not None:
+            delivery = replace(delivery, traceparent=traceparent)
         # A last-resort watchdog: the dispatcher has its own timeouts, so this only fires when a
         # call hangs where nothing else would notice (a client library that never answers). A
         # worker that waits forever would fill the run queue and stall the engine's fencer.
@@ -358,6 +393,16 @@ REDIS_BATCH = 500  # one pipeline's worth (workers/queues.py _RedisBatcher max_b
 def _to_redis(run: FencedRow) -> bool:
     target = run.spec.get("target")
     return isinstance(target, dict) and target.get("type") == "queue" and target.get("broker") == "redis"
+
+
+def _run_info(d: Delivery) -> tracing.RunInfo:
+    return tracing.RunInfo(
+        job_id=d.job_id,
+        idempotency_key=idempotency_key(d.job_id, d.scheduled_for),
+        attempt=d.attempt,
+        fencing_token=d.fencing_token,
+        target_type="queue",
+    )
 
 
 def _delivery(

@@ -32,6 +32,7 @@ from duetime.core import ssrf
 from duetime.core.errors import InvalidRequest, TargetNotAllowed
 from duetime.core.model import Outcome, WebhookTarget
 from duetime.workers import signing
+from duetime.workers.tracing import TRACEPARENT
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -211,6 +212,8 @@ async def call(
     if bad is not None:
         return Verdict(Outcome.FAILED, False, None, f"job header {bad[:100]!r} is not a valid HTTP header")
     headers = request_headers(target, signing.contract_headers(d, body, now))
+    if d.traceparent is not None:
+        headers[TRACEPARENT] = d.traceparent
     timeout = aiohttp.ClientTimeout(total=target.timeout_s)
     try:
         async with session.request(
