@@ -13,6 +13,8 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -26,15 +28,17 @@ from duetime.api.request_id import request_id_middleware
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import SpecLimits
 from duetime.engine.due_age import DueAgeSampler
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
-from duetime.engine.runqueue import InProcessRunQueue
+from duetime.engine.membership import MembershipKeeper
 from duetime.engine.service import Engine, EngineConfig
 from duetime.exposition import metrics_response
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
+from duetime.runqueue.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
 from duetime.settings import Settings
 from duetime.storage.ports import Registry
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.postgres.due_age import oldest_unclaimed_due
+from duetime.storage.postgres.membership import MembershipStore, Registration
 from duetime.storage.shardmap import ShardMap
 from duetime.workers import tracing
 from duetime.workers.dispatch import Dispatcher
@@ -42,6 +46,10 @@ from duetime.workers.pool import WorkerPool
 from duetime.workers.remote import RemoteWorker
 
 log = logging.getLogger("duetime")
+
+# `duetime_build_info{version="…"} 1` on every process's /metrics (API, engine, worker, `run`): a
+# dashboard joins on it to see which release each process runs, e.g. halfway through an upgrade.
+# duetime_build_info is registered in duetime.exposition, beside /metrics itself.
 
 
 def address_policy(settings: Settings) -> AddressPolicy:
@@ -99,6 +107,7 @@ class Node:
     _published: PublishedLeaseKeeper | None = None
     _remote: RemoteWorker | None = None
     _due_age: DueAgeSampler | None = None
+    _membership: MembershipKeeper | None = None
 
     async def start(self) -> None:
         tune_gc()
@@ -130,7 +139,7 @@ class Node:
             self._pool.start()
             self._keeper.start()
             self._engine = Engine(self.store, queue, self._keeper, engine_config(s))
-            await self._engine.start()
+            await self._start_engine()
         if self.engine:
             store = self.store
             self._due_age = DueAgeSampler(
@@ -181,7 +190,17 @@ class Node:
                 host_rate_per_s=s.target_rate,
             )
             await self._dispatcher.start()
-            self._remote = RemoteWorker(self.store, self._dispatcher, s)
+            self._remote = RemoteWorker(
+                self.store,
+                self._dispatcher,
+                nats_url=s.nats_url,
+                subject_prefix=s.nats_run_subject,
+                lease_s=s.lease_s,
+                heartbeat_s=s.heartbeat_s,
+                ack_wait_s=s.nats_ack_wait_s,
+                concurrency=s.worker_concurrency,
+                shutdown_grace_s=s.shutdown_grace_s,
+            )
             await self._remote.start()
         if self.engine:
             self._publisher = NatsRunPublisher(
@@ -206,7 +225,36 @@ class Node:
             if expired:
                 log.info("finished %d runs published by a previous life of this engine", expired)
             self._engine = Engine(self.store, self._publisher, self._published, engine_config(s))
-            await self._engine.start()
+            await self._start_engine()
+
+    async def _start_engine(self) -> None:
+        """Join the membership, start serving the shards dealt to this engine, keep dealing.
+
+        Every engine joins: ``DUETIME_SHARDS``/``--shards`` only restrict what it may serve. A
+        multi-process ``duetime run`` gives each process its own share as its allowed set, so there
+        each shard stays with one process (its in-process workers are its only ones)."""
+        s = self.settings
+        assert self.store is not None and self._engine is not None
+        self._membership = MembershipKeeper(
+            MembershipStore(self.store.home_pool),
+            Registration(
+                engine_id=s.engine_id,
+                host=socket.gethostname(),
+                allowed=s.shards,
+                lease_s=s.lease_s,
+                replicas=s.shard_replicas,
+                incarnation=uuid.uuid4(),
+            ),
+            interval_s=s.heartbeat_s,
+        )
+        dealt = await self._membership.join()
+        log.info(
+            "engine %s joined the membership; shards dealt to it: %s",
+            s.engine_id,
+            ",".join(map(str, sorted(dealt))) or "none",
+        )
+        await self._engine.start(dealt)
+        await self._membership.start(self._engine)
 
     def _not_ready(self) -> str | None:
         if self._publisher is not None and not self._publisher.connected:
@@ -224,6 +272,8 @@ class Node:
             await self._runner.cleanup()
         if self._due_age is not None:
             await self._due_age.stop()
+        if self._membership is not None:
+            await self._membership.stop()  # leave first: the others take the shards at once
         if self._engine is not None:
             await self._engine.stop()
         if self._publisher is not None:

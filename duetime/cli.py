@@ -12,6 +12,11 @@ Exit status: 0 success; 1 the operation failed (an API error such as 404, a data
 that does not answer, a port in use, a refused shard move); 2 a usage or settings error (a bad
 flag, a bad ``DUETIME_*`` value, a missing setting). A failure prints one line to stderr; a
 traceback means a bug in Duetime.
+
+The server's libraries (asyncpg, aiohttp, NATS, Redis, ...) come with the ``server`` extra, so
+this module imports none of them at the top: ``duetime --version`` and ``duetime jobs …`` work
+after a plain ``pip install duetime``, and a server command without the extra says which install
+command is missing instead of failing with a traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import argparse
 import asyncio
 import contextlib
 import contextvars
+import importlib.util
 import json
 import logging
 import os
@@ -29,7 +35,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from duetime import logs
 from duetime._version import __version__
@@ -47,10 +53,11 @@ from duetime.settings import (
     redact_dsn,
     unknown_variables,
 )
-from duetime.storage.migrate import migrate
 from duetime.storage.ports import ApiKeyInfo, Registry
-from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
+
+if TYPE_CHECKING:
+    from duetime.storage.postgres import PostgresStore
 
 log = logging.getLogger("duetime")
 
@@ -59,6 +66,20 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 DEV_OWNER = "dev"
 OWNER_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+SERVER_INSTALL = "pip install 'duetime[server]'"
+# What the server commands import, as import names: the `server` extra of pyproject.toml (a test
+# keeps the two equal). Looked up with find_spec, so a check costs no import.
+SERVER_MODULES = (
+    "aiohttp",
+    "asyncpg",
+    "hiredis",
+    "msgpack",
+    "nats",
+    "prometheus_client",
+    "redis",
+    "tzdata",
+    "uvloop",
+)
 
 
 # --- argument parsing ---------------------------------------------------------------------------
@@ -113,7 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("api", help="serve the HTTP API only")
     engine = sub.add_parser("engine", help="claim and fire due runs for a set of shards")
     engine.add_argument(
-        "--shards", type=_shards, help="logical shards to serve, e.g. 0-7 or 0-3,8 (default DUETIME_SHARDS)"
+        "--shards",
+        type=_shards,
+        help="restrict the logical shards this engine may serve, e.g. 0-7 or 0-3,8 (default "
+        "DUETIME_SHARDS, all 16); the live engines deal the shards among themselves",
     )
     sub.add_parser("worker", help="take fired runs from the run queue and call their targets")
     keys = sub.add_parser("keys", help="manage API keys")
@@ -150,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         help='print {"owner", "signing_secret", "previous_valid_until"} alone',
     )
     _add_shards_parser(sub)
+    _add_cluster_parser(sub)
     _add_jobs_parser(sub)
     return parser
 
@@ -174,6 +199,8 @@ def database_settings(settings: Settings) -> Settings:
 
 async def migrate_all(settings: Settings, out: Callable[[str], None]) -> None:
     """Bring every distinct database of the shard map to the current schema."""
+    from duetime.storage.migrate import migrate
+
     for dsn, shards in ShardMap.from_dsns(settings.shard_dsns()).databases().items():
         async with _about(dsn):
             applied = await migrate(dsn)
@@ -182,6 +209,8 @@ async def migrate_all(settings: Settings, out: Callable[[str], None]) -> None:
 
 
 async def _open_store(settings: Settings) -> PostgresStore:
+    from duetime.storage.postgres import PostgresStore
+
     shard_map = ShardMap.from_dsns(settings.shard_dsns())
     async with _about(shard_map.home):
         return await PostgresStore.open(shard_map, pool_size=2)
@@ -400,6 +429,7 @@ def _add_shards_parser(sub: Any) -> None:
 
 
 async def cmd_shards(settings: Settings, args: argparse.Namespace) -> int:
+    from duetime.storage.migrate import migrate
     from duetime.storage.postgres import move_shard
 
     settings = database_settings(settings)
@@ -430,6 +460,43 @@ async def cmd_shards(settings: Settings, args: argparse.Namespace) -> int:
     _say(f"moved shard {args.shard}: {counts} {where}")
     _say("Set this on every api, engine and worker process and restart them:")
     _say(f"DUETIME_SHARD_DSNS={redact_dsn(format_shard_dsns(dsns))}")
+    return EXIT_OK
+
+
+# --- cluster: the membership and the dealing -------------------------------------------------------
+
+
+def _add_cluster_parser(sub: Any) -> None:
+    cluster = sub.add_parser("cluster", help="the engines of the cluster and the shards dealt to them")
+    actions = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
+    status = actions.add_parser(
+        "status",
+        help="live engines, the shards each serves, shards with fewer engines than DUETIME_SHARD_REPLICAS",
+        description="Reads the membership from the home database (shard 0's) named by "
+        "DUETIME_DATABASE_URL or DUETIME_SHARD_DSNS.",
+    )
+    status.add_argument("--json", action="store_true", help="print one JSON object (api-v1.md) alone")
+
+
+async def cmd_cluster(settings: Settings, args: argparse.Namespace) -> int:
+    from duetime.clusterstatus import ClusterStatus
+    from duetime.storage.postgres.membership import MembershipStore
+
+    settings = database_settings(settings)
+    try:
+        store = await _open_store(settings)
+        try:
+            async with _about(store.shard_map.home):
+                records = await MembershipStore(store.home_pool).engines()
+        finally:
+            await store.close()
+    except SettingsError:
+        raise
+    except DuetimeError as exc:
+        print(f"duetime: {exc.message}", file=sys.stderr)
+        return EXIT_FAILED
+    status = ClusterStatus.of(records, settings.shard_replicas)
+    _say(json.dumps(status.as_json()) if args.json else status.table())
     return EXIT_OK
 
 
@@ -680,6 +747,7 @@ COMMANDS: dict[str, Command] = {
     "worker": cmd_worker,
     "keys": cmd_keys,
     "shards": cmd_shards,
+    "cluster": cmd_cluster,
 }
 
 
@@ -730,6 +798,18 @@ async def _supervise(
     return await command(settings, args)
 
 
+def missing_server_module() -> str | None:
+    """The first library of the server extra that is not installed, or None."""
+    for name in SERVER_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a finder that refuses it, or a module left half-imported
+            found = False
+        if not found:
+            return name
+    return None
+
+
 def _new_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
@@ -764,6 +844,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     environ = dict(os.environ)
     if args.command == "jobs":
         return run_jobs(args, environ)
+    missing = missing_server_module()
+    if missing is not None:
+        print(
+            f"duetime: '{args.command}' needs the server's libraries ({missing} is not installed): "
+            f"{SERVER_INSTALL}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     if getattr(args, "shards", None):
         environ["DUETIME_SHARDS"] = args.shards
     try:

@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
-from duetime.engine.metrics import OLDEST_UNCLAIMED_DUE
+from duetime.runqueue.metrics import OLDEST_UNCLAIMED_DUE
 from duetime.storage.ports import DueBacklog
 
 log = logging.getLogger("duetime.engine")

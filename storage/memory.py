@@ -524,7 +524,7 @@ class MemoryStore:
 
     async def create_api_key(self, owner: str) -> tuple[str, str]:
         self._check()
-        from duetime.workers.signing import new_signing_secret
+        from duetime.core.signing import new_signing_secret
 
         api_key = "dt_" + secrets.token_urlsafe(24)
         self._owners.setdefault(owner, new_signing_secret())

@@ -17,16 +17,16 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from duetime.core import codec
+from duetime.core.delivery import Delivery, Verdict
 from duetime.core.errors import StorageUnavailable
 from duetime.core.model import JobSpec, Outcome, WebhookTarget
-from duetime.engine import metrics
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.runqueue import RunQueue
+from duetime.core.signing import idempotency_key
+from duetime.runqueue import metrics
+from duetime.runqueue.inprocess import RunQueue
+from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.ports import AttemptReport, FencedRow, RunStore, SigningKeys
 from duetime.workers import tracing
-from duetime.workers.dispatch import CallResult, Delivery, Dispatcher
-from duetime.workers.signing import idempotency_key
-from duetime.workers.webhook import Verdict
+from duetime.workers.dispatch import CallResult, Dispatcher
 
 log = logging.getLogger("duetime.workers")
 

@@ -18,7 +18,7 @@ class KeysPart(StoreBase):
 
     async def rotate_signing_secret(self, owner: str, grace_s: float) -> SecretRotation:
         """A new secret for ``owner``; the old one keeps signing for ``grace_s`` seconds."""
-        from duetime.workers.signing import new_signing_secret
+        from duetime.core.signing import new_signing_secret
 
         async with translated():
             row = await self.home_pool.fetchrow(

@@ -335,7 +335,7 @@ class RegistryPart(StoreBase):
         return owner
 
     async def create_api_key(self, owner: str) -> tuple[str, str]:
-        from duetime.workers.signing import new_signing_secret
+        from duetime.core.signing import new_signing_secret
 
         api_key = "dt_" + secrets.token_urlsafe(24)  # 192 random bits
         async with translated(), self.home_pool.acquire() as conn, conn.transaction():

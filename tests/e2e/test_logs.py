@@ -26,6 +26,9 @@ from duetime.storage.shardmap import ShardMap
 from loadtest.common import free_port
 from tests.conftest import _create_db, _drop_db
 
+# Starts `duetime api` / `duetime run` processes on a database of its own.
+pytestmark = [pytest.mark.pg, pytest.mark.processes]
+
 
 class LoggedProc:
     """A ``duetime`` process whose stderr (the log) goes to a file and stdout to a pipe."""

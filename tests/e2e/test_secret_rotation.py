@@ -11,9 +11,14 @@ import sys
 import time
 from datetime import UTC, datetime
 
+import pytest
+
 from duetime.app import Node
 from duetime.receiver import verify_webhook
-from tests.e2e.harness import Owner, Receiver, at
+from tests.support.node import Owner, at
+from tests.support.receiver import Receiver
+
+pytestmark = pytest.mark.processes  # runs the real `duetime keys rotate-secret`
 
 
 async def _rotate(dsn: str, owner: str, grace: str) -> dict[str, str]:

@@ -18,7 +18,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from duetime.app import Node
 from duetime.workers import tracing
-from tests.e2e.harness import Owner, Receiver, at
+from tests.support.node import Owner, at
+from tests.support.receiver import Receiver
+
+pytestmark = pytest.mark.redis  # reads the Redis stream itself
 
 # version 00, trace id, span id, flags: sampled (01), with the SDK's random-trace-id bit (02)
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-0[13]")

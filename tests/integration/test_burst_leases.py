@@ -21,9 +21,9 @@ import asyncpg
 import pytest
 
 from duetime.core.model import Broker, JobSpec, OneOffSchedule, QueueTarget
-from duetime.engine import metrics
-from duetime.engine.leases import LeaseKeeper
 from duetime.engine.service import Engine, EngineConfig
+from duetime.runqueue import metrics
+from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.bulk import BulkJob, analyze_jobs, seed_jobs
 from duetime.storage.migrate import migrate
 from duetime.storage.ports import FenceRequest

@@ -36,9 +36,10 @@ from duetime.client import (
     NotFoundError,
     ValidationError,
 )
+from duetime.core.signing import sign
 from duetime.receiver import Deduplicator, DeliveryHeaders, FencingGuard, MemoryIdempotencyStore
-from duetime.workers.signing import sign
-from tests.e2e.harness import Receiver, at, fast_settings
+from tests.support.node import at, fast_settings
+from tests.support.receiver import Receiver
 
 REPO = Path(__file__).resolve().parents[2]
 FAR_CRON = {"cron": "0 0 1 1 *", "timezone": "Europe/Berlin"}

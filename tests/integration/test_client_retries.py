@@ -23,7 +23,7 @@ from duetime.client import (
     RateLimitedError,
     ServiceUnavailableError,
 )
-from tests.e2e.harness import fast_settings
+from tests.support.node import fast_settings
 
 SPEC = {
     "target": {"type": "webhook", "url": "https://example.com/hook"},

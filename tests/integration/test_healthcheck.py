@@ -8,9 +8,13 @@ import os
 import sys
 from urllib.parse import urlsplit
 
+import pytest
+
 from duetime.app import Node
 from loadtest.common import free_port
-from tests.e2e.harness import fast_settings
+from tests.support.node import fast_settings
+
+pytestmark = pytest.mark.processes  # runs python -m duetime.healthcheck
 
 
 async def _check(port: str, *args: str) -> tuple[int, str]:

@@ -22,7 +22,9 @@ from duetime.storage.postgres import PostgresStore
 from duetime.storage.postgres.due_age import oldest_unclaimed_due
 from duetime.storage.shardmap import ShardMap
 from tests.conftest import _create_db, _drop_db
-from tests.e2e.harness import fast_settings
+from tests.support.node import fast_settings
+
+pytestmark = pytest.mark.pg  # also a database of its own, besides pg_dsn
 
 
 @pytest.fixture

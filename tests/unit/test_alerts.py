@@ -1,4 +1,4 @@
-"""deploy/prometheus/alerts.yml: loaded by deploy/prometheus.yml, well-formed, one rule for each row
+"""deploy/prometheus/*.rules.yml: loaded by deploy/prometheus.yml, well-formed, one rule for each row
 of the alert table in docs/operations.md, and naming only metrics that Duetime exports.
 
 No Prometheus runs here, so the rules are checked statically: the shape Prometheus requires of a
@@ -18,8 +18,12 @@ import duetime.exposition
 from tests.unit.test_compose import _metric_names
 
 ROOT = Path(__file__).resolve().parents[2]
-ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
-RULES: dict[str, Any] = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))
+RULE_FILES = sorted((ROOT / "deploy" / "prometheus").glob("*.rules.yml"))
+RULES: dict[str, Any] = {
+    "groups": [
+        group for path in RULE_FILES for group in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]
+    ]
+}
 _DURATION = re.compile(r"^\d+[smhd]$")
 
 
@@ -27,14 +31,24 @@ def _rules() -> list[dict[str, Any]]:
     return [rule for group in RULES["groups"] for rule in group["rules"]]
 
 
-def test_prometheus_loads_the_rules_file_that_compose_mounts() -> None:
+def test_prometheus_loads_every_rules_file_that_compose_mounts() -> None:
+    import fnmatch
+
+    assert {p.name for p in RULE_FILES} >= {"alerts.rules.yml", "duetime.rules.yml"}
     config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text(encoding="utf-8"))
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text(encoding="utf-8"))
-    mounts = dict(
-        v.rsplit(":", 1)[0].split(":", 1)[::-1] for v in compose["services"]["prometheus"]["volumes"]
-    )
-    for path in config["rule_files"]:
-        assert mounts[path] == "./deploy/prometheus/alerts.yml", mounts
+    mounts = {
+        container: host
+        for host, container, *_ in (v.split(":") for v in compose["services"]["prometheus"]["volumes"])
+    }
+    for pattern in config["rule_files"]:
+        folder, _, glob = pattern.rpartition("/")
+        assert mounts[folder] == "./deploy/prometheus", mounts
+        assert [p.name for p in RULE_FILES] == sorted(
+            p.name for p in (ROOT / "deploy" / "prometheus").iterdir() if fnmatch.fnmatch(p.name, glob)
+        )
+    for path in RULE_FILES:
+        assert set(yaml.safe_load(path.read_text(encoding="utf-8"))) == {"groups"}, path
 
 
 def test_the_file_has_the_shape_prometheus_requires() -> None:
@@ -50,7 +64,7 @@ def test_the_file_has_the_shape_prometheus_requires() -> None:
         if "for" in rule:
             assert _DURATION.match(rule["for"]), rule
         assert rule["labels"]["severity"] in ("critical", "warning", "info")
-        assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+        assert rule["annotations"]["summary"], rule  # what it means; a description says what to do
         expr = rule["expr"]
         for open_, close in ("()", "[]", "{}"):
             assert expr.count(open_) == expr.count(close), (rule["alert"], expr)
@@ -95,3 +109,9 @@ def test_the_dashboard_takes_its_datasource_from_a_variable() -> None:
 
     used = sources(dashboard["panels"])
     assert used and all(s == {"type": "prometheus", "uid": "${datasource}"} for s in used)
+
+
+def test_dashboard_panels_have_unique_ids() -> None:
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/duetime.json").read_text(encoding="utf-8"))
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)), ids

@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 from duetime.engine import entries
 from duetime.engine.clock import FakeClock
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.runqueue import InProcessRunQueue
 from duetime.engine.service import Engine, EngineConfig
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.memory import MemoryStore
 
 T = datetime(2026, 12, 1, tzinfo=UTC)

@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 
 from duetime.core.ids import shard_of
 from duetime.core.model import JobSpec, JobState, OneOffSchedule, Outcome, WebhookTarget
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.runqueue import InProcessRunQueue
 from duetime.engine.service import Engine, EngineConfig
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.memory import MemoryStore
 from duetime.storage.ports import AttemptReport
 

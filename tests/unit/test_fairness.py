@@ -7,8 +7,8 @@ import uuid
 from datetime import UTC, datetime
 
 from duetime.engine import entries
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.runqueue import InProcessRunQueue
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.memory import MemoryStore
 from duetime.storage.ports import FencedRow
 

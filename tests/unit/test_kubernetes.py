@@ -2,7 +2,7 @@
 ships the schemas, so this runs offline), and the manifests fit the code they run: commands the
 CLI knows, settings that parse, probes on /healthz and /readyz on the port the process listens
 on, selectors that match, a PodDisruptionBudget per component, the operator's PrometheusRule equal
-to deploy/prometheus/alerts.yml. Also the Dockerfile's HEALTHCHECK and compose's healthchecks.
+to deploy/prometheus/*.rules.yml. Also the Dockerfile's HEALTHCHECK and compose's healthchecks.
 
 Run as ``python -m tests.unit.test_kubernetes`` it prints the PrometheusRule to regenerate it."""
 
@@ -149,16 +149,20 @@ def test_services_and_disruption_budgets_select_their_pods() -> None:
 
 
 def render_prometheus_rule() -> str:
-    alerts = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text(encoding="utf-8"))
+    groups = [
+        group
+        for path in sorted((ROOT / "deploy" / "prometheus").glob("*.rules.yml"))
+        for group in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]
+    ]
     doc = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {"name": "duetime", "labels": {"app.kubernetes.io/part-of": "duetime"}},
-        "spec": {"groups": alerts["groups"]},
+        "spec": {"groups": groups},
     }
     header = (
-        "# The alerts of deploy/prometheus/alerts.yml for the Prometheus Operator: the same groups,\n"
-        "# word for word (tests/unit/test_kubernetes.py compares them). After changing alerts.yml:\n"
+        "# The alerts of deploy/prometheus/*.rules.yml for the Prometheus Operator: the same groups,\n"
+        "# word for word (tests/unit/test_kubernetes.py compares them). After changing those files:\n"
         "#   python -m tests.unit.test_kubernetes \\\n"
         "#     > deploy/kubernetes/prometheus-operator/prometheusrule.yaml\n"
     )

@@ -44,9 +44,9 @@ from nats.js.client import JetStreamContext
 from prometheus_client import Counter, Gauge, Histogram
 
 from duetime.core.errors import StorageUnavailable
-from duetime.engine import metrics
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.runqueue import InProcessRunQueue
+from duetime.runqueue import metrics
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.ports import AttemptReport, FencedRow, Lease, PublishedRun, RunStore
 
 log = logging.getLogger("duetime.natsqueue")

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import uuid
 
-from duetime.engine import metrics
+from duetime.runqueue import metrics
 from duetime.storage.ports import Lease, RunStore
 
 log = logging.getLogger("duetime.leases")

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from duetime.engine import metrics
+from duetime.runqueue import metrics
 from duetime.storage.ports import FencedRow
 
 
