@@ -4,7 +4,7 @@ CLI knows, settings that parse, probes on /healthz and /readyz on the port the p
 on, selectors that match, a PodDisruptionBudget per component, the operator's PrometheusRule equal
 to deploy/prometheus/*.rules.yml. Also the Dockerfile's HEALTHCHECK and compose's healthchecks.
 
-Run as ``python -m tests.unit.test_kubernetes`` it prints the PrometheusRule to regenerate it."""
+Run as ``python -m tests.pure.test_kubernetes`` it prints the PrometheusRule to regenerate it."""
 
 from __future__ import annotations
 
@@ -162,8 +162,8 @@ def render_prometheus_rule() -> str:
     }
     header = (
         "# The alerts of deploy/prometheus/*.rules.yml for the Prometheus Operator: the same groups,\n"
-        "# word for word (tests/unit/test_kubernetes.py compares them). After changing those files:\n"
-        "#   python -m tests.unit.test_kubernetes \\\n"
+        "# word for word (tests/pure/test_kubernetes.py compares them). After changing those files:\n"
+        "#   python -m tests.pure.test_kubernetes \\\n"
         "#     > deploy/kubernetes/prometheus-operator/prometheusrule.yaml\n"
     )
     return header + yaml.safe_dump(doc, sort_keys=False, width=100)

@@ -15,7 +15,7 @@ import yaml
 
 import duetime.engine.due_age
 import duetime.exposition
-from tests.unit.test_compose import _metric_names
+from tests.pure.test_compose import _metric_names
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = sorted((ROOT / "deploy" / "prometheus").glob("*.rules.yml"))
