@@ -15,27 +15,33 @@ from typing import Final
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-from prometheus_client import REGISTRY, generate_latest
 
 from duetime._version import __version__
 from duetime.api.auth import KeyCache, bearer_key
-from duetime.api.errors import error_response, from_domain_error, from_http_exception, status_for
+from duetime.api.errors import (
+    INTERNAL_ERROR_MESSAGE,
+    error_response,
+    from_domain_error,
+    from_http_exception,
+    status_for,
+)
 from duetime.api.handlers import OWNER, JobsApi
 from duetime.api.limits import JobCap, OwnerRateLimiter
 from duetime.api.metrics import UNMATCHED_ROUTE, observe
 from duetime.api.openapi import build_openapi
 from duetime.api.preview import PreviewApi
 from duetime.api.render import dumps, json_response
+from duetime.api.request_id import request_id_middleware
 from duetime.core.errors import DuetimeError, StorageUnavailable
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import SpecLimits
+from duetime.exposition import metrics_response
 from duetime.storage.base import Registry
 
 log = logging.getLogger("duetime.api")
 
 MAX_BODY_BYTES: Final = 256 * 1024
 READY_TIMEOUT_S: Final = 5.0
-METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def _needs_auth(path: str) -> bool:
@@ -85,9 +91,7 @@ def _make_middleware(keys: KeyCache, rate: OwnerRateLimiter | None, cap: JobCap 
             response = from_domain_error(exc)
         except Exception:
             log.exception("unexpected error in %s %s", request.method, _route_label(request))
-            response = error_response(
-                500, "internal_error", "An unexpected error occurred; it has been logged."
-            )
+            response = error_response(500, "internal_error", INTERNAL_ERROR_MESSAGE)
         observe(_route_label(request), request.method, response.status, time.perf_counter() - started)
         return response
 
@@ -103,19 +107,23 @@ def create_app(
     key_cache_ttl_s: float = 5.0,
     owner_rate_per_s: float = 0.0,
     max_jobs_per_owner: int = 0,
+    access_log: bool = False,
 ) -> web.Application:
     """The API as an aiohttp application; the caller owns the registry's lifetime.
 
     ``readiness`` is an extra probe for /readyz (brokers, engines): it raises when not ready.
     ``key_cache_ttl_s`` bounds how long a revoked key keeps working on this process.
     ``owner_rate_per_s`` (0 = off) and ``max_jobs_per_owner`` (0 = off) are the per-owner limits
-    of ``api.limits``.
+    of ``api.limits``. ``access_log`` writes one ``duetime.access`` line per answer.
     """
     rate = OwnerRateLimiter(owner_rate_per_s, 2 * owner_rate_per_s) if owner_rate_per_s > 0 else None
     cap = JobCap(max_jobs_per_owner, registry.count_active_jobs) if max_jobs_per_owner > 0 else None
     keys = KeyCache(registry, ttl_s=key_cache_ttl_s)
     spec_limits = limits if limits is not None else SpecLimits()
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_make_middleware(keys, rate, cap)])
+    app = web.Application(
+        client_max_size=MAX_BODY_BYTES,
+        middlewares=[request_id_middleware(access_log=access_log), _make_middleware(keys, rate, cap)],
+    )
     app.router.add_routes(JobsApi(registry, policy=policy, limits=spec_limits).routes())
     app.router.add_routes(PreviewApi(registry, limits=spec_limits).routes())
 
@@ -142,7 +150,7 @@ def create_app(
         return json_response({"status": "ready"})
 
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": METRICS_CONTENT_TYPE})
+        return metrics_response()
 
     async def openapi(request: web.Request) -> web.Response:
         return web.Response(body=openapi_body, content_type="application/json")

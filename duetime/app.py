@@ -20,22 +20,27 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import REGISTRY, Gauge, generate_latest
 
+from duetime import logs
 from duetime._version import __version__
 from duetime.api.app import create_app
+from duetime.api.request_id import request_id_middleware
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import SpecLimits
+from duetime.engine.due_age import DueAgeSampler
 from duetime.engine.membership import MembershipKeeper
 from duetime.engine.service import Engine, EngineConfig
+from duetime.exposition import metrics_response
 from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.runqueue.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
 from duetime.settings import Settings
 from duetime.storage.ports import Registry
 from duetime.storage.postgres import PostgresStore
+from duetime.storage.postgres.due_age import oldest_unclaimed_due
 from duetime.storage.postgres.membership import MembershipStore, Registration
 from duetime.storage.shardmap import ShardMap
+from duetime.workers import tracing
 from duetime.workers.dispatch import Dispatcher
 from duetime.workers.pool import WorkerPool
 from duetime.workers.remote import RemoteWorker
@@ -44,8 +49,7 @@ log = logging.getLogger("duetime")
 
 # `duetime_build_info{version="…"} 1` on every process's /metrics (API, engine, worker, `run`): a
 # dashboard joins on it to see which release each process runs, e.g. halfway through an upgrade.
-BUILD_INFO = Gauge("duetime_build_info", "The Duetime release this process runs (always 1)", ["version"])
-BUILD_INFO.labels(__version__).set(1)
+# duetime_build_info is registered in duetime.exposition, beside /metrics itself.
 
 
 def address_policy(settings: Settings) -> AddressPolicy:
@@ -102,10 +106,13 @@ class Node:
     _publisher: NatsRunPublisher | None = None
     _published: PublishedLeaseKeeper | None = None
     _remote: RemoteWorker | None = None
+    _due_age: DueAgeSampler | None = None
     _membership: MembershipKeeper | None = None
 
     async def start(self) -> None:
         tune_gc()
+        if self.workers and not tracing.enabled():
+            tracing.configure()  # OTEL_TRACES_EXPORTER; raises TracingUnavailable without the extra
         s = self.settings
         self.store = await PostgresStore.open(
             ShardMap.from_dsns(s.shard_dsns()),
@@ -133,6 +140,14 @@ class Node:
             self._keeper.start()
             self._engine = Engine(self.store, queue, self._keeper, engine_config(s))
             await self._start_engine()
+        if self.engine:
+            store = self.store
+            self._due_age = DueAgeSampler(
+                lambda shards: oldest_unclaimed_due(store, shards),
+                s.shards,
+                interval_s=max(s.janitor_interval_s, 1.0),
+            )
+            self._due_age.start()
         app = (
             create_app(
                 self.store,
@@ -145,9 +160,10 @@ class Node:
                 ),
                 owner_rate_per_s=s.api_owner_rate,
                 max_jobs_per_owner=s.max_jobs_per_owner,
+                access_log=s.access_log,
             )
             if self.api
-            else _ops_app(self.store, self._not_ready)
+            else _ops_app(self.store, self._not_ready, access_log=s.access_log)
         )
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -254,6 +270,8 @@ class Node:
         s = self.settings
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._due_age is not None:
+            await self._due_age.stop()
         if self._membership is not None:
             await self._membership.stop()  # leave first: the others take the shards at once
         if self._engine is not None:
@@ -277,8 +295,12 @@ class Node:
             await self.store.close()
 
 
-def _ops_app(store: Registry, not_ready: Callable[[], str | None] = lambda: None) -> web.Application:
-    """/healthz, /readyz and /metrics for a process that does not serve the API."""
+def _ops_app(
+    store: Registry, not_ready: Callable[[], str | None] = lambda: None, *, access_log: bool = False
+) -> web.Application:
+    """/healthz, /readyz and /metrics for a process that does not serve the API: the same request
+    ids, access log and metrics content type as the API's, so one scrape config and one log
+    pipeline fit every process."""
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "version": __version__})
@@ -296,9 +318,9 @@ def _ops_app(store: Registry, not_ready: Callable[[], str | None] = lambda: None
         return web.json_response({"status": "ready"})
 
     async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(REGISTRY), content_type="text/plain")
+        return metrics_response()
 
-    app = web.Application()
+    app = web.Application(middlewares=[request_id_middleware(access_log=access_log)])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
@@ -353,7 +375,7 @@ def _child_main(settings: Settings, started: Any) -> None:
     """One process of a multi-process `duetime run`: a full node for its shards."""
     import uvloop
 
-    logging.basicConfig(level=settings.log_level)
+    logs.configure(settings.log_level, settings.log_format)
     uvloop.run(_serve(Node(settings), lambda _url: started.set()))
 
 

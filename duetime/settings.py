@@ -30,6 +30,9 @@ ENV_PREFIX = "DUETIME_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # Variables read by other parts of the tree (tests, load test) rather than by ``Settings``.
 FOREIGN_PREFIXES = ("DUETIME_TEST_", "DUETIME_LOADTEST_")
+# Read by the client side (`duetime jobs`, duetime.client) rather than by a server process: a shell
+# that exports them for the CLI must not make every server warn about them.
+CLIENT_VARIABLES = ("DUETIME_URL", "DUETIME_API_KEY")
 
 
 class SettingsError(DuetimeError):
@@ -314,6 +317,13 @@ def _log_level(variable: str, raw: str) -> str:
     text = raw.strip().upper()
     if text not in LOG_LEVELS:
         raise SettingsError(variable, raw, "one of " + ", ".join(LOG_LEVELS))
+    return text
+
+
+def _log_format(variable: str, raw: str) -> str:
+    text = raw.strip().lower()
+    if text not in ("text", "json"):
+        raise SettingsError(variable, raw, "'text' (for a terminal) or 'json' (one object per line)")
     return text
 
 
@@ -653,6 +663,25 @@ class Settings:
         default="INFO",
         metadata=_meta("DUETIME_LOG_LEVEL", "One of " + ", ".join(LOG_LEVELS) + ".", _log_level),
     )
+    log_format: str = field(
+        default="text",
+        metadata=_meta(
+            "DUETIME_LOG_FORMAT",
+            "`text` (for a terminal) or `json`: one JSON object per line with `ts` (RFC 3339), `level`, "
+            "`logger`, `msg` and `request_id` while answering a request; the same in every process.",
+            _log_format,
+        ),
+    )
+    access_log: bool = field(
+        default=False,
+        metadata=_meta(
+            "DUETIME_ACCESS_LOG",
+            "Log one line per HTTP request answered (logger `duetime.access`: method, route, status, "
+            "duration, request id), in the DUETIME_LOG_FORMAT of the process.",
+            _boolean,
+            shown="0",
+        ),
+    )
     data_dir: Path = field(
         default=Path(".duetime"),
         metadata=_meta(
@@ -730,6 +759,8 @@ def unknown_variables(environ: Mapping[str, str] = os.environ) -> list[str]:
     out: list[str] = []
     for name in sorted(environ):
         if not name.startswith(ENV_PREFIX) or name in known or name.startswith(FOREIGN_PREFIXES):
+            continue
+        if name in CLIENT_VARIABLES:
             continue
         close = difflib.get_close_matches(name, known, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""

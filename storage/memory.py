@@ -43,7 +43,7 @@ from duetime.core.runpath import (
 )
 from duetime.core.schedule import next_occurrence
 from duetime.core.states import OwnerAction, owner_move
-from duetime.storage.ports import Backfill, CompletionStats, IdempotencyRequest, Page
+from duetime.storage.ports import Backfill, CompletionStats, IdempotencyRequest, Page, SigningKeys
 from duetime.storage.postgres.completion import (
     BatchWriter,
     apply_leased,
@@ -529,6 +529,14 @@ class MemoryStore:
     async def signing_secret(self, owner: str) -> str | None:
         self._check()
         return self._owners.get(owner)
+
+    async def signing_keys(self, owner: str) -> SigningKeys | None:
+        """No rotation here (that is an operator's command on the real store): the current one."""
+        self._check()
+        secret = self._owners.get(owner)
+        return (
+            None if secret is None else SigningKeys(current=secret, previous=None, previous_valid_until=None)
+        )
 
     async def ping(self) -> None:
         self._check()

@@ -29,6 +29,7 @@ from redis.backoff import NoBackoff
 from duetime.core import signing
 from duetime.core.model import Broker, Outcome, QueueTarget
 from duetime.core.runpath import Delivery, Verdict
+from duetime.workers.tracing import TRACEPARENT
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +57,16 @@ _REDIS_TRANSIENT = (
 def message_headers(d: Delivery) -> dict[str, str]:
     """The contract's headers for a queue message (no signature: the broker is the operator's)."""
     key = signing.idempotency_key(d.job_id, d.scheduled_for)
-    return {
+    headers = {
         signing.IDEMPOTENCY_KEY: key,
         signing.JOB_ID: d.job_id,
         signing.SCHEDULED_FOR: signing.format_occurrence(d.scheduled_for),
         signing.ATTEMPT: str(d.attempt),
         signing.FENCING_TOKEN: str(d.fencing_token),
     }
+    if d.traceparent is not None:
+        headers[TRACEPARENT] = d.traceparent
+    return headers
 
 
 def redis_fields(d: Delivery, body: bytes) -> dict[str, bytes | str]:
@@ -74,6 +78,7 @@ def redis_fields(d: Delivery, body: bytes) -> dict[str, bytes | str]:
         FIELD_SCHEDULED_FOR: headers[signing.SCHEDULED_FOR],
         FIELD_ATTEMPT: headers[signing.ATTEMPT],
         FIELD_FENCING_TOKEN: headers[signing.FENCING_TOKEN],
+        **({TRACEPARENT: headers[TRACEPARENT]} if TRACEPARENT in headers else {}),
     }
 
 

@@ -31,6 +31,7 @@ from duetime.core import signing, ssrf
 from duetime.core.errors import InvalidRequest, TargetNotAllowed
 from duetime.core.model import Outcome, WebhookTarget
 from duetime.core.runpath import Delivery, Verdict
+from duetime.workers.tracing import TRACEPARENT
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -73,7 +74,11 @@ def contract_headers(d: Delivery, body: bytes, now: datetime) -> dict[str, str]:
         signing.FENCING_TOKEN: str(d.fencing_token),
         signing.WEBHOOK_ID: key,
         signing.WEBHOOK_TIMESTAMP: str(timestamp),
-        signing.WEBHOOK_SIGNATURE: signing.sign(d.signing_secret, key, timestamp, body),
+        # During a secret rotation's grace, one signature per secret, space-separated.
+        signing.WEBHOOK_SIGNATURE: " ".join(
+            signing.sign(secret, key, timestamp, body)
+            for secret in (d.signing_secret, *d.extra_signing_secrets)
+        ),
     }
 
 
@@ -214,6 +219,8 @@ async def call(
     if bad is not None:
         return Verdict(Outcome.FAILED, False, None, f"job header {bad[:100]!r} is not a valid HTTP header")
     headers = request_headers(target, contract_headers(d, body, now))
+    if d.traceparent is not None:
+        headers[TRACEPARENT] = d.traceparent
     timeout = aiohttp.ClientTimeout(total=target.timeout_s)
     try:
         async with session.request(
