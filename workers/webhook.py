@@ -30,6 +30,7 @@ from yarl import URL
 
 from duetime.core import ssrf
 from duetime.core.errors import InvalidRequest, TargetNotAllowed
+from duetime.core.headers import is_reserved_header
 from duetime.core.model import Outcome, WebhookTarget
 from duetime.workers import signing
 
@@ -40,12 +41,6 @@ if TYPE_CHECKING:
 
 MAX_RESPONSE_READ = 64 * 1024
 USER_AGENT = "Duetime-Webhook/1"
-
-# Set by us, never by a job's own headers: the contract's headers and the ones that frame the
-# request (a job must not be able to change the body's length or the Host it is routed by).
-RESERVED_HEADERS: frozenset[str] = signing.CONTRACT_HEADERS | frozenset(
-    {"content-type", "content-length", "transfer-encoding", "host", "connection"}
-)
 
 
 # RFC 9110 field-name token, and a value with no control characters but tab.
@@ -76,7 +71,7 @@ def classify_status(status: int) -> Verdict:
 
 def request_headers(target: WebhookTarget, contract: dict[str, str]) -> dict[str, str]:
     """The job's headers first, then ours; a job header that names one of ours is dropped."""
-    headers = {k: v for k, v in target.headers.items() if k.lower() not in RESERVED_HEADERS}
+    headers = {k: v for k, v in target.headers.items() if not is_reserved_header(k)}
     headers["Content-Type"] = "application/json"
     headers.update(contract)
     return headers
