@@ -512,9 +512,29 @@ def _parse_schedule(value: object, now: datetime, limits: SpecLimits) -> Schedul
         ),
     )
     check_cron_schedule(schedule, now)
+    _check_start_horizon(start_at, now, limits)
     if limits.min_cron_interval_s > 0:
         _check_cron_interval(schedule, now, limits.min_cron_interval_s)
     return schedule
+
+
+def _check_start_horizon(start_at: datetime | None, now: datetime, limits: SpecLimits) -> None:
+    """Refuse a recurring schedule that cannot fire within the horizon a ``run_at`` has.
+
+    A ``start_at`` in year 9999 used to be stored, find no occurrence the clock can reach, and
+    complete the job at once: a 201 (or a PATCH) that quietly killed it. It is the same mistake
+    as a cron that never fires, so it gets the same answer.
+    """
+    if start_at is None:
+        return
+    horizon = now + timedelta(days=limits.run_at_horizon_days)
+    if start_at > horizon:
+        _invalid(
+            "schedule.start_at",
+            f"schedule.start_at is more than {limits.run_at_horizon_days} days ahead, so this "
+            "schedule would never fire within the server's horizon; pick an earlier start_at",
+            "cron_never_fires",
+        )
 
 
 def _optional_time(obj: dict[str, Any], key: str) -> datetime | None:
