@@ -37,6 +37,7 @@ from duetime.core.validation import (
     parse_idempotency_key,
     parse_job_spec,
 )
+from duetime.core.weburl import same_origin
 from duetime.storage.base import IdempotencyRequest, Registry
 
 OWNER: Final = web.RequestKey("owner", str)
@@ -108,7 +109,8 @@ async def _json_body(request: web.Request) -> Any:
 
 
 def _restore_redacted_headers(merged: dict[str, Any], current: JobSpec) -> None:
-    """Keep a header's secret when a PATCH sends back the ``<redacted>`` placeholder we showed.
+    """Keep a header's secret when a PATCH sends back the ``<redacted>`` placeholder we showed,
+    as long as the URL keeps its origin (scheme, host, port); a move elsewhere must resend it.
 
     A client that GETs a job, edits its target and PATCHes it back would otherwise have to know
     every secret again. Only names the job already has (in any letter case) are restored; the
@@ -123,8 +125,20 @@ def _restore_redacted_headers(merged: dict[str, Any], current: JobSpec) -> None:
     if not isinstance(headers, dict):
         return
     known = {name.lower(): value for name, value in current.target.headers.items()}
+    url = target.get("url")
+    moved = not isinstance(url, str) or not same_origin(url, current.target.url)
     for name, value in headers.items():
         if value == REDACTED and name.lower() in known:
+            if moved:
+                # A stored secret was meant for one origin; following the URL elsewhere would let
+                # a leaked API key redirect the job and harvest the secret.
+                raise InvalidRequest(
+                    f"target.headers.{name} is the redacted placeholder, but target.url now calls "
+                    "another origin (scheme, host or port) than the stored one; resend the secret "
+                    "values of every header when you move a webhook",
+                    code="invalid_header",
+                    field=f"target.headers.{name}",
+                )
             headers[name] = known[name.lower()]
 
 
