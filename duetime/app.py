@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import REGISTRY, generate_latest
 
 from duetime._version import __version__
-from duetime.api.app import create_app
+from duetime.api.app import create_app, metrics_app, metrics_handler
+from duetime.api.server import runner_options
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import SpecLimits
 from duetime.engine.leases import LeaseKeeper
@@ -84,6 +84,8 @@ class Node:
     store: PostgresStore | None = None
     url: str | None = None
     _runner: web.AppRunner | None = None
+    _metrics_runner: web.AppRunner | None = None
+    metrics_url: str | None = None
     _engine: Engine | None = None
     _pool: WorkerPool | None = None
     _keeper: LeaseKeeper | None = None
@@ -134,14 +136,32 @@ class Node:
                 ),
                 owner_rate_per_s=s.api_owner_rate,
                 max_jobs_per_owner=s.max_jobs_per_owner,
+                body_timeout_s=s.http_body_timeout_s,
+                metrics_token=s.metrics_token,
+                serve_metrics=s.metrics_port is None,
             )
             if self.api
-            else _ops_app(self.store, self._not_ready)
+            else _ops_app(self.store, self._not_ready, s)
         )
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        options = runner_options(header_timeout_s=s.http_header_timeout_s)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **options)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.http_host, s.http_port, reuse_port=True)
         await site.start()
+        if s.metrics_port is not None:
+            self._metrics_runner = web.AppRunner(
+                metrics_app(s.metrics_token), access_log=None, handle_signals=False, **options
+            )
+            await self._metrics_runner.setup()
+            metrics_site = web.TCPSite(self._metrics_runner, s.metrics_host, s.metrics_port, reuse_port=True)
+            await metrics_site.start()
+            bound = getattr(metrics_site, "_server", None)
+            mport = (
+                bound.sockets[0].getsockname()[1] if bound is not None and bound.sockets else s.metrics_port
+            )
+            mhost = s.metrics_host if ":" not in s.metrics_host else f"[{s.metrics_host}]"
+            self.metrics_url = f"http://{mhost}:{mport}"
+            log.info("metrics on %s/metrics", self.metrics_url)
         host = s.http_host if ":" not in s.http_host else f"[{s.http_host}]"
         port = s.http_port
         server = getattr(site, "_server", None)
@@ -204,6 +224,8 @@ class Node:
         s = self.settings
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
         if self._engine is not None:
             await self._engine.stop()
         if self._publisher is not None:
@@ -225,7 +247,9 @@ class Node:
             await self.store.close()
 
 
-def _ops_app(store: PostgresStore, not_ready: Callable[[], str | None] = lambda: None) -> web.Application:
+def _ops_app(
+    store: PostgresStore, not_ready: Callable[[], str | None] = lambda: None, settings: Settings | None = None
+) -> web.Application:
     """/healthz, /readyz and /metrics for a process that does not serve the API."""
 
     async def healthz(_: web.Request) -> web.Response:
@@ -243,13 +267,11 @@ def _ops_app(store: PostgresStore, not_ready: Callable[[], str | None] = lambda:
             return web.json_response({"error": {"code": "not_ready", "message": reason}}, status=503)
         return web.json_response({"status": "ready"})
 
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(REGISTRY), content_type="text/plain")
-
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    if settings is None or settings.metrics_port is None:
+        app.router.add_get("/metrics", metrics_handler(settings.metrics_token if settings else None))
     return app
 
 

@@ -310,6 +310,13 @@ def _subject(variable: str, raw: str) -> str:
     return text
 
 
+def _token(variable: str, raw: str) -> str:
+    text = raw.strip()
+    if not 16 <= len(text) <= 512 or any(not 0x21 <= ord(c) <= 0x7E for c in text):
+        raise SettingsError(variable, "<hidden>", "16 to 512 printable ASCII characters without spaces")
+    return text
+
+
 def _log_level(variable: str, raw: str) -> str:
     text = raw.strip().upper()
     if text not in LOG_LEVELS:
@@ -365,6 +372,56 @@ class Settings:
         default=8080,
         metadata=_meta(
             "DUETIME_HTTP_PORT", "TCP port of the HTTP API; 0 picks a free port.", _integer(0, 65535)
+        ),
+    )
+    http_header_timeout_s: float = field(
+        default=10.0,
+        metadata=_meta(
+            "DUETIME_HTTP_HEADER_TIMEOUT_S",
+            "Seconds a connection has, from when it opens or its previous answer was sent, to deliver "
+            "a complete request line and headers; then it is closed. This is also how long an idle "
+            "keep-alive connection stays open (put a reverse proxy's upstream keep-alive below it).",
+            _seconds(),
+            shown="10",
+        ),
+    )
+    http_body_timeout_s: float = field(
+        default=30.0,
+        metadata=_meta(
+            "DUETIME_HTTP_BODY_TIMEOUT_S",
+            "Seconds a client has to send a request body once its headers are in; a slower one is "
+            "answered 408 `request_timeout` and the connection is closed.",
+            _seconds(),
+            shown="30",
+        ),
+    )
+    metrics_token: str | None = field(
+        default=None,
+        metadata=_meta(
+            "DUETIME_METRICS_TOKEN",
+            "When set, `/metrics` answers only requests carrying `Authorization: Bearer <this "
+            "token>` (401 otherwise). Unset: `/metrics` is open to whoever reaches its port.",
+            _token,
+            shown="unset",
+        ),
+    )
+    metrics_host: str = field(
+        default="127.0.0.1",
+        metadata=_meta(
+            "DUETIME_METRICS_HOST",
+            "With DUETIME_METRICS_PORT: the address the separate `/metrics` listener binds.",
+            _host,
+        ),
+    )
+    metrics_port: int | None = field(
+        default=None,
+        metadata=_meta(
+            "DUETIME_METRICS_PORT",
+            "When set, `/metrics` is served only on its own listener (DUETIME_METRICS_HOST:this "
+            "port; 0 picks a free one) and no longer on the API's port, so it can stay on a private "
+            "interface. Unset: `/metrics` is on DUETIME_HTTP_PORT.",
+            _integer(0, 65535),
+            shown="unset",
         ),
     )
     nats_url: str | None = field(
