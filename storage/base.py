@@ -9,9 +9,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-from duetime.core.model import Job, JobSpec, JobState, Outcome, Run
+from duetime.core.model import Job, JobSpec, JobState, Run
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,54 +108,3 @@ class Registry(Protocol):
     async def ping(self) -> None:
         """Raises StorageUnavailable when any database in the shard map cannot be reached."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimedRun:
-    """A row the engine leased; what the wheel needs to fire it, nothing more."""
-
-    job_id: uuid.UUID
-    shard: int
-    lease_token: int
-    due_at: datetime  # next_run_at: scheduled_for + jitter, or the retry time
-    scheduled_for: datetime
-    attempt: int  # attempts already made for this occurrence (the call will be attempt + 1)
-    run_kind: str
-    misfire: str
-    misfire_grace_s: int
-    spec: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class FencedRun:
-    """A run that passed the fence (claimed → running): the call may start."""
-
-    job_id: uuid.UUID
-    shard: int
-    owner: str
-    lease_token: int
-    scheduled_for: datetime
-    due_at: datetime
-    attempt: int  # this call's attempt number, 1-based
-    spec: dict[str, Any]
-    spec_version: int
-    run_kind: str
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """The outcome of one attempt and what the row becomes, computed by the engine from the spec."""
-
-    job_id: uuid.UUID
-    shard: int
-    lease_token: int
-    spec_version: int
-    history: Run
-    fencing_token: int
-    # what the row becomes
-    state: JobState
-    next_run_at: datetime | None
-    scheduled_for: datetime | None
-    attempt: int
-    run_kind: str
-    outcome: Outcome

@@ -1,0 +1,45 @@
+"""PostgreSQL implementation of the storage seam, one module per concept:
+
+- ``pools``: a pool per database of the shard map, database errors translated at the seam
+- ``rows``: rows decoded into the core's records
+- ``hints``: NOTIFY hints that wake a shard's engines; ``inserts``: the insert batcher
+- ``registry``: jobs, owner actions, backfill, run history, owners, API and idempotency keys
+- ``runpath``: claim, fence, heartbeats, release
+- ``completion``: the completion writer (attempts finished and occurrences skipped under lease)
+- ``maintenance``: the janitor's statements
+- ``queue_leases``: the leases of runs published on the NATS run queue
+- ``shards``: moving a logical shard between databases
+- ``store``: ``PostgresStore``, composed of those parts
+
+Their SQL lives in ``storage/sql/<concept>.sql``.
+"""
+
+from duetime.storage.postgres.completion import (
+    AttemptReport,
+    CompletionStats,
+    MissedSkip,
+    _locked_spec,
+)
+from duetime.storage.postgres.hints import NOTIFY_CHANNEL
+from duetime.storage.postgres.queue_leases import expire_published_of, extend_published, take_runs
+from duetime.storage.postgres.rows import job_from_row
+from duetime.storage.postgres.runpath import ClaimedRow, FencedRow
+from duetime.storage.postgres.shards import ShardMoveReport, move_shard
+from duetime.storage.postgres.store import PostgresStore
+
+__all__ = [
+    "NOTIFY_CHANNEL",
+    "AttemptReport",
+    "ClaimedRow",
+    "CompletionStats",
+    "FencedRow",
+    "MissedSkip",
+    "PostgresStore",
+    "ShardMoveReport",
+    "_locked_spec",
+    "expire_published_of",
+    "extend_published",
+    "job_from_row",
+    "move_shard",
+    "take_runs",
+]

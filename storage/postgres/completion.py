@@ -1,0 +1,376 @@
+"""The completion writer: attempts finished and missed occurrences skipped under their leases,
+what each row becomes decided by ``core.lifecycle`` from the row as it is under lock, in one
+transaction per database and one statement per kind of write."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, TypeVar
+
+import asyncpg
+
+from duetime.core import codec, jitter
+from duetime.core.lifecycle import (
+    OVERLAP_SKIP_REASON,
+    RowPlan,
+    after_attempt,
+    after_occurrence_attempt,
+    split_point,
+)
+from duetime.core.model import JobSpec, JobState, Outcome, Run
+from duetime.storage.postgres.pools import StoreBase, translated, utcnow
+from duetime.storage.postgres.rows import plan_of
+from duetime.storage.queries import Q
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptReport:
+    """What a worker saw: one attempt's outcome, to be finished under the lease it ran with."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    spec_version: int
+    attempt: int
+    scheduled_for: datetime
+    due_at: datetime
+    started_at: datetime | None
+    finished_at: datetime
+    outcome: Outcome
+    retryable: bool
+    status_code: int | None = None
+    error: str | None = None
+    # The spec the attempt ran with, parsed, and its text as the fence read it: the completion
+    # reuses it when the row's spec text is still the same, instead of decoding the JSON again.
+    spec: JobSpec | None = None
+    spec_text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MissedSkip:
+    """A claimed row whose missed occurrences the policy skips: record them, move on to ``next``."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    skipped: tuple[datetime, ...]
+    next_scheduled_for: datetime | None
+
+
+# What a fenced write is about: an attempt to finish, or missed occurrences to skip.
+_Leased = TypeVar("_Leased", AttemptReport, MissedSkip)
+
+
+@dataclass(slots=True)
+class CompletionStats:
+    applied: int = 0
+    stale: int = 0
+    history: int = 0
+
+
+class CompletionPart(StoreBase):
+    """Fenced writes of ``PostgresStore``."""
+
+    async def complete_runs(self, reports: Sequence[AttemptReport]) -> CompletionStats:
+        """Finish attempts under their leases, in one transaction per database.
+
+        A report whose token no longer matches (the lease lapsed and was taken over, or the
+        owner revoked it) changes nothing and is counted as stale.
+        """
+        return await self._under_lease(
+            reports, lambda phase: phase != "idle", lambda w, row, rep, now: w.finish(row, rep, now)
+        )
+
+    async def skip_missed(self, items: Sequence[MissedSkip]) -> CompletionStats:
+        """Record skipped occurrences and move claimed rows on to their next occurrence."""
+        return await self._under_lease(
+            items, lambda phase: phase == "claimed", lambda w, row, item, now: w.skip(row, item, now)
+        )
+
+    async def _under_lease(
+        self,
+        items: Sequence[_Leased],
+        phase_ok: Callable[[str], bool],
+        apply: Callable[[BatchWriter, asyncpg.Record, _Leased, datetime], None],
+    ) -> CompletionStats:
+        """The fenced write shared by completions and skips: lock the rows, drop the items whose
+        lease no longer holds (counted stale), let ``apply`` decide the rest, write in one go."""
+        stats = CompletionStats()
+        now = utcnow()
+        async with translated():
+            for dsn, group in self.by_db((i.shard, i) for i in items).items():
+                async with self.pool_for_dsn(dsn).acquire() as conn:
+                    writer = BatchWriter()
+                    async with conn.transaction():
+                        rows = {
+                            r["job_id"]: r
+                            for r in await conn.fetch(Q["lock_for_completion"], [g.job_id for g in group])
+                        }
+                        for item in group:
+                            row = rows.get(item.job_id)
+                            if (
+                                row is None
+                                or row["lease_token"] != item.lease_token
+                                or not phase_ok(row["phase"])
+                                or item.job_id in writer.seen
+                            ):
+                                stats.stale += 1
+                                continue
+                            apply(writer, row, item, now)
+                        await writer.flush(conn)
+                    stats.applied += len(writer.seen)
+                    stats.history += writer.history_count
+                    self._hints.wake(await writer.after_commit(conn))
+        return stats
+
+
+async def expire_locked(
+    conn: asyncpg.Connection, ids: list[uuid.UUID]
+) -> tuple[CompletionStats, BatchWriter]:
+    """Rows whose holder is gone, locked here in ``conn``'s transaction: a claimed one is given back
+    as it was; a running one had an attempt nobody recorded, finished as ``lease_expired``. The
+    caller commits, then runs the writer's ``after_commit``."""
+    now = utcnow()
+    writer = BatchWriter()
+    for row in await conn.fetch(Q["lock_for_completion"], ids):
+        if row["phase"] == "claimed":
+            writer.release(row)
+            continue
+        if row["phase"] != "running":
+            continue
+        rep = AttemptReport(
+            job_id=row["job_id"],
+            shard=row["shard"],
+            lease_token=row["lease_token"],
+            spec_version=row["spec_version"],
+            attempt=row["attempt"] + 1,
+            scheduled_for=row["scheduled_for"],
+            due_at=row["next_run_at"],
+            started_at=None,
+            finished_at=now,
+            outcome=Outcome.LEASE_EXPIRED,
+            retryable=True,
+            error="the lease lapsed before an outcome was recorded (worker or engine died or stalled)",
+        )
+        writer.finish(row, rep, now)
+    await writer.flush(conn)
+    return CompletionStats(applied=len(writer.seen), history=writer.history_count), writer
+
+
+def _hold(spec: JobSpec, plan: RowPlan) -> bool:
+    """A recurring job whose schedule just ended: completed only once no occurrence row is left."""
+    return spec.recurring and plan.state is JobState.COMPLETED
+
+
+def _locked_spec(row: asyncpg.Record, rep: AttemptReport | None) -> JobSpec:
+    """The spec of a row read by ``lock_for_completion`` (as text): the attempt's own parsed spec
+    when the text is unchanged since its fence, otherwise decoded from the row."""
+    text: str = row["spec"]
+    if rep is not None and rep.spec is not None and rep.spec_text and rep.spec_text == text:
+        return rep.spec
+    return codec.spec_from_json(json.loads(text))
+
+
+class BatchWriter:
+    """Collects the row updates and history of one transaction and writes each as one statement.
+
+    Occurrence rows (overlap=allow, backfill) are finished here too: their history goes under the
+    parent's id, a finished one is deleted, and what must touch the parent or the occurrence's
+    siblings (the job's ``last_run``, the next backfilled run) is kept for ``after_commit``.
+    """
+
+    def __init__(self) -> None:
+        self.seen: set[uuid.UUID] = set()
+        # (job id, plan, consumed trigger, last_run, split_at, hold: see apply_plans)
+        self.plans: list[
+            tuple[uuid.UUID, RowPlan, datetime | None, dict[str, Any] | None, datetime | None, bool]
+        ] = []
+        self.runs: list[tuple[Any, ...]] = []
+        self.history_count = 0
+        self.finished_occurrences: list[uuid.UUID] = []
+        self.parent_last: dict[uuid.UUID, dict[str, Any]] = {}
+        self.backfill_parents: set[uuid.UUID] = set()
+
+    def _history(self, row: asyncpg.Record, run: Run, fencing_token: int) -> dict[str, Any]:
+        self.runs.append(
+            (
+                row["parent_id"] or row["job_id"],
+                row["shard"],
+                run.scheduled_for,
+                run.attempt,
+                run.started_at,
+                run.finished_at,
+                run.outcome.value,
+                run.status_code,
+                run.error,
+                run.lateness_ms,
+                fencing_token,
+            )
+        )
+        self.history_count += 1
+        return codec.run_to_json(run)
+
+    def finish(self, row: asyncpg.Record, rep: AttemptReport, now: datetime) -> None:
+        self.seen.add(rep.job_id)
+        spec = _locked_spec(row, rep)
+        parent = row["parent_id"]
+        lateness = None
+        if rep.started_at is not None:
+            nominal_due = jitter.due_at(parent or rep.job_id, rep.scheduled_for, spec.jitter_s)
+            lateness = int((rep.started_at - nominal_due).total_seconds() * 1000)
+        run = Run(
+            scheduled_for=rep.scheduled_for,
+            attempt=rep.attempt,
+            started_at=rep.started_at,
+            finished_at=rep.finished_at,
+            outcome=rep.outcome,
+            status_code=rep.status_code,
+            error=rep.error,
+            lateness_ms=lateness,
+        )
+        last = self._history(row, run, rep.lease_token)
+        current = plan_of(row)
+        if parent is not None:
+            self.parent_last[parent] = last
+            nxt = after_occurrence_attempt(
+                spec,
+                current,
+                attempt=rep.attempt,
+                outcome=rep.outcome,
+                retryable=rep.retryable,
+                now=now,
+            )
+            if nxt is None:
+                self.finished_occurrences.append(rep.job_id)
+                if row["backfill_seq"] is not None:
+                    self.backfill_parents.add(parent)
+            else:
+                self.plans.append((rep.job_id, nxt, None, last, None, False))
+            return
+        if row["spec_version"] != rep.spec_version:
+            # The schedule was replaced while this attempt ran: the owner's new plan stands.
+            self.plans.append((rep.job_id, current, None, last, split_point(spec, current), False))
+            return
+        plan = after_attempt(
+            rep.job_id,
+            spec,
+            current,
+            attempt=rep.attempt,
+            outcome=rep.outcome,
+            retryable=rep.retryable,
+            now=now,
+        )
+        if plan.overlap_skipped:
+            last = self._overlap_skips(row, plan, spec.overlap.value, now) or last
+        consumed = None
+        if len(plan.pending_triggers) < len(current.pending_triggers):
+            consumed = current.pending_triggers[0]
+        self.plans.append((rep.job_id, plan, consumed, last, split_point(spec, plan), _hold(spec, plan)))
+
+    def _overlap_skips(
+        self, row: asyncpg.Record, plan: RowPlan, policy: str, now: datetime
+    ) -> dict[str, Any] | None:
+        """Occurrences that came due while the run was in flight and the policy passes over."""
+        reason = OVERLAP_SKIP_REASON.format(policy=policy)
+        last_reason = reason
+        if plan.overlap_unrecorded:
+            last_reason += (
+                f"; {plan.overlap_unrecorded} later occurrences were skipped too, not recorded one by one"
+            )
+        return self._skipped(row, plan.overlap_skipped, reason, now, last_reason=last_reason)
+
+    def _skipped(
+        self,
+        row: asyncpg.Record,
+        occurrences: Sequence[datetime],
+        reason: str,
+        now: datetime,
+        *,
+        last_reason: str | None = None,
+    ) -> dict[str, Any] | None:
+        """History rows for occurrences that did not run; the last one's JSON (for last_run)."""
+        last = None
+        for i, occurrence in enumerate(occurrences):
+            error = last_reason if last_reason is not None and i == len(occurrences) - 1 else reason
+            last = self._history(
+                row,
+                Run(
+                    scheduled_for=occurrence,
+                    attempt=0,
+                    started_at=None,
+                    finished_at=now,
+                    outcome=Outcome.SKIPPED,
+                    error=error,
+                ),
+                row["lease_token"],
+            )
+        return last
+
+    def skip(self, row: asyncpg.Record, item: MissedSkip, now: datetime) -> None:
+        self.seen.add(item.job_id)
+        last = self._skipped(
+            row,
+            item.skipped,
+            "missed while the system was down or the job paused; skipped by the job's misfire policy",
+            now,
+        )
+        spec = _locked_spec(row, None)
+        current = plan_of(row)
+        if item.next_scheduled_for is None:
+            plan = replace(current, state=JobState.COMPLETED, next_run_at=None, attempt=0)
+        else:
+            plan = replace(
+                current,
+                next_run_at=jitter.due_at(item.job_id, item.next_scheduled_for, spec.jitter_s),
+                scheduled_for=item.next_scheduled_for,
+                attempt=0,
+            )
+        self.plans.append((item.job_id, plan, None, last, split_point(spec, plan), _hold(spec, plan)))
+
+    def release(self, row: asyncpg.Record) -> None:
+        self.seen.add(row["job_id"])
+        self.plans.append((row["job_id"], plan_of(row), None, None, row["split_at"], False))
+
+    async def flush(self, conn: asyncpg.Connection) -> None:
+        if self.plans:
+            p = self.plans
+            await conn.execute(
+                Q["apply_plans"],
+                [x[0] for x in p],
+                [x[1].state.value for x in p],
+                [x[1].next_run_at for x in p],
+                [x[1].scheduled_for for x in p],
+                [x[1].attempt for x in p],
+                [x[1].run_kind for x in p],
+                [x[1].resume_at for x in p],
+                [x[2] is not None for x in p],
+                [x[2] for x in p],
+                [x[3] for x in p],
+                [x[4] for x in p],
+                [x[1].handed_upto for x in p],
+                [x[5] for x in p],
+            )
+        if self.runs:
+            cols = list(zip(*self.runs, strict=True))
+            await conn.execute(Q["insert_runs"], *[list(c) for c in cols])
+        if self.finished_occurrences:
+            await conn.execute(Q["delete_occurrences"], self.finished_occurrences)
+
+    async def after_commit(self, conn: asyncpg.Connection) -> set[int]:
+        """What touches rows other than the ones locked: in statements of their own, after the
+        commit, so they never take locks in the opposite order of an owner action. Losing them
+        to a crash costs a stale ``last_run`` (the history has the run) or a backfilled run that
+        waits for the janitor's next round. Returns the shards that have a run due now."""
+        shards: set[int] = set()
+        if self.backfill_parents:
+            rows = await conn.fetch(Q["release_next_backfill"], list(self.backfill_parents))
+            shards = {r["shard"] for r in rows}
+        if self.parent_last:
+            parents = list(self.parent_last)
+            await conn.execute(Q["parent_last_run"], parents, list(self.parent_last.values()))
+            await conn.execute(Q["complete_drained_jobs"], parents)
+        return shards

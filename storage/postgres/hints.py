@@ -1,0 +1,75 @@
+"""NOTIFY hints: wake the engines of a shard when a row there becomes due soon.
+
+A hint, sent after commit and coalesced: one NOTIFY statement per database carries every shard
+that became due-soon since the last one. A lost hint costs at most one poll interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+import asyncpg
+
+from duetime.core.lifecycle import RowPlan
+from duetime.core.model import JobState
+from duetime.storage.queries import Q
+from duetime.storage.shardmap import ShardMap
+
+log = logging.getLogger("duetime.storage")
+
+NOTIFY_CHANNEL = "duetime_due"
+
+
+class Hints:
+    """The pending hints of one store and the one task that sends them."""
+
+    def __init__(self, shard_map: ShardMap, pools: dict[str, asyncpg.Pool], horizon_s: float) -> None:
+        self._shard_map = shard_map
+        self._pools = pools
+        self._notify_horizon = timedelta(seconds=horizon_s)
+        self._notify_pending: set[int] = set()
+        self._notify_task: asyncio.Task[None] | None = None
+
+    def due_soon(self, shard: int, plan: RowPlan, now: datetime) -> None:
+        """Wake the engines of this shard when the row is due inside their lookahead.
+
+        A hint, sent after commit and coalesced: one NOTIFY statement carries every shard that
+        became due-soon since the last one, so registering thousands of jobs a second does not
+        put a NOTIFY (and its commit-time queue lock) in every transaction. A lost hint costs at
+        most one poll interval.
+        """
+        if (
+            plan.state == JobState.SCHEDULED
+            and plan.next_run_at is not None
+            and plan.next_run_at <= now + self._notify_horizon
+        ):
+            self._notify_pending.add(shard)
+            if self._notify_task is None or self._notify_task.done():
+                self._notify_task = asyncio.get_running_loop().create_task(self._send_notifies())
+
+    def wake(self, shards: Iterable[int]) -> None:
+        """Wake the engines of these shards: a run there became due now."""
+        for shard in shards:
+            self._notify_pending.add(shard)
+        if self._notify_pending and (self._notify_task is None or self._notify_task.done()):
+            self._notify_task = asyncio.get_running_loop().create_task(self._send_notifies())
+
+    async def _send_notifies(self) -> None:
+        while self._notify_pending:
+            pending, self._notify_pending = self._notify_pending, set()
+            by_db: dict[str, list[str]] = {}
+            for shard in pending:
+                by_db.setdefault(self._shard_map.dsn_for(shard), []).append(str(shard))
+            for dsn, shards in by_db.items():
+                try:
+                    await self._pools[dsn].execute(Q["notify_due"], shards)
+                except Exception as exc:  # a hint; the poll interval covers a lost one
+                    log.debug("NOTIFY failed: %s", exc)
+
+    async def close(self) -> None:
+        """Wait for the hints already taken to be sent."""
+        if self._notify_task is not None:
+            await self._notify_task

@@ -1,0 +1,114 @@
+"""The store's databases: one asyncpg pool per distinct database in the shard map, found by
+shard, and the translation of database failures into ``core.errors`` at the seam.
+
+Every part of ``PostgresStore`` builds on ``StoreBase``: the shard map, the pools and the hints
+are the only state the parts share.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from duetime.core.errors import StorageUnavailable
+from duetime.storage.postgres.hints import Hints
+from duetime.storage.shardmap import ShardMap
+
+# SQLSTATE classes that mean "the database is not there or will not take writes now".
+_UNAVAILABLE_STATES = ("08", "57", "53", "25006", "40001", "40P01")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    if isinstance(exc, asyncpg.exceptions.DataError):
+        return False  # a value we failed to refuse earlier: a bug or bad input, not an outage
+    if isinstance(exc, (OSError, asyncpg.exceptions.InterfaceError, ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, asyncpg.PostgresError):
+        state = getattr(exc, "sqlstate", "") or ""
+        return state.startswith(_UNAVAILABLE_STATES)
+    return False
+
+
+@asynccontextmanager
+async def translated() -> AsyncIterator[None]:
+    """Database failures become StorageUnavailable at the seam; nothing was acknowledged."""
+    try:
+        yield
+    except (asyncpg.PostgresError, OSError, asyncpg.exceptions.InterfaceError, TimeoutError) as exc:
+        if _is_unavailable(exc):
+            raise StorageUnavailable(
+                "the job database is unavailable right now; nothing was changed, try again"
+            ) from exc
+        raise
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec(
+        "jsonb",
+        encoder=lambda v: json.dumps(v, separators=(",", ":")),
+        decoder=json.loads,
+        schema="pg_catalog",
+    )
+
+
+async def _no_reset(conn: asyncpg.Connection) -> None:
+    """We keep no session state (no LISTEN, advisory locks or SET on pooled connections), so the
+    default reset query on every release is a wasted round trip per statement."""
+
+
+async def open_pools(shard_map: ShardMap, *, pool_size: int) -> dict[str, asyncpg.Pool]:
+    """One pool per database of the shard map; none is left open when one of them fails."""
+    pools: dict[str, asyncpg.Pool] = {}
+    try:
+        async with translated():
+            for dsn in shard_map.databases():
+                pools[dsn] = await asyncpg.create_pool(
+                    dsn,
+                    min_size=1,
+                    max_size=pool_size,
+                    init=_init_connection,
+                    max_inactive_connection_lifetime=300,
+                    reset=_no_reset,
+                )
+    except BaseException:
+        for pool in pools.values():
+            await pool.close()
+        raise
+    return pools
+
+
+class StoreBase:
+    """What the parts of the store share: the shard map, a pool per database, the hints."""
+
+    shard_map: ShardMap
+    _pools: dict[str, asyncpg.Pool]
+    _hints: Hints
+
+    def pool_for_shard(self, shard: int) -> asyncpg.Pool:
+        return self._pools[self.shard_map.dsn_for(shard)]
+
+    def pool_for_dsn(self, dsn: str) -> asyncpg.Pool:
+        return self._pools[dsn]
+
+    @property
+    def home_pool(self) -> asyncpg.Pool:
+        return self._pools[self.shard_map.home]
+
+    def by_db(self, shards_ids: Iterable[tuple[int, Any]]) -> dict[str, list[Any]]:
+        grouped: dict[str, list[Any]] = {}
+        for shard, item in shards_ids:
+            grouped.setdefault(self.shard_map.dsn_for(shard), []).append(item)
+        return grouped
+
+    def pools(self) -> Iterable[asyncpg.Pool]:
+        """Every database once, for the statements that read or sweep all of them."""
+        return self._pools.values()

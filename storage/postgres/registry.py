@@ -1,0 +1,415 @@
+"""The registry the API uses: jobs (create, read, list, owner actions, backfill), their run
+history, owners and API keys, and idempotency keys. Every call is scoped by owner."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import secrets
+import uuid
+import zlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from duetime.core import codec
+from duetime.core.backfill import plan_backfill
+from duetime.core.errors import Conflict, InvalidRequest, NotFound
+from duetime.core.ids import SHARDS, new_job_id, shard_of
+from duetime.core.lifecycle import OWNER_TRANSITIONS, RowPlan, initial_plan, split_point, start_manual
+from duetime.core.model import Job, JobSpec, JobState, Overlap, Run
+from duetime.storage.base import Backfill, IdempotencyRequest, Page
+from duetime.storage.postgres.inserts import InsertBatcher
+from duetime.storage.postgres.pools import StoreBase, translated, utcnow
+from duetime.storage.postgres.rows import job_from_row, plan_of, run_from_row
+from duetime.storage.queries import Q
+
+_NIL_UUID = uuid.UUID(int=0)
+_MAX_RUN_ID = (1 << 63) - 1
+
+
+def _hash_key(api_key: str) -> bytes:
+    return hashlib.sha256(api_key.encode()).digest()
+
+
+def _encode_cursor(value: bytes) -> str:
+    return base64.urlsafe_b64encode(value).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, size: int) -> bytes:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidRequest(
+            "cursor is not one this server issued; pass next_cursor from the previous page unchanged",
+            code="invalid_cursor",
+            field="cursor",
+        ) from exc
+    if len(raw) != size:
+        raise InvalidRequest(
+            "cursor is not one this server issued; pass next_cursor from the previous page unchanged",
+            code="invalid_cursor",
+            field="cursor",
+        )
+    return raw
+
+
+@dataclass(slots=True)
+class _Action:
+    """One owner action in progress: its connection, the locked row, and whom to wake after."""
+
+    conn: asyncpg.Connection
+    row: asyncpg.Record
+    wake: RowPlan | None = None
+
+
+class RegistryPart(StoreBase):
+    """The registry half of ``PostgresStore``."""
+
+    _inserters: dict[str, InsertBatcher]
+
+    async def create_job(
+        self, owner: str, spec: JobSpec, *, idempotency: IdempotencyRequest | None = None
+    ) -> tuple[Job, bool]:
+        now = utcnow()
+        if idempotency is not None:
+            shard = zlib.crc32(f"{owner}\x00{idempotency.key}".encode()) % SHARDS
+            job_id = new_job_id(shard)
+        else:
+            job_id = new_job_id()
+            shard = shard_of(job_id)
+        plan = initial_plan(job_id, spec, now)
+        args = (
+            job_id,
+            shard,
+            owner,
+            codec.spec_to_json(spec),
+            plan.state.value,
+            plan.next_run_at,
+            plan.scheduled_for,
+            plan.attempt,
+            now,
+            split_point(spec, plan),
+        )
+        if idempotency is None:
+            await self._inserters[self.shard_map.dsn_for(shard)].insert(args)
+            self._hints.due_soon(shard, plan, now)
+            return (
+                Job(
+                    id=str(job_id),
+                    owner=owner,
+                    spec=spec,
+                    state=plan.state,
+                    next_run_at=plan.next_run_at if plan.state is JobState.SCHEDULED else None,
+                    attempt=plan.attempt,
+                    created_at=now,
+                    updated_at=now,
+                    last_run=None,
+                ),
+                True,
+            )
+        async with translated(), self.pool_for_shard(shard).acquire() as conn, conn.transaction():
+            inserted = await conn.fetchval(
+                Q["insert_idempotency_key"], owner, idempotency.key, idempotency.body_hash, job_id
+            )
+            if inserted is None:
+                existing = await conn.fetchrow(Q["get_idempotency_key"], owner, idempotency.key)
+                if existing["body_hash"] != idempotency.body_hash:
+                    raise InvalidRequest(
+                        "this Idempotency-Key was already used with a different body; use a new key "
+                        "for a different job, or resend the original body",
+                        code="idempotency_key_reused",
+                        field="Idempotency-Key",
+                    )
+                row = await conn.fetchrow(Q["get_job"], existing["job_id"], owner)
+                if row is None:  # pragma: no cover - keys and jobs are written together
+                    raise NotFound("the job this key created no longer exists", ident=str(job_id))
+                return job_from_row(row), False
+            row = await conn.fetchrow(Q["insert_job"], *args)
+        self._hints.due_soon(shard, plan, now)
+        return job_from_row(row), True
+
+    async def get_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        async with translated():
+            row = await self.pool_for_shard(shard_of(job_id)).fetchrow(Q["get_job"], job_id, owner)
+        if row is None:
+            raise NotFound(f"no job {job_id}", ident=str(job_id))
+        return job_from_row(row)
+
+    async def list_jobs(
+        self, owner: str, *, state: JobState | None, limit: int, cursor: str | None
+    ) -> Page[Job]:
+        after = uuid.UUID(bytes=_decode_cursor(cursor, 16)) if cursor else _NIL_UUID
+        rows: list[asyncpg.Record] = []
+        async with translated():
+            for pool in self.pools():
+                if state is None:
+                    rows.extend(await pool.fetch(Q["list_jobs"], owner, after, limit + 1))
+                else:
+                    rows.extend(
+                        await pool.fetch(Q["list_jobs_by_state"], owner, state.value, after, limit + 1)
+                    )
+        rows.sort(key=lambda r: r["job_id"])
+        page = rows[:limit]
+        next_cursor = _encode_cursor(page[-1]["job_id"].bytes) if len(rows) > limit else None
+        return Page([job_from_row(r) for r in page], next_cursor)
+
+    @asynccontextmanager
+    async def _locked(self, owner: str, job_id: uuid.UUID) -> AsyncIterator[_Action]:
+        """The job's row under lock for one owner action; engines are woken after the commit."""
+        async with translated(), self.pool_for_shard(shard_of(job_id)).acquire() as conn:
+            async with conn.transaction():
+                row = await conn.fetchrow(Q["lock_job"], job_id, owner)
+                if row is None:
+                    raise NotFound(f"no job {job_id}", ident=str(job_id))
+                action = _Action(conn, row)
+                yield action
+            if action.wake is not None:
+                self._hints.due_soon(row["shard"], action.wake, utcnow())
+
+    @staticmethod
+    def _require(action: str, row: asyncpg.Record) -> None:
+        state = JobState(row["state"])
+        if state not in OWNER_TRANSITIONS[action]:
+            raise Conflict(
+                f"cannot {action} a job that is {state.value}"
+                + {
+                    "completed": "; a completed job stays completed, create a new one",
+                    "cancelled": "; a cancelled job stays cancelled, create a new one",
+                    "dead": "; replay it first (POST /v1/jobs/{id}/replay)",
+                    "paused": "; resume it first (POST /v1/jobs/{id}/resume)",
+                    "scheduled": "",
+                }[state.value],
+                code=f"job_{state.value}",
+            )
+
+    async def _write(
+        self,
+        action: _Action,
+        *,
+        spec: dict[str, Any] | None = None,
+        spec_version: int | None = None,
+        plan: RowPlan,
+        revoke: bool,
+    ) -> Job:
+        row = action.row
+        out = await action.conn.fetchrow(
+            Q["write_job"],
+            row["job_id"],
+            row["owner"],
+            spec if spec is not None else row["spec"],
+            spec_version if spec_version is not None else row["spec_version"],
+            plan.state.value,
+            plan.next_run_at,
+            plan.scheduled_for,
+            plan.attempt,
+            plan.run_kind,
+            plan.resume_at,
+            list(plan.pending_triggers),
+            revoke,
+            split_point(codec.spec_from_json(spec if spec is not None else row["spec"]), plan),
+            plan.handed_upto,
+        )
+        action.wake = plan
+        return job_from_row(out)
+
+    async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
+        new_json = codec.spec_to_json(spec)
+        async with self._locked(owner, job_id) as action:
+            row = action.row
+            self._require("update", row)
+            old = row["spec"]
+            timing_changed = (
+                old["schedule"] != new_json["schedule"] or old["jitter_s"] != new_json["jitter_s"]
+            )
+            plan = plan_of(row)
+            version = row["spec_version"]
+            if timing_changed:
+                version += 1
+                fresh = initial_plan(job_id, spec, utcnow())
+                keep_state = JobState(row["state"])
+                plan = replace(fresh, pending_triggers=plan.pending_triggers)
+                if keep_state in (JobState.PAUSED, JobState.DEAD) and plan.state == JobState.SCHEDULED:
+                    plan = replace(plan, state=keep_state)
+            if new_json != old:
+                await action.conn.execute(Q["cascade_spec"], job_id, new_json)
+            if timing_changed:
+                await action.conn.execute(Q["drop_split_occurrences"], job_id)
+            return await self._write(
+                action, spec=new_json, spec_version=version, plan=plan, revoke=timing_changed
+            )
+
+    async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        async with self._locked(owner, job_id) as action:
+            row = action.row
+            if row["state"] == JobState.CANCELLED.value:
+                return job_from_row(row)
+            plan = replace(plan_of(row), state=JobState.CANCELLED, next_run_at=None, pending_triggers=())
+            await action.conn.fetch(Q["cascade_state"], job_id, JobState.CANCELLED.value)
+            await action.conn.execute(Q["drop_idle_occurrences"], job_id)
+            return await self._write(action, plan=plan, revoke=True)
+
+    async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        async with self._locked(owner, job_id) as action:
+            row = action.row
+            self._require("pause", row)
+            if row["state"] == JobState.PAUSED.value:
+                return job_from_row(row)
+            plan = replace(plan_of(row), state=JobState.PAUSED)
+            await action.conn.fetch(Q["cascade_state"], job_id, JobState.PAUSED.value)
+            return await self._write(action, plan=plan, revoke=True)
+
+    async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        async with self._locked(owner, job_id) as action:
+            row = action.row
+            self._require("resume", row)
+            if row["state"] == JobState.SCHEDULED.value:
+                return job_from_row(row)
+            # Occurrences missed while paused are left overdue on purpose: the claim applies the
+            # job's misfire policy to them, the same rule as after an outage.
+            plan = replace(plan_of(row), state=JobState.SCHEDULED)
+            await action.conn.fetch(Q["cascade_state"], job_id, JobState.SCHEDULED.value)
+            return await self._write(action, plan=plan, revoke=False)
+
+    async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        now = utcnow()
+        async with self._locked(owner, job_id) as action:
+            row = action.row
+            self._require("trigger", row)
+            plan = plan_of(row)
+            if row["phase"] == "idle" and plan.attempt == 0 and plan.run_kind == "scheduled":
+                plan = start_manual(plan, now)
+                revoke = False
+            else:
+                # A run is in the wheel, in flight, or waiting for a retry: queue the trigger; it
+                # starts as soon as that run's occurrence is over.
+                plan = replace(plan, pending_triggers=(*plan.pending_triggers, now))
+                revoke = False
+            return await self._write(action, plan=plan, revoke=revoke)
+
+    async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        now = utcnow()
+        async with self._locked(owner, job_id) as action:
+            row = action.row
+            self._require("replay", row)
+            plan = replace(
+                plan_of(row), state=JobState.SCHEDULED, attempt=0, next_run_at=now, run_kind="scheduled"
+            )
+            return await self._write(action, plan=plan, revoke=False)
+
+    async def backfill_job(
+        self,
+        owner: str,
+        job_id: uuid.UUID,
+        start: datetime,
+        end: datetime,
+        *,
+        max_occurrences: int,
+        pace_per_s: float,
+    ) -> Backfill:
+        now = utcnow()
+        async with self._locked(owner, job_id) as action:
+            row, conn = action.row, action.conn
+            self._require("backfill", row)
+            spec = codec.spec_from_json(row["spec"])
+            waiting = await conn.fetchrow(Q["occurrences_of"], job_id)
+            pending = int(waiting["pending"])
+            runs = plan_backfill(
+                spec,
+                start,
+                end,
+                now,
+                max_occurrences=max_occurrences,
+                pace_per_s=pace_per_s,
+                chain_busy=spec.overlap is not Overlap.ALLOW and pending > 0,
+            )
+            if pending + len(runs) > max_occurrences:
+                raise Conflict(
+                    f"this job has {pending} backfilled or overlapping runs not finished yet and at "
+                    f"most {max_occurrences} may wait at a time; wait for them, or ask for at most "
+                    f"{max(max_occurrences - pending, 0)} occurrences",
+                    code="backfill_in_progress",
+                )
+            if runs:
+                seq = int(waiting["last_seq"])
+                n, shard = len(runs), row["shard"]
+                await conn.execute(
+                    Q["insert_occurrences"],
+                    [new_job_id(shard) for _ in runs],
+                    [shard] * n,
+                    [owner] * n,
+                    [row["spec"]] * n,
+                    [r.due_at for r in runs],
+                    [r.scheduled_for for r in runs],
+                    [job_id] * n,
+                    list(range(seq + 1, seq + 1 + n)),
+                )
+                action.wake = RowPlan(
+                    state=JobState.SCHEDULED, next_run_at=now, scheduled_for=None, attempt=0
+                )
+        return Backfill(
+            queued=len(runs),
+            first=runs[0].scheduled_for if runs else None,
+            last=runs[-1].scheduled_for if runs else None,
+        )
+
+    async def list_runs(self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None) -> Page[Run]:
+        before = int.from_bytes(_decode_cursor(cursor, 8), "big") if cursor else _MAX_RUN_ID
+        if before > _MAX_RUN_ID:
+            raise InvalidRequest(
+                "cursor is not one this server issued; pass next_cursor from the previous page unchanged",
+                code="invalid_cursor",
+                field="cursor",
+            )
+        pool = self.pool_for_shard(shard_of(job_id))
+        async with translated():
+            if await pool.fetchval(Q["job_exists"], job_id, owner) is None:
+                raise NotFound(f"no job {job_id}", ident=str(job_id))
+            rows = await pool.fetch(Q["list_runs"], job_id, before, limit + 1)
+        page = rows[:limit]
+        next_cursor = _encode_cursor(page[-1]["run_id"].to_bytes(8, "big")) if len(rows) > limit else None
+        return Page([run_from_row(r) for r in page], next_cursor)
+
+    async def count_active_jobs(self, owner: str) -> int:
+        total = 0
+        async with translated():
+            for pool in self.pools():
+                total += await pool.fetchval(Q["count_active_jobs"], owner)
+        return total
+
+    async def owner_for_key(self, api_key: str) -> str | None:
+        async with translated():
+            owner: str | None = await self.home_pool.fetchval(Q["owner_for_key"], _hash_key(api_key))
+        return owner
+
+    async def create_api_key(self, owner: str) -> tuple[str, str]:
+        from duetime.workers.signing import new_signing_secret
+
+        api_key = "dt_" + secrets.token_urlsafe(24)  # 192 random bits
+        async with translated(), self.home_pool.acquire() as conn, conn.transaction():
+            await conn.execute(Q["insert_owner"], owner, new_signing_secret())
+            await conn.execute(Q["insert_api_key"], _hash_key(api_key), api_key[:10], owner)
+            secret: str = await conn.fetchval(Q["signing_secret"], owner)
+        return api_key, secret
+
+    async def revoke_api_key(self, api_key_or_prefix: str) -> int:
+        async with translated():
+            status: str = await self.home_pool.execute(
+                Q["revoke_api_key"], _hash_key(api_key_or_prefix), api_key_or_prefix
+            )
+        return int(status.rsplit(maxsplit=1)[-1])
+
+    async def signing_secret(self, owner: str) -> str | None:
+        async with translated():
+            secret: str | None = await self.home_pool.fetchval(Q["signing_secret"], owner)
+        return secret
+
+    async def ping(self) -> None:
+        async with translated():
+            for pool in self.pools():
+                await pool.fetchval(Q["db_now"])

@@ -1,0 +1,50 @@
+"""Rows as the core's records: a job, a history row, the scheduling columns as a ``RowPlan``."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from duetime.core import codec
+from duetime.core.lifecycle import RowPlan
+from duetime.core.model import Job, JobState, Outcome, Run
+
+
+def plan_of(row: asyncpg.Record) -> RowPlan:
+    return RowPlan(
+        state=JobState(row["state"]),
+        next_run_at=row["next_run_at"],
+        scheduled_for=row["scheduled_for"],
+        attempt=row["attempt"],
+        run_kind=row["run_kind"],
+        resume_at=row["resume_at"],
+        pending_triggers=tuple(sorted(row["pending_triggers"] or ())),
+        handed_upto=row["handed_upto"],
+    )
+
+
+def job_from_row(row: asyncpg.Record) -> Job:
+    last = row["last_run"]
+    return Job(
+        id=str(row["job_id"]),
+        owner=row["owner"],
+        spec=codec.spec_from_json(row["spec"]),
+        state=JobState(row["state"]),
+        next_run_at=row["next_run_at"] if row["state"] in ("scheduled", "paused") else None,
+        attempt=row["attempt"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        last_run=codec.run_from_json(last) if last else None,
+    )
+
+
+def run_from_row(row: asyncpg.Record) -> Run:
+    return Run(
+        scheduled_for=row["scheduled_for"],
+        attempt=row["attempt"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        outcome=Outcome(row["outcome"]),
+        status_code=row["status_code"],
+        error=row["error"],
+        lateness_ms=row["lateness_ms"],
+    )

@@ -1,0 +1,42 @@
+"""``PostgresStore``: the registry the API uses and the run store the engine and workers use,
+composed of one part per concept over the same pools.
+
+Every run-path method works on batches (arrays of hundreds of rows, one statement each). What a
+row becomes after an event is decided by ``core.lifecycle`` from the row as it is under lock, in
+the same transaction as the write.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from duetime.storage.postgres.completion import CompletionPart
+from duetime.storage.postgres.hints import Hints
+from duetime.storage.postgres.inserts import InsertBatcher
+from duetime.storage.postgres.maintenance import MaintenancePart
+from duetime.storage.postgres.pools import open_pools
+from duetime.storage.postgres.queue_leases import QueueLeasePart
+from duetime.storage.postgres.registry import RegistryPart
+from duetime.storage.postgres.runpath import RunPathPart
+from duetime.storage.shardmap import ShardMap
+
+
+class PostgresStore(RegistryPart, RunPathPart, CompletionPart, MaintenancePart, QueueLeasePart):
+    """Registry + run store on asyncpg pools, one pool per distinct database in the shard map."""
+
+    def __init__(self, shard_map: ShardMap, pools: dict[str, asyncpg.Pool], notify_horizon_s: float) -> None:
+        self.shard_map = shard_map
+        self._pools = pools
+        self._hints = Hints(shard_map, pools, notify_horizon_s)
+        self._inserters = {dsn: InsertBatcher(pool) for dsn, pool in pools.items()}
+
+    @classmethod
+    async def open(
+        cls, shard_map: ShardMap, *, pool_size: int = 10, notify_horizon_s: float = 300.0
+    ) -> PostgresStore:
+        return cls(shard_map, await open_pools(shard_map, pool_size=pool_size), notify_horizon_s)
+
+    async def close(self) -> None:
+        await self._hints.close()
+        for pool in self.pools():
+            await pool.close()

@@ -1,0 +1,81 @@
+-- The completion writer (storage/postgres/completion.py): attempts finished and missed
+-- occurrences skipped under their leases, one statement per kind of write for a whole batch.
+-- Loaded by name by storage/queries.py; names are unique across storage/sql/*.sql.
+
+-- name: lock_for_completion
+-- Completion reads the rows it is about to finish under lock, in the same transaction as the
+-- write, so "what comes next" is computed from the row as it is (a pause, cancel or PATCH that
+-- landed while the call was in flight is seen).
+-- The spec comes as its text: a completion compares it with the text its fence read and reuses
+-- the spec the worker parsed when they are equal (the common case), instead of decoding it again.
+SELECT job_id, shard, owner, spec::text AS spec, spec_version, state, phase, lease_token,
+       scheduled_for, next_run_at, attempt, run_kind, resume_at, pending_triggers, parent_id,
+       handed_upto, split_at, backfill_seq
+FROM jobs WHERE job_id = ANY($1::uuid[])
+ORDER BY job_id
+FOR UPDATE;
+
+-- name: apply_plans
+-- hold: a recurring job whose schedule has ended is not completed while runs of it still wait
+-- in occurrence rows (overlap=allow, backfill): it keeps its state, with no next run, until the
+-- last of them is over (complete_drained_jobs).
+UPDATE jobs j SET
+    state = CASE WHEN u.hold AND EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = j.job_id)
+                 THEN j.state ELSE u.state END,
+    next_run_at = u.next_run_at, scheduled_for = u.scheduled_for,
+    attempt = u.attempt, run_kind = u.run_kind, resume_at = u.resume_at,
+    pending_triggers = CASE WHEN u.triggers_changed THEN
+        COALESCE((SELECT array_agg(t ORDER BY t) FROM unnest(j.pending_triggers) t
+                  WHERE t > u.consumed_trigger_at), '{}') ELSE j.pending_triggers END,
+    split_at = u.split_at, handed_upto = u.handed_upto,
+    phase = 'idle', claimed_by = NULL, leased_until = NULL,
+    last_run = COALESCE(u.last_run, j.last_run),
+    updated_at = now()
+FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::int[], $6::text[],
+            $7::timestamptz[], $8::bool[], $9::timestamptz[], $10::jsonb[], $11::timestamptz[],
+            $12::timestamptz[], $13::bool[])
+     AS u(job_id, state, next_run_at, scheduled_for, attempt, run_kind, resume_at,
+          triggers_changed, consumed_trigger_at, last_run, split_at, handed_upto, hold)
+WHERE j.job_id = u.job_id;
+
+-- name: insert_runs
+INSERT INTO runs (job_id, shard, scheduled_for, attempt, started_at, finished_at, outcome,
+                  status_code, error, lateness_ms, fencing_token)
+SELECT * FROM unnest($1::uuid[], $2::smallint[], $3::timestamptz[], $4::int[], $5::timestamptz[],
+                     $6::timestamptz[], $7::text[], $8::int[], $9::text[], $10::bigint[], $11::bigint[]);
+
+-- name: delete_occurrences
+DELETE FROM jobs WHERE job_id = ANY($1::uuid[]) AND parent_id IS NOT NULL;
+
+-- name: release_next_backfill
+-- skip/buffer_one: a backfilled run ended, so the next waiting one of the same job may start,
+-- unless another of its runs is already on its way (the janitor may have been first).
+UPDATE jobs j SET next_run_at = now()
+FROM (
+    SELECT DISTINCT ON (w.parent_id) w.job_id FROM jobs w
+    WHERE w.parent_id = ANY($1::uuid[]) AND w.next_run_at IS NULL AND w.state <> 'cancelled'
+      AND NOT EXISTS (SELECT 1 FROM jobs a WHERE a.parent_id = w.parent_id AND a.next_run_at IS NOT NULL)
+    ORDER BY w.parent_id, w.backfill_seq
+) nxt
+WHERE j.job_id = nxt.job_id
+RETURNING j.shard;
+
+-- name: parent_last_run
+-- An occurrence row's attempt is the job's latest run too. Its own statement after the
+-- completion commits: taking the parent's lock inside it could deadlock with an owner action,
+-- which locks the parent first and its occurrence rows second.
+UPDATE jobs j SET last_run = u.last_run, updated_at = now()
+FROM unnest($1::uuid[], $2::jsonb[]) AS u(job_id, last_run)
+WHERE j.job_id = u.job_id
+  AND (j.last_run IS NULL
+       OR (j.last_run->>'finished_at')::timestamptz <= (u.last_run->>'finished_at')::timestamptz);
+
+-- name: complete_drained_jobs
+-- The other half of apply_plans' hold: a recurring job with no next run and no occurrence row
+-- left is completed; run for the jobs whose occurrence rows just finished. State 'scheduled'
+-- only: a paused job whose schedule ended stays paused, as before.
+UPDATE jobs p SET state = 'completed', updated_at = now()
+WHERE p.job_id = ANY($1::uuid[]) AND p.state = 'scheduled' AND p.next_run_at IS NULL
+  AND p.phase = 'idle' AND p.parent_id IS NULL AND p.spec->'schedule' ? 'cron'
+  AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = p.job_id)
+RETURNING p.job_id;

@@ -1,0 +1,52 @@
+-- DUETIME_RUN_QUEUE=nats: leases of published runs (storage/postgres/queue_leases.py).
+-- Loaded by name by storage/queries.py; names are unique across storage/sql/*.sql.
+
+-- name: take_runs
+-- DUETIME_RUN_QUEUE=nats: a worker takes over runs an engine fenced and published. The row must
+-- still be running under the same token and be held by the engine that published it; from here
+-- the worker holds the lease. A second delivery of the same message (broker redelivery, another
+-- worker) finds the holder changed and takes nothing, so a message is called at most once per token.
+--
+-- The rows are locked in job id order before the update, by primary key. An engine's
+-- extend_published runs on the same rows at the same time; when each locked in the order of its
+-- own array (message order here, fence order there) the two deadlocked in a 20,000-run burst:
+-- both waited deadlock_timeout, one was aborted, and an aborted heartbeat let published leases
+-- lapse (thousands of runs retried as lease_expired).
+-- "claimed_by IS NOT DISTINCT FROM" (the publisher is never NULL) rather than "=": "=" implies
+-- the holder index's predicate (claimed_by IS NOT NULL), and with statistics from before a burst
+-- the planner then scans every row the engine holds once per locked row (seconds per batch).
+WITH locked AS (
+    SELECT job_id FROM jobs
+    WHERE job_id = ANY($1::uuid[]) AND phase = 'running'
+    ORDER BY job_id
+    FOR UPDATE
+)
+UPDATE jobs j SET claimed_by = $4, leased_until = now() + make_interval(secs => $5)
+FROM locked, unnest($1::uuid[], $2::bigint[], $3::text[]) AS u(job_id, token, publisher)
+WHERE j.job_id = locked.job_id AND u.job_id = locked.job_id AND j.lease_token = u.token
+  AND j.phase = 'running' AND j.claimed_by IS NOT DISTINCT FROM u.publisher
+RETURNING j.job_id, j.lease_token;
+
+-- name: extend_published
+-- An engine keeps the leases of runs it published alive until a worker takes them (the holder
+-- changes) or they are finished; what this does not return is no longer the engine's to keep.
+-- Locked in job id order first, by primary key (see take_runs), and updated by primary key.
+WITH locked AS (
+    SELECT job_id FROM jobs
+    WHERE job_id = ANY($1::uuid[]) AND phase = 'running'
+    ORDER BY job_id
+    FOR UPDATE
+)
+UPDATE jobs j SET leased_until = now() + make_interval(secs => $4)
+FROM locked, unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+WHERE j.job_id = locked.job_id AND u.job_id = locked.job_id AND j.lease_token = u.token
+  AND j.phase = 'running' AND j.claimed_by IS NOT DISTINCT FROM $3
+RETURNING j.job_id;
+
+-- name: published_of_engine
+-- A restarted engine (DUETIME_RUN_QUEUE=nats) finishes the runs its previous life fenced and no
+-- worker has taken yet. Locked as they are selected: a row a worker takes at the same moment
+-- either is skipped (its take holds the lock) or no longer matches (its holder changed).
+SELECT job_id FROM jobs
+WHERE claimed_by = $1 AND phase = 'running' AND shard = ANY($2::smallint[])
+FOR UPDATE SKIP LOCKED;

@@ -1,0 +1,129 @@
+-- What the API's registry runs (storage/postgres/registry.py): jobs, owner actions, backfill,
+-- run history, owners, API keys and idempotency keys.
+-- Loaded by name by storage/queries.py; names are unique across storage/sql/*.sql.
+
+-- name: insert_job
+INSERT INTO jobs (job_id, shard, owner, spec, state, next_run_at, scheduled_for, attempt, created_at, updated_at,
+                  split_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10)
+RETURNING *;
+
+-- name: insert_jobs
+-- Many creates in one statement: concurrent POSTs on one database are coalesced by the store.
+INSERT INTO jobs (job_id, shard, owner, spec, state, next_run_at, scheduled_for, attempt, created_at, updated_at,
+                  split_at)
+SELECT j, s, o, sp, st, n, sf, a, c, c, sa
+FROM unnest($1::uuid[], $2::smallint[], $3::text[], $4::jsonb[], $5::text[], $6::timestamptz[],
+            $7::timestamptz[], $8::int[], $9::timestamptz[], $10::timestamptz[])
+     AS u(j, s, o, sp, st, n, sf, a, c, sa);
+
+-- name: insert_idempotency_key
+INSERT INTO idempotency_keys (owner, key, body_hash, job_id)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (owner, key) DO NOTHING
+RETURNING job_id;
+
+-- name: get_idempotency_key
+SELECT body_hash, job_id FROM idempotency_keys WHERE owner = $1 AND key = $2;
+
+-- Occurrence rows (parent_id set, migration 0003) are internal: no owner-facing statement
+-- returns, lists or counts them.
+
+-- name: get_job
+SELECT * FROM jobs WHERE job_id = $1 AND owner = $2 AND parent_id IS NULL;
+
+-- name: lock_job
+SELECT * FROM jobs WHERE job_id = $1 AND owner = $2 AND parent_id IS NULL FOR UPDATE;
+
+-- name: list_jobs
+SELECT * FROM jobs
+WHERE owner = $1 AND job_id > $2 AND parent_id IS NULL
+ORDER BY job_id
+LIMIT $3;
+
+-- name: list_jobs_by_state
+SELECT * FROM jobs
+WHERE owner = $1 AND state = $2 AND job_id > $3 AND parent_id IS NULL
+ORDER BY job_id
+LIMIT $4;
+
+-- name: write_job
+-- One owner action's result: the lifecycle, the plan, and (when revoke) the lease given back.
+UPDATE jobs SET
+    spec = $3, spec_version = $4, state = $5, next_run_at = $6, scheduled_for = $7,
+    attempt = $8, run_kind = $9, resume_at = $10, pending_triggers = $11,
+    split_at = $13, handed_upto = $14,
+    phase = CASE WHEN $12::bool AND phase = 'claimed' THEN 'idle' ELSE phase END,
+    claimed_by = CASE WHEN $12::bool AND phase = 'claimed' THEN NULL ELSE claimed_by END,
+    leased_until = CASE WHEN $12::bool AND phase = 'claimed' THEN NULL ELSE leased_until END,
+    updated_at = now()
+WHERE job_id = $1 AND owner = $2
+RETURNING *;
+
+-- name: count_active_jobs
+SELECT count(*) FROM jobs WHERE owner = $1 AND state IN ('scheduled', 'paused') AND parent_id IS NULL;
+
+-- name: job_exists
+SELECT 1 FROM jobs WHERE job_id = $1 AND owner = $2 AND parent_id IS NULL;
+
+-- name: list_runs
+SELECT * FROM runs WHERE job_id = $1 AND run_id < $2 ORDER BY run_id DESC LIMIT $3;
+
+-- name: insert_owner
+INSERT INTO owners (owner, signing_secret) VALUES ($1, $2) ON CONFLICT (owner) DO NOTHING;
+
+-- name: insert_api_key
+INSERT INTO api_keys (key_hash, key_prefix, owner) VALUES ($1, $2, $3);
+
+-- name: owner_for_key
+SELECT owner FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL;
+
+-- name: revoke_api_key
+UPDATE api_keys SET revoked_at = now()
+WHERE (key_hash = $1 OR key_prefix = $2) AND revoked_at IS NULL;
+
+-- name: signing_secret
+SELECT signing_secret FROM owners WHERE owner = $1;
+
+-- name: insert_occurrences
+-- Occurrence rows: one occurrence of a recurring job, in a row of its own (overlap=allow, or a
+-- backfill). next_run_at is null for a backfilled run that waits for the one before it.
+INSERT INTO jobs (job_id, shard, owner, spec, spec_version, state, next_run_at, scheduled_for, attempt,
+                  parent_id, backfill_seq)
+SELECT j, s, o, sp, 1, 'scheduled', n, sf, 0, p, q
+FROM unnest($1::uuid[], $2::smallint[], $3::text[], $4::jsonb[], $5::timestamptz[],
+            $6::timestamptz[], $7::uuid[], $8::bigint[]) AS u(j, s, o, sp, n, sf, p, q);
+
+-- name: occurrences_of
+-- A job's occurrence rows that have not run to the end yet (a bound on backfills in progress),
+-- and the last backfill position handed out.
+SELECT count(*) AS pending, COALESCE(max(backfill_seq), 0) AS last_seq FROM jobs WHERE parent_id = $1;
+
+-- name: cascade_state
+-- An owner's pause, resume or cancel reaches the job's occurrence rows; a claimed one gives its
+-- lease back (as the job's own row does), a running one finishes and is recorded.
+UPDATE jobs SET
+    state = $2,
+    phase = CASE WHEN phase = 'claimed' THEN 'idle' ELSE phase END,
+    claimed_by = CASE WHEN phase = 'claimed' THEN NULL ELSE claimed_by END,
+    leased_until = CASE WHEN phase = 'claimed' THEN NULL ELSE leased_until END,
+    updated_at = now()
+WHERE parent_id = $1 AND state <> 'cancelled'
+RETURNING shard;
+
+-- name: cascade_spec
+-- A PATCH reaches the occurrence rows too (target, payload, retry); their schedule is their own.
+UPDATE jobs SET spec = jsonb_set($2::jsonb, '{schedule}', spec->'schedule'), updated_at = now()
+WHERE parent_id = $1;
+
+-- name: drop_idle_occurrences
+-- A cancel: occurrence rows that are not in flight will never run; they go (history says nothing
+-- ran for them). One in flight finishes and is deleted by its completion.
+DELETE FROM jobs WHERE parent_id = $1 AND phase = 'idle'
+RETURNING scheduled_for;
+
+-- name: drop_split_occurrences
+-- A schedule PATCH: occurrences of the old schedule that overlap=allow handed to rows of their
+-- own and that have not started yet are withdrawn with the schedule (a claimed one's fence then
+-- finds nothing). Backfilled runs stay: they were asked for by date, not by the schedule.
+DELETE FROM jobs WHERE parent_id = $1 AND backfill_seq IS NULL AND phase <> 'running';

@@ -1,0 +1,100 @@
+-- The run path up to the call (storage/postgres/runpath.py): claim, fence, heartbeats, release.
+-- A statement that runs once per job is a bug at 16,000 jobs a second: these work on arrays of
+-- hundreds of rows at a time.
+-- Loaded by name by storage/queries.py; names are unique across storage/sql/*.sql.
+
+-- name: claim_due
+-- The claim: the next batch of idle rows due within the lookahead on one shard, skipping rows
+-- another engine holds. A new lease token (the fencing token: it only grows), the claimer's id
+-- and a lease that runs until the row is due plus the lease length, in one statement. The
+-- misfired rows also carry their spec, so the engine can apply the job's misfire policy.
+WITH due AS (
+    SELECT job_id FROM jobs
+    WHERE shard = $1 AND state = 'scheduled' AND phase = 'idle'
+      AND next_run_at <= now() + make_interval(secs => $3)
+    ORDER BY next_run_at
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j SET
+    phase = 'claimed',
+    lease_token = j.lease_token + 1,
+    claimed_by = $2,
+    leased_until = greatest(j.next_run_at, now()) + make_interval(secs => $5)
+FROM due
+WHERE j.job_id = due.job_id
+RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_for, j.attempt, j.run_kind,
+    CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0 AND j.parent_id IS NULL
+              AND j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
+         THEN j.spec END AS misfire_spec,
+    now() AS db_now;
+
+-- name: retake_claims
+-- An engine restarting under the same id takes back what it had claimed: a new token fences
+-- whatever the old process may still hold.
+UPDATE jobs j SET
+    lease_token = j.lease_token + 1,
+    leased_until = greatest(j.next_run_at, now()) + make_interval(secs => $3)
+WHERE j.claimed_by = $1 AND j.phase = 'claimed' AND j.shard = ANY($2::smallint[])
+RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_for, j.attempt, j.run_kind,
+    CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0 AND j.parent_id IS NULL
+              AND j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
+         THEN j.spec END AS misfire_spec,
+    now() AS db_now;
+
+-- name: fence_runs
+-- The fence before a call: claimed → running only where the token still matches and the owner
+-- has not paused, cancelled or rescheduled the job. What it returns may be called; what it does
+-- not return must not be. It also returns the spec as it is now, so an update is honoured.
+UPDATE jobs j SET
+    phase = 'running',
+    scheduled_for = u.scheduled_for,
+    leased_until = now() + make_interval(secs => $3)
+FROM unnest($1::uuid[], $2::bigint[], $4::timestamptz[]) AS u(job_id, token, scheduled_for)
+WHERE j.job_id = u.job_id AND j.lease_token = u.token
+  AND j.phase = 'claimed' AND j.state = 'scheduled'
+  AND j.job_id = ANY($1::uuid[])  -- the batch by primary key, whatever the statistics say (0002)
+RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.scheduled_for, j.next_run_at, j.attempt,
+    j.spec::text AS spec, j.spec_version, j.run_kind, j.parent_id;
+
+-- name: extend_leases
+-- Rows are locked in job id order first (as by lock_for_completion, take_runs and
+-- extend_published): batches that overlap must not lock in the orders of their input arrays, or
+-- they deadlock under load (see take_runs).
+WITH locked AS (
+    SELECT job_id FROM jobs
+    WHERE job_id = ANY($1::uuid[]) AND phase <> 'idle'
+    ORDER BY job_id
+    FOR UPDATE
+)
+UPDATE jobs j SET leased_until = now() + make_interval(secs => $3)
+FROM locked, unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+WHERE j.job_id = locked.job_id AND u.job_id = locked.job_id AND j.lease_token = u.token
+  AND j.phase <> 'idle'
+RETURNING j.job_id;
+
+-- name: keep_waiting_claims
+-- An engine keeps the claims it still holds in its wheel from lapsing while a burst drains: rows
+-- it claimed (same holder, still 'claimed', token untouched) whose lease would lapse within $3
+-- seconds get $4 more seconds. Only rows that outlast their lease waiting are written, once per
+-- $4 seconds; a dead engine stops doing this, so its claims lapse and the janitor rescues them.
+WITH held AS (
+    SELECT job_id FROM jobs
+    WHERE shard = $1 AND leased_until IS NOT NULL
+      AND leased_until < now() + make_interval(secs => $3)
+      AND phase = 'claimed' AND claimed_by = $2
+    ORDER BY leased_until
+    LIMIT $5
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j SET leased_until = now() + make_interval(secs => $4)
+FROM held
+WHERE j.job_id = held.job_id;
+
+-- name: release_claims
+-- Give back rows that were claimed but not fired (shutdown): they become claimable at once.
+UPDATE jobs j SET phase = 'idle', claimed_by = NULL, leased_until = NULL
+FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+WHERE j.job_id = u.job_id AND j.lease_token = u.token AND j.phase = 'claimed'
+  AND j.job_id = ANY($1::uuid[])
+RETURNING j.job_id;
