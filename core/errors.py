@@ -49,6 +49,13 @@ class Conflict(DuetimeError):
     code = "state_conflict"
 
 
+class Contended(Conflict):
+    """A healthy database gave way to a concurrent change of the same rows, more often than the
+    store retries (HTTP 409): worth sending again, and never an outage."""
+
+    code = "concurrent_update"
+
+
 class Unauthorized(DuetimeError):
     code = "unauthorized"
 

@@ -7,20 +7,51 @@ are the only state the parts share.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Iterable
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
-from duetime.core.errors import StorageUnavailable
+from duetime.core.errors import Contended, StorageUnavailable
 from duetime.storage.postgres.hints import Hints
 from duetime.storage.shardmap import ShardMap
 
 # SQLSTATE classes that mean "the database is not there or will not take writes now".
-_UNAVAILABLE_STATES = ("08", "57", "53", "25006", "40001", "40P01")
+_UNAVAILABLE_STATES = ("08", "57", "53", "25006")
+# A deadlock or a serialization failure: a healthy database chose this transaction to give way.
+# It is retried inside the store (``retried``), and never reported as an outage.
+_CONTENTION_STATES = ("40001", "40P01")
+CONTENTION_TRIES = 5
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+def is_contention(exc: BaseException) -> bool:
+    return (
+        isinstance(exc, asyncpg.PostgresError) and (getattr(exc, "sqlstate", "") or "") in _CONTENTION_STATES
+    )
+
+
+async def retried(op: Callable[[], Awaitable[T]], *, tries: int = CONTENTION_TRIES) -> T:
+    """``op()``, run again (with a short random pause) when PostgreSQL aborted it as a deadlock or
+    a serialization failure; ``op`` must be a whole transaction (or one statement) so a retry
+    starts clean. After ``tries`` the error goes to ``translated`` (409 ``concurrent_update``)."""
+    for attempt in range(1, tries + 1):
+        try:
+            return await op()
+        except asyncpg.PostgresError as exc:
+            if not is_contention(exc) or attempt == tries:
+                raise
+            log.debug("retrying after %s (attempt %d of %d)", type(exc).__name__, attempt, tries)
+            await asyncio.sleep(random.uniform(0.0, 0.005 * 2**attempt))
+    raise AssertionError("unreachable")
 
 
 def utcnow() -> datetime:
@@ -44,6 +75,11 @@ async def translated() -> AsyncIterator[None]:
     try:
         yield
     except (asyncpg.PostgresError, OSError, asyncpg.exceptions.InterfaceError, TimeoutError) as exc:
+        if is_contention(exc):
+            raise Contended(
+                "another change to this job was being written at the same moment and this one "
+                "gave way; nothing was changed, send it again"
+            ) from exc
         if _is_unavailable(exc):
             raise StorageUnavailable(
                 "the job database is unavailable right now; nothing was changed, try again"

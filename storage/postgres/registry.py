@@ -9,11 +9,10 @@ import hashlib
 import secrets
 import uuid
 import zlib
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -25,7 +24,7 @@ from duetime.core.lifecycle import OWNER_TRANSITIONS, RowPlan, initial_plan, spl
 from duetime.core.model import Job, JobSpec, JobState, Overlap, Run
 from duetime.storage.base import Backfill, IdempotencyRequest, Page
 from duetime.storage.postgres.inserts import InsertBatcher
-from duetime.storage.postgres.pools import StoreBase, translated, utcnow
+from duetime.storage.postgres.pools import StoreBase, retried, translated, utcnow
 from duetime.storage.postgres.rows import job_from_row, plan_of, run_from_row
 from duetime.storage.queries import Q
 
@@ -57,6 +56,9 @@ def _decode_cursor(cursor: str, size: int) -> bytes:
             field="cursor",
         )
     return raw
+
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -159,18 +161,25 @@ class RegistryPart(StoreBase):
         next_cursor = _encode_cursor(page[-1]["job_id"].bytes) if len(rows) > limit else None
         return Page([job_from_row(r) for r in page], next_cursor)
 
-    @asynccontextmanager
-    async def _locked(self, owner: str, job_id: uuid.UUID) -> AsyncIterator[_Action]:
-        """The job's row under lock for one owner action; engines are woken after the commit."""
-        async with translated(), self.pool_for_shard(shard_of(job_id)).acquire() as conn:
-            async with conn.transaction():
+    async def _act(self, owner: str, job_id: uuid.UUID, body: Callable[[_Action], Awaitable[T]]) -> T:
+        """``body`` on the job's rows under lock, in one transaction; engines are woken after the
+        commit. A deadlock or serialization failure reruns the whole transaction (``retried``),
+        so ``body`` must compute everything from the row it is given."""
+
+        async def attempt() -> tuple[T, _Action]:
+            async with self.pool_for_shard(shard_of(job_id)).acquire() as conn, conn.transaction():
+                await conn.execute(Q["lock_family"], job_id, owner)
                 row = await conn.fetchrow(Q["lock_job"], job_id, owner)
                 if row is None:
                     raise NotFound(f"no job {job_id}", ident=str(job_id))
                 action = _Action(conn, row)
-                yield action
-            if action.wake is not None:
-                self._hints.due_soon(row["shard"], action.wake, utcnow())
+                return await body(action), action
+
+        async with translated():
+            result, action = await retried(attempt)
+        if action.wake is not None:
+            self._hints.due_soon(action.row["shard"], action.wake, utcnow())
+        return result
 
     @staticmethod
     def _require(action: str, row: asyncpg.Record) -> None:
@@ -220,7 +229,8 @@ class RegistryPart(StoreBase):
 
     async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
         new_json = codec.spec_to_json(spec)
-        async with self._locked(owner, job_id) as action:
+
+        async def body(action: _Action) -> Job:
             row = action.row
             self._require("update", row)
             old = row["spec"]
@@ -244,8 +254,10 @@ class RegistryPart(StoreBase):
                 action, spec=new_json, spec_version=version, plan=plan, revoke=timing_changed
             )
 
+        return await self._act(owner, job_id, body)
+
     async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        async with self._locked(owner, job_id) as action:
+        async def body(action: _Action) -> Job:
             row = action.row
             if row["state"] == JobState.CANCELLED.value:
                 return job_from_row(row)
@@ -254,8 +266,10 @@ class RegistryPart(StoreBase):
             await action.conn.execute(Q["drop_idle_occurrences"], job_id)
             return await self._write(action, plan=plan, revoke=True)
 
+        return await self._act(owner, job_id, body)
+
     async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        async with self._locked(owner, job_id) as action:
+        async def body(action: _Action) -> Job:
             row = action.row
             self._require("pause", row)
             if row["state"] == JobState.PAUSED.value:
@@ -264,8 +278,10 @@ class RegistryPart(StoreBase):
             await action.conn.fetch(Q["cascade_state"], job_id, JobState.PAUSED.value)
             return await self._write(action, plan=plan, revoke=True)
 
+        return await self._act(owner, job_id, body)
+
     async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        async with self._locked(owner, job_id) as action:
+        async def body(action: _Action) -> Job:
             row = action.row
             self._require("resume", row)
             if row["state"] == JobState.SCHEDULED.value:
@@ -276,9 +292,12 @@ class RegistryPart(StoreBase):
             await action.conn.fetch(Q["cascade_state"], job_id, JobState.SCHEDULED.value)
             return await self._write(action, plan=plan, revoke=False)
 
+        return await self._act(owner, job_id, body)
+
     async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
         now = utcnow()
-        async with self._locked(owner, job_id) as action:
+
+        async def body(action: _Action) -> Job:
             row = action.row
             self._require("trigger", row)
             plan = plan_of(row)
@@ -292,15 +311,20 @@ class RegistryPart(StoreBase):
                 revoke = False
             return await self._write(action, plan=plan, revoke=revoke)
 
+        return await self._act(owner, job_id, body)
+
     async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job:
         now = utcnow()
-        async with self._locked(owner, job_id) as action:
+
+        async def body(action: _Action) -> Job:
             row = action.row
             self._require("replay", row)
             plan = replace(
                 plan_of(row), state=JobState.SCHEDULED, attempt=0, next_run_at=now, run_kind="scheduled"
             )
             return await self._write(action, plan=plan, revoke=False)
+
+        return await self._act(owner, job_id, body)
 
     async def backfill_job(
         self,
@@ -313,7 +337,8 @@ class RegistryPart(StoreBase):
         pace_per_s: float,
     ) -> Backfill:
         now = utcnow()
-        async with self._locked(owner, job_id) as action:
+
+        async def body(action: _Action) -> Backfill:
             row, conn = action.row, action.conn
             self._require("backfill", row)
             spec = codec.spec_from_json(row["spec"])
@@ -352,11 +377,13 @@ class RegistryPart(StoreBase):
                 action.wake = RowPlan(
                     state=JobState.SCHEDULED, next_run_at=now, scheduled_for=None, attempt=0
                 )
-        return Backfill(
-            queued=len(runs),
-            first=runs[0].scheduled_for if runs else None,
-            last=runs[-1].scheduled_for if runs else None,
-        )
+            return Backfill(
+                queued=len(runs),
+                first=runs[0].scheduled_for if runs else None,
+                last=runs[-1].scheduled_for if runs else None,
+            )
+
+        return await self._act(owner, job_id, body)
 
     async def list_runs(self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None) -> Page[Run]:
         before = int.from_bytes(_decode_cursor(cursor, 8), "big") if cursor else _MAX_RUN_ID

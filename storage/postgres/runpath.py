@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 
-from duetime.storage.postgres.pools import StoreBase, translated
+from duetime.storage.postgres.pools import StoreBase, retried, translated
 from duetime.storage.queries import Q
 
 
@@ -90,13 +90,18 @@ class RunPathPart(StoreBase):
         out: list[FencedRow] = []
         async with translated():
             for dsn, group in self.by_db((s, (j, t, sf)) for j, s, t, sf in items).items():
-                rows = await self.pool_for_dsn(dsn).fetch(
-                    Q["fence_runs"],
+                pool: asyncpg.Pool = self.pool_for_dsn(dsn)
+                args: tuple[Any, ...] = (
                     [g[0] for g in group],
                     [g[1] for g in group],
                     float(lease_s),
                     [g[2] for g in group],
                 )
+
+                async def fence(pool: asyncpg.Pool = pool, args: tuple[Any, ...] = args) -> list[Any]:
+                    return list(await pool.fetch(Q["fence_runs"], *args))
+
+                rows = await retried(fence)
                 out.extend(
                     FencedRow(
                         job_id=r["job_id"],
