@@ -30,6 +30,7 @@ from duetime.api.preview import PreviewApi
 from duetime.api.render import dumps, json_response
 from duetime.core.errors import DuetimeError, MalformedRequest, StorageUnavailable
 from duetime.core.ssrf import AddressPolicy
+from duetime.core.topics import TopicPolicy
 from duetime.core.validation import SpecLimits
 from duetime.storage.base import Registry
 
@@ -176,6 +177,7 @@ def create_app(
     owner_rate_per_s: float = 0.0,
     max_jobs_per_owner: int = 0,
     body_timeout_s: float = 30.0,
+    topic_policy: TopicPolicy | None = None,
     metrics_token: str | None = None,
     serve_metrics: bool = True,
 ) -> web.Application:
@@ -195,7 +197,8 @@ def create_app(
     app = web.Application(
         client_max_size=MAX_BODY_BYTES, middlewares=[_make_middleware(keys, rate, cap, body_timeout_s)]
     )
-    app.router.add_routes(JobsApi(registry, policy=policy, limits=spec_limits).routes())
+    topics = topic_policy if topic_policy is not None else TopicPolicy()
+    app.router.add_routes(JobsApi(registry, policy=policy, limits=spec_limits, topics=topics).routes())
     app.router.add_routes(PreviewApi(registry, limits=spec_limits).routes())
 
     openapi_body = dumps(build_openapi(spec_limits))

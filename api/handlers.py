@@ -25,10 +25,11 @@ from duetime.api.render import (
     runs_page_to_json,
 )
 from duetime.core.codec import REDACTED, spec_to_json
-from duetime.core.errors import InvalidRequest, NotFound
+from duetime.core.errors import InvalidRequest, NotFound, TopicNotAllowed
 from duetime.core.ids import parse_job_id
-from duetime.core.model import JobSpec, JobState, WebhookTarget
+from duetime.core.model import JobSpec, JobState, QueueTarget, WebhookTarget
 from duetime.core.ssrf import AddressPolicy, check_webhook_url
+from duetime.core.topics import TOPIC_FIELD, TopicPolicy
 from duetime.core.validation import (
     SpecLimits,
     canonical_body_hash,
@@ -145,8 +146,16 @@ def _restore_redacted_headers(merged: dict[str, Any], current: JobSpec) -> None:
 class JobsApi:
     """The handlers, bound to one registry, address policy and set of limits."""
 
-    def __init__(self, registry: Registry, *, policy: AddressPolicy, limits: SpecLimits) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        policy: AddressPolicy,
+        limits: SpecLimits,
+        topics: TopicPolicy | None = None,
+    ) -> None:
         self._registry = registry
+        self._topics = topics if topics is not None else TopicPolicy()
         self._policy = policy
         self._limits = limits
         # URL → until when its last SSRF check passed. Registration bursts name one URL thousands
@@ -169,8 +178,11 @@ class JobsApi:
             web.get("/v1/jobs/{job_id}/runs", self.list_runs, name="list_runs", allow_head=False),
         ]
 
-    async def _check_target(self, spec: JobSpec) -> None:
-        if not isinstance(spec.target, WebhookTarget):
+    async def _check_target(self, spec: JobSpec, owner: str) -> None:
+        if isinstance(spec.target, QueueTarget):
+            reason = self._topics.refusal(spec.target.broker, spec.target.topic, owner)
+            if reason is not None:
+                raise TopicNotAllowed(self._topics.message(spec.target.topic, reason), field=TOPIC_FIELD)
             return
         url = spec.target.url
         now = time.monotonic()
@@ -189,7 +201,7 @@ class JobsApi:
         idempotency_key = None if raw_key is None else parse_idempotency_key(raw_key)
         data = await _json_body(request)
         spec = parse_job_spec(data, now=datetime.now(UTC), limits=self._limits)
-        await self._check_target(spec)
+        await self._check_target(spec, owner)
         idempotency = (
             None
             if idempotency_key is None
@@ -222,7 +234,7 @@ class JobsApi:
         anchor = datetime.now(UTC) if schedule_changed else current.created_at
         spec = parse_job_spec(merged, now=anchor, limits=self._limits)
         if isinstance(patch, dict) and "target" in patch:
-            await self._check_target(spec)
+            await self._check_target(spec, owner)
         job = await self._registry.update_job(owner, job_id, spec)
         return json_response(job_to_json(job))
 

@@ -74,6 +74,12 @@ class StorageUnavailable(DuetimeError):
     code = "storage_unavailable"
 
 
+class TopicNotAllowed(InvalidRequest):
+    """A queue topic that is Duetime's, the broker's, or outside the owner's streams (HTTP 422)."""
+
+    code = "topic_not_allowed"
+
+
 class TargetNotAllowed(InvalidRequest):
     """A webhook URL that resolves to an address the operator has not allowed (SSRF guard)."""
 

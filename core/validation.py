@@ -54,6 +54,7 @@ from duetime.core.model import (
     WebhookTarget,
 )
 from duetime.core.schedule import check_cron_schedule, load_zone, occurrences
+from duetime.core.topics import broker_refusal
 from duetime.core.weburl import split_webhook_url
 
 E = TypeVar("E", bound=enum.Enum)
@@ -412,6 +413,13 @@ def _parse_topic(value: object, field: str, broker: Broker, limits: SpecLimits) 
         _invalid(field, f"{field} must not be empty")
     if len(topic) > limits.topic_max:
         _invalid(field, f"{field} is longer than {limits.topic_max} characters")
+    reserved = broker_refusal(broker, topic)
+    if reserved is not None:
+        _invalid(
+            field,
+            f"{field} {topic[:100]!r} is {reserved}; pick another topic",
+            "topic_not_allowed",
+        )
     if broker is Broker.NATS:
         if not _NATS_SUBJECT.fullmatch(topic):
             _invalid(
@@ -419,8 +427,8 @@ def _parse_topic(value: object, field: str, broker: Broker, limits: SpecLimits) 
                 f"{field} is not a valid NATS subject: use tokens of letters, digits, _ and - "
                 "separated by single dots (e.g. billing.invoices); no spaces or wildcards (* >)",
             )
-    elif any(c in topic for c in "\r\n"):
-        _invalid(field, f"{field} must not contain CR or LF")
+    elif any(ord(c) < 0x20 or ord(c) == 0x7F for c in topic):
+        _invalid(field, f"{field} must not contain CR, LF or other control characters")
     return topic
 
 

@@ -115,6 +115,7 @@ class Node:
                 redis_url=s.redis_url,
                 host_concurrency=s.target_concurrency,
                 host_rate_per_s=s.target_rate,
+                topic_policy=s.topics(),
             )
             await self._dispatcher.start()
             self._pool = WorkerPool(
@@ -137,6 +138,7 @@ class Node:
                 owner_rate_per_s=s.api_owner_rate,
                 max_jobs_per_owner=s.max_jobs_per_owner,
                 body_timeout_s=s.http_body_timeout_s,
+                topic_policy=s.topics(),
                 metrics_token=s.metrics_token,
                 serve_metrics=s.metrics_port is None,
             )
@@ -181,6 +183,7 @@ class Node:
                 redis_url=s.redis_url,
                 host_concurrency=s.target_concurrency,
                 host_rate_per_s=s.target_rate,
+                topic_policy=s.topics(),
             )
             await self._dispatcher.start()
             self._remote = RemoteWorker(self.store, self._dispatcher, s)

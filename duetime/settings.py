@@ -22,6 +22,7 @@ from typing import Any, Literal, cast
 
 from duetime.core.errors import DuetimeError
 from duetime.core.ids import SHARDS
+from duetime.core.topics import OWNER_PLACEHOLDER, TopicPolicy, TopicRule
 
 IPNetwork = IPv4Network | IPv6Network
 RunQueueKind = Literal["inprocess", "nats"]
@@ -310,6 +311,28 @@ def _subject(variable: str, raw: str) -> str:
     return text
 
 
+def _topic_rule(variable: str, raw: str) -> TopicRule:
+    try:
+        return TopicRule(raw.strip().lower())
+    except ValueError:
+        raise SettingsError(variable, raw, "one of " + ", ".join(r.value for r in TopicRule)) from None
+
+
+def _topic_prefix(variable: str, raw: str) -> str:
+    text = raw.strip()
+    if OWNER_PLACEHOLDER not in text or any(c.isspace() for c in text) or len(text) > 200:
+        raise SettingsError(variable, raw, "a prefix containing {owner}, without spaces, e.g. '{owner}.'")
+    return text
+
+
+def _topic_allowlist(variable: str, raw: str) -> tuple[str, ...]:
+    items = tuple(p.strip() for p in raw.split(",") if p.strip())
+    for item in items:
+        if any(c.isspace() for c in item) or "*" in item[:-1]:
+            raise SettingsError(variable, raw, "comma-separated topics, each with at most one * at its end")
+    return items
+
+
 def _token(variable: str, raw: str) -> str:
     text = raw.strip()
     if not 16 <= len(text) <= 512 or any(not 0x21 <= ord(c) <= 0x7E for c in text):
@@ -458,6 +481,36 @@ class Settings:
             "Comma-separated networks webhooks may reach although they are not public, "
             "e.g. `10.20.0.0/16,fd12:3456::/48`.",
             _cidrs,
+            shown="empty",
+        ),
+    )
+    topic_policy: TopicRule = field(
+        default=TopicRule.OPEN,
+        metadata=_meta(
+            "DUETIME_TOPIC_POLICY",
+            "Which queue topics an owner may use, besides the always-refused names of Duetime and "
+            "the brokers: `open` (any), `owner_prefix` (topics start with DUETIME_TOPIC_PREFIX, so "
+            "owners cannot reach each other's streams), `allowlist` (only DUETIME_TOPIC_ALLOWLIST). "
+            "Checked at registration (422 `topic_not_allowed`) and again before every publish.",
+            _topic_rule,
+        ),
+    )
+    topic_prefix: str = field(
+        default="{owner}.",
+        metadata=_meta(
+            "DUETIME_TOPIC_PREFIX",
+            "DUETIME_TOPIC_POLICY=owner_prefix: the prefix every topic must start with; `{owner}` "
+            "is replaced by the job's owner, e.g. `tenants.{owner}.`.",
+            _topic_prefix,
+        ),
+    )
+    topic_allowlist: tuple[str, ...] = field(
+        default=(),
+        metadata=_meta(
+            "DUETIME_TOPIC_ALLOWLIST",
+            "DUETIME_TOPIC_POLICY=allowlist: comma-separated topics an owner may use; `{owner}` is "
+            "the owner and a trailing `*` matches any rest, e.g. `{owner}.*,shared.alerts`.",
+            _topic_allowlist,
             shown="empty",
         ),
     )
@@ -759,6 +812,15 @@ class Settings:
     def shard_set(self) -> frozenset[int]:
         """The logical shards this process's engine serves."""
         return self.shards
+
+    def topics(self) -> TopicPolicy:
+        """The topic rules of registration and publish, with this deployment's run queue prefix."""
+        return TopicPolicy(
+            rule=self.topic_policy,
+            prefix=self.topic_prefix,
+            allowlist=self.topic_allowlist,
+            reserved_subjects=(self.nats_run_subject,),
+        )
 
     def with_database(self, dsn: str) -> Settings:
         """The same settings on one given database (the embedded one), for the parts that read them."""

@@ -23,6 +23,8 @@ PROBE_ENV = {
     "DUETIME_HTTP_HEADER_TIMEOUT_S": "1",
     "DUETIME_HTTP_BODY_TIMEOUT_S": "1",
     "DUETIME_METRICS_TOKEN": METRICS_TOKEN,
+    "DUETIME_TOPIC_POLICY": "owner_prefix",
+    "DUETIME_NATS_RUN_SUBJECT": "acme.sched",
 }
 
 
@@ -38,11 +40,14 @@ async def api(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIte
         await proc.stop()
 
 
+OWNER = f"probe-{uuid.uuid4().hex[:8]}"
+
+
 @pytest.fixture(scope="module")
 async def key(pg_dsn: str) -> str:
     store = await PostgresStore.open(ShardMap.single(pg_dsn), pool_size=1)
     try:
-        return (await store.create_api_key(f"probe-{uuid.uuid4().hex[:8]}"))[0]
+        return (await store.create_api_key(OWNER))[0]
     finally:
         await store.close()
 
@@ -314,3 +319,39 @@ async def test_metrics_can_move_to_a_listener_of_their_own(pg_dsn: str, tmp_path
                 assert resp.status == 200 and "duetime_api_requests" in await resp.text()
     finally:
         await proc.stop()
+
+
+# --- item 1: queue topics ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("broker", "topic"),
+    [
+        ("nats", "duetime.runs.0"),
+        ("nats", "acme.sched.3"),  # this node's own run queue prefix
+        ("nats", "_INBOX.abc"),
+        ("nats", "$JS.API.STREAM.LIST"),
+        ("nats", "$SYS.REQ.SERVER.PING"),
+        ("nats", "$KV.bucket.k"),
+        ("redis", "__keyspace@0__:x"),
+        ("redis", "__keyevent@0__:set"),
+        ("redis", "duetime:idem:k"),
+        ("nats", "another-owner.events"),  # DUETIME_TOPIC_POLICY=owner_prefix
+        ("redis", "another-owner.stream"),
+    ],
+)
+async def test_forbidden_topics_answer_422_on_post_and_patch(
+    api: NodeProc, key: str, broker: str, topic: str
+) -> None:
+    spec = {"target": {"type": "queue", "broker": broker, "topic": topic}, "schedule": {"cron": "0 3 * * *"}}
+    status, _, body = await _call(api, key, "POST", "/v1/jobs", spec)
+    assert status == 422, body
+    assert body["error"]["code"] == "topic_not_allowed" and body["error"]["field"] == "target.topic"
+    ok = {
+        "target": {"type": "queue", "broker": broker, "topic": f"{OWNER}.mine"},
+        "schedule": {"cron": "0 3 * * *"},
+    }
+    status, _, job = await _call(api, key, "POST", "/v1/jobs", ok)
+    assert status == 201, job
+    status, _, body = await _call(api, key, "PATCH", f"/v1/jobs/{job['id']}", {"target": spec["target"]})
+    assert status == 422 and body["error"]["code"] == "topic_not_allowed", body
