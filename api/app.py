@@ -23,7 +23,7 @@ from duetime._version import __version__
 from duetime.api.auth import KeyCache, bearer_key
 from duetime.api.errors import error_response, from_domain_error, from_http_exception, status_for
 from duetime.api.handlers import OWNER, JobsApi
-from duetime.api.limits import JobCap, OwnerRateLimiter
+from duetime.api.limits import JobBytesCap, JobCap, OwnerRateLimiter
 from duetime.api.metrics import UNMATCHED_ROUTE, observe
 from duetime.api.openapi import build_openapi
 from duetime.api.preview import PreviewApi
@@ -105,6 +105,7 @@ def _make_middleware(
     keys: KeyCache,
     rate: OwnerRateLimiter | None,
     cap: JobCap | None,
+    byte_cap: JobBytesCap | None,
     body_timeout_s: float,
 ) -> Middleware:
     @web.middleware
@@ -125,14 +126,17 @@ def _make_middleware(
                 request[OWNER] = owner
                 if rate is not None:
                     rate.check(owner)
-                creating = cap is not None and request.method == "POST" and request.path == "/v1/jobs"
-                if creating:
-                    assert cap is not None
+                creating = request.method == "POST" and request.path == "/v1/jobs"
+                if creating and cap is not None:
                     await cap.check(owner)
+                if creating and byte_cap is not None:
+                    await byte_cap.check(owner)
             response = await handler(request)
             if creating and response.status == 201:
-                assert cap is not None
-                cap.created(request[OWNER])
+                if cap is not None:
+                    cap.created(request[OWNER])
+                if byte_cap is not None:
+                    byte_cap.created(request[OWNER], len(await request.read()))
         except web.HTTPException as exc:
             response = from_http_exception(exc)
             if exc.status in (408, 413):
@@ -176,6 +180,7 @@ def create_app(
     key_cache_ttl_s: float = 5.0,
     owner_rate_per_s: float = 0.0,
     max_jobs_per_owner: int = 0,
+    max_job_bytes_per_owner: int = 0,
     body_timeout_s: float = 30.0,
     topic_policy: TopicPolicy | None = None,
     metrics_token: str | None = None,
@@ -192,10 +197,16 @@ def create_app(
     """
     rate = OwnerRateLimiter(owner_rate_per_s, 2 * owner_rate_per_s) if owner_rate_per_s > 0 else None
     cap = JobCap(max_jobs_per_owner, registry.count_active_jobs) if max_jobs_per_owner > 0 else None
+    byte_cap = (
+        JobBytesCap(max_job_bytes_per_owner, registry.active_job_bytes)
+        if max_job_bytes_per_owner > 0
+        else None
+    )
     keys = KeyCache(registry, ttl_s=key_cache_ttl_s)
     spec_limits = limits if limits is not None else SpecLimits()
     app = web.Application(
-        client_max_size=MAX_BODY_BYTES, middlewares=[_make_middleware(keys, rate, cap, body_timeout_s)]
+        client_max_size=MAX_BODY_BYTES,
+        middlewares=[_make_middleware(keys, rate, cap, byte_cap, body_timeout_s)],
     )
     topics = topic_policy if topic_policy is not None else TopicPolicy()
     app.router.add_routes(JobsApi(registry, policy=policy, limits=spec_limits, topics=topics).routes())

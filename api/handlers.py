@@ -251,7 +251,9 @@ class JobsApi:
         return json_response(job_to_json(job))
 
     async def trigger_job(self, request: web.Request) -> web.Response:
-        job = await self._registry.trigger_job(request[OWNER], job_id_of(request))
+        job = await self._registry.trigger_job(
+            request[OWNER], job_id_of(request), max_pending=self._limits.max_pending_triggers
+        )
         return json_response(job_to_json(job), status=202)
 
     async def replay_job(self, request: web.Request) -> web.Response:

@@ -85,6 +85,7 @@ class SpecLimits:
     backfill_max_occurrences: int = 1000  # per backfill call, and waiting per job at a time
     backfill_pace_per_s: float = 10.0  # overlap=allow: backfilled runs start at most this fast
     min_cron_interval_s: int = 0  # operator setting: >0 refuses crons that fire more often
+    max_pending_triggers: int = 100  # operator setting: triggered runs one job may have waiting
 
 
 TOP_LEVEL_FIELDS = (

@@ -623,22 +623,42 @@ class Settings:
         ),
     )
     api_owner_rate: float = field(
-        default=5000.0,
+        default=1000.0,
         metadata=_meta(
             "DUETIME_API_OWNER_RATE",
             "Requests per second one owner may make to one API process (a token bucket with bursts "
             "of twice that); more answer 429 with Retry-After. 0 turns the limit off.",
             _seconds(allow_zero=True),
-            shown="5000",
+            shown="1000",
         ),
     )
     max_jobs_per_owner: int = field(
-        default=10_000_000,
+        default=100_000,
         metadata=_meta(
             "DUETIME_MAX_JOBS_PER_OWNER",
             "Active (scheduled or paused) jobs one owner may have; creating more answers 409 "
             "`job_limit_reached`. Counted per API process, refreshed every 10 s. 0 turns it off.",
             _integer(0),
+        ),
+    )
+    max_job_bytes_per_owner: int = field(
+        default=1 << 30,
+        metadata=_meta(
+            "DUETIME_MAX_JOB_BYTES_PER_OWNER",
+            "Bytes the specs (payloads included) of one owner's active jobs may take as PostgreSQL "
+            "stores them; creating more answers 409 `job_bytes_limit_reached`. Counted per API "
+            "process like DUETIME_MAX_JOBS_PER_OWNER. 0 turns it off.",
+            _integer(0),
+            shown="1073741824 (1 GiB)",
+        ),
+    )
+    max_pending_triggers: int = field(
+        default=100,
+        metadata=_meta(
+            "DUETIME_MAX_PENDING_TRIGGERS",
+            "Triggered runs (POST …/trigger) one job may have waiting behind the run in progress; "
+            "one more answers 409 `too_many_triggers`.",
+            _integer(1, 100_000),
         ),
     )
     min_cron_interval_s: int = field(

@@ -294,7 +294,7 @@ class RegistryPart(StoreBase):
 
         return await self._act(owner, job_id, body)
 
-    async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
+    async def trigger_job(self, owner: str, job_id: uuid.UUID, *, max_pending: int = 0) -> Job:
         now = utcnow()
 
         async def body(action: _Action) -> Job:
@@ -306,7 +306,15 @@ class RegistryPart(StoreBase):
                 revoke = False
             else:
                 # A run is in the wheel, in flight, or waiting for a retry: queue the trigger; it
-                # starts as soon as that run's occurrence is over.
+                # starts as soon as that run's occurrence is over. Each queued trigger is a call
+                # of someone's URL later, so an owner may not queue without bound.
+                if 0 < max_pending <= len(plan.pending_triggers):
+                    raise Conflict(
+                        f"this job already has {len(plan.pending_triggers)} triggered runs waiting, "
+                        f"the most this server queues per job ({max_pending}, "
+                        "DUETIME_MAX_PENDING_TRIGGERS); wait for them to run",
+                        code="too_many_triggers",
+                    )
                 plan = replace(plan, pending_triggers=(*plan.pending_triggers, now))
                 revoke = False
             return await self._write(action, plan=plan, revoke=revoke)
@@ -401,6 +409,13 @@ class RegistryPart(StoreBase):
         page = rows[:limit]
         next_cursor = _encode_cursor(page[-1]["run_id"].to_bytes(8, "big")) if len(rows) > limit else None
         return Page([run_from_row(r) for r in page], next_cursor)
+
+    async def active_job_bytes(self, owner: str) -> int:
+        total = 0
+        async with translated():
+            for pool in self.pools():
+                total += int(await pool.fetchval(Q["active_job_bytes"], owner))
+        return total
 
     async def count_active_jobs(self, owner: str) -> int:
         total = 0

@@ -86,6 +86,12 @@ RETURNING *;
 -- name: count_active_jobs
 SELECT count(*) FROM jobs WHERE owner = $1 AND state IN ('scheduled', 'paused') AND parent_id IS NULL;
 
+-- name: active_job_bytes
+-- pg_column_size reads a TOASTed spec's stored (compressed) size from its pointer, without
+-- fetching or decompressing the value: the sum costs a pass over the owner's rows, not their data.
+SELECT COALESCE(sum(pg_column_size(spec)), 0)::bigint FROM jobs
+WHERE owner = $1 AND state IN ('scheduled', 'paused') AND parent_id IS NULL;
+
 -- name: job_exists
 SELECT 1 FROM jobs WHERE job_id = $1 AND owner = $2 AND parent_id IS NULL;
 

@@ -147,3 +147,23 @@ async def test_live_answers_conform_to_the_schemas(
     assert not job_schema.is_valid({**job, "state": "running"})
     assert not job_schema.is_valid({**job, "target": {**job["target"], "extra": 1}})
     assert not error_schema.is_valid({"error": {"code": "Not Snake", "message": "x"}})
+
+
+def test_every_v1_operation_lists_429_and_the_owner_limits_are_described() -> None:
+    """The per-owner rate and limits answer on every /v1 call (issue 17, item 2)."""
+    from duetime.api.openapi import build_openapi
+    from duetime.core.validation import SpecLimits
+
+    doc = build_openapi(SpecLimits())
+    operations = {
+        op["operationId"]: op
+        for path, item in doc["paths"].items()
+        if path.startswith("/v1/")
+        for op in item.values()
+    }
+    assert operations
+    for op_id, op in operations.items():
+        assert "429" in op["responses"], op_id
+        assert "Retry-After" in op["responses"]["429"]["headers"], op_id
+    assert "job_limit_reached" in operations["create_job"]["responses"]["409"]["description"]
+    assert "too_many_triggers" in operations["trigger_job"]["responses"]["409"]["description"]

@@ -25,6 +25,8 @@ PROBE_ENV = {
     "DUETIME_METRICS_TOKEN": METRICS_TOKEN,
     "DUETIME_TOPIC_POLICY": "owner_prefix",
     "DUETIME_NATS_RUN_SUBJECT": "acme.sched",
+    "DUETIME_MAX_PENDING_TRIGGERS": "3",
+    "DUETIME_MAX_JOB_BYTES_PER_OWNER": "300000",
 }
 
 
@@ -355,3 +357,37 @@ async def test_forbidden_topics_answer_422_on_post_and_patch(
     assert status == 201, job
     status, _, body = await _call(api, key, "PATCH", f"/v1/jobs/{job['id']}", {"target": spec["target"]})
     assert status == 422 and body["error"]["code"] == "topic_not_allowed", body
+
+
+# --- item 2: limits that limit -------------------------------------------------------------------
+
+
+async def test_queued_triggers_of_one_job_are_capped_with_409(api: NodeProc, key: str) -> None:
+    # A run due now that nothing serves (an api-only node): every trigger after the first queues.
+    status, _, job = await _call(api, key, "POST", "/v1/jobs", _cron())
+    assert status == 201, job
+    path = f"/v1/jobs/{job['id']}/trigger"
+    answers = [await _call(api, key, "POST", path) for _ in range(8)]
+    statuses = [a[0] for a in answers]
+    assert statuses.count(202) == 4, statuses  # one run now, then 3 queued
+    assert set(statuses[4:]) == {409}, statuses
+    body = answers[-1][2]
+    assert body["error"]["code"] == "too_many_triggers", body
+    assert "3" in body["error"]["message"]
+
+
+async def test_stored_bytes_per_owner_are_capped_with_409(pg_dsn: str, api: NodeProc) -> None:
+    store = await PostgresStore.open(ShardMap.single(pg_dsn), pool_size=1)
+    try:
+        big_key = (await store.create_api_key(f"bytes-{uuid.uuid4().hex[:8]}"))[0]
+    finally:
+        await store.close()
+    spec = {**_cron(), "payload": {"blob": "x" * 60000}}
+    statuses = []
+    for _ in range(12):
+        status, _, body = await _call(api, big_key, "POST", "/v1/jobs", spec)
+        statuses.append(status)
+        if status == 409:
+            assert body["error"]["code"] == "job_bytes_limit_reached", body
+            break
+    assert statuses[-1] == 409 and 2 <= statuses.count(201) <= 6, statuses
