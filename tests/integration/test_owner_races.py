@@ -24,6 +24,7 @@ import pytest
 
 from duetime.core.errors import Conflict, StorageUnavailable
 from duetime.core.model import Broker, CronSchedule, JobSpec, Overlap, QueueTarget
+from duetime.storage.ports import FenceRequest
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 
@@ -98,8 +99,8 @@ async def test_owner_actions_and_a_fence_on_one_job_never_deadlock(db: tuple[str
                     TOKEN,
                 )
                 items = sorted(
-                    ((r["job_id"], r["shard"], TOKEN, r["next_run_at"] or now) for r in rows),
-                    key=lambda i: i[0],
+                    (FenceRequest(r["job_id"], r["shard"], TOKEN, r["next_run_at"] or now) for r in rows),
+                    key=lambda i: i.job_id,
                     reverse=True,
                 )
                 if items:

@@ -7,13 +7,13 @@ from datetime import UTC, datetime
 
 import pytest
 
+from duetime.core import signing
 from duetime.core.errors import InvalidRequest, TargetNotAllowed
 from duetime.core.headers import is_reserved_header
 from duetime.core.model import WebhookMethod, WebhookTarget
 from duetime.core.ssrf import AddressPolicy, check_url
 from duetime.core.validation import parse_job_spec
 from duetime.core.weburl import same_origin, split_webhook_url
-from duetime.workers import signing
 from duetime.workers.webhook import request_headers
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)

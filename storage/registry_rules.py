@@ -1,0 +1,81 @@
+"""Rules every implementation of the ``Registry`` port applies the same way (PostgreSQL and the
+in-memory store): how an API key is stored, what a page cursor is, and which owner action a job's
+state allows, with what the refusal says. One copy, so the stores cannot answer differently.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import uuid
+
+from duetime.core.errors import Conflict, InvalidRequest
+from duetime.core.lifecycle import OWNER_TRANSITIONS
+from duetime.core.model import JobState
+
+#: The cursor of a first page of jobs (ids are listed in ascending order, after the cursor).
+FIRST_JOB = uuid.UUID(int=0)
+#: The cursor of a first page of runs (run ids are listed in descending order, before the cursor).
+MAX_RUN_ID = (1 << 63) - 1
+
+_BAD_CURSOR = "cursor is not one this server issued; pass next_cursor from the previous page unchanged"
+
+
+def hash_key(api_key: str) -> bytes:
+    """API keys are stored as their SHA-256 only: a leaked table gives no usable key."""
+    return hashlib.sha256(api_key.encode()).digest()
+
+
+def encode_cursor(value: bytes) -> str:
+    return base64.urlsafe_b64encode(value).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, size: int) -> bytes:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor") from exc
+    if len(raw) != size:
+        raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor")
+    return raw
+
+
+def job_cursor(cursor: str | None) -> uuid.UUID:
+    """The id a page of jobs starts after."""
+    return uuid.UUID(bytes=decode_cursor(cursor, 16)) if cursor else FIRST_JOB
+
+
+def run_cursor(cursor: str | None) -> int:
+    """The run id a page of runs starts before."""
+    before = int.from_bytes(decode_cursor(cursor, 8), "big") if cursor else MAX_RUN_ID
+    if before > MAX_RUN_ID:
+        raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor")
+    return before
+
+
+def require(action: str, state: JobState) -> None:
+    """Conflict unless ``core.lifecycle.OWNER_TRANSITIONS`` allows ``action`` from ``state``."""
+    if state not in OWNER_TRANSITIONS[action]:
+        raise Conflict(
+            f"cannot {action} a job that is {state.value}"
+            + {
+                "completed": "; a completed job stays completed, create a new one",
+                "cancelled": "; a cancelled job stays cancelled, create a new one",
+                "dead": "; replay it first (POST /v1/jobs/{id}/replay)",
+                "paused": "; resume it first (POST /v1/jobs/{id}/resume)",
+                "scheduled": "",
+            }[state.value],
+            code=f"job_{state.value}",
+        )
+
+
+def check_pending_triggers(waiting: int, max_pending: int) -> None:
+    """Refuse one more queued trigger when ``max_pending`` (> 0) already wait: each is a call of
+    someone's URL later, so an owner may not queue them without bound (409 too_many_triggers)."""
+    if 0 < max_pending <= waiting:
+        raise Conflict(
+            f"this job already has {waiting} triggered runs waiting, the most this server queues "
+            f"per job ({max_pending}, DUETIME_MAX_PENDING_TRIGGERS); wait for them to run",
+            code="too_many_triggers",
+        )
