@@ -1,10 +1,14 @@
 """The engine: claims the next minute of due runs for its shards into a timer wheel, fires each on
 its due instant, and fences it into the run queue.
 
-Tasks (all named, supervised by ``Engine.start``/``stop``): one claim loop per owned shard, woken
-by LISTEN/NOTIFY or the poll interval; the wheel driver; the fencer; the janitor. On stop the
+Tasks (all named, supervised by ``Engine.start``/``stop``): one claim loop per shard it serves,
+woken by LISTEN/NOTIFY or the poll interval; the wheel driver; the fencer; the janitor. On stop the
 engine stops claiming, gives back every claim it has not fired, and lets the fencer finish its
 batch: nothing lost, nothing doubled.
+
+``config.shards`` are the shards the engine *may* serve; which of them it serves is set at start
+and changed with ``serve()`` (by the membership keeper, from the dealing). Losing a shard is a
+stop for that shard alone: its claim loop ends and its unfired claims are given back.
 """
 
 from __future__ import annotations
@@ -77,6 +81,11 @@ class Engine:
             batch_size=50_000,
         )
         self._wakeups = {s: asyncio.Event() for s in config.shards}
+        # The shards served now (a subset of config.shards) and their claim loops; serve() changes
+        # them one call at a time.
+        self.serving: frozenset[int] = frozenset(config.shards)
+        self._claimers: dict[int, asyncio.Task[None]] = {}
+        self._serve_lock = asyncio.Lock()
         # Fired, not yet fenced: one deque per owner lane, and the lanes that have entries in the
         # order they take turns (see _take_fair).
         self._lanes: dict[int, deque[bytes]] = {}
@@ -102,22 +111,121 @@ class Engine:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> None:
+    async def start(self, serving: frozenset[int] | None = None) -> None:
+        """Start serving ``serving`` (default: every shard of ``config.shards``)."""
         cfg = self.config
+        self.serving = frozenset(cfg.shards) if serving is None else frozenset(serving) & set(cfg.shards)
         # Calls this engine had in flight when it last died have unknown outcomes: finish them as
-        # lease_expired (retried by policy) rather than wait for their leases to lapse.
+        # lease_expired (retried by policy) rather than wait for their leases to lapse. Every shard
+        # it may serve: its last life may have served others than this one will.
         await self._store.expire_running_of(cfg.engine_id, cfg.shards)
         retaken = await self._store.retake_claims(cfg.engine_id, cfg.shards, lease_s=cfg.lease_s)
         if retaken:
             metrics.RETAKEN.inc(len(retaken))
             log.info("engine %s took back %d claimed runs", cfg.engine_id, len(retaken))
-            await self._admit(retaken)
+            ours = [r for r in retaken if r.shard in self.serving]
+            others = [Lease(r.job_id, r.shard, r.lease_token) for r in retaken if r.shard not in self.serving]
+            if others:  # claims of shards dealt to other engines now: theirs to claim
+                metrics.RELEASED.inc(await self._release(others))
+            await self._admit(ours)
         await self._listen()
         self._driver.start()
         self._fencer = self._spawn(self._fence_loop(), "duetime-fencer")
-        for shard in cfg.shards:
-            self._spawn(self._claim_loop(shard), f"duetime-claim-{shard}")
+        for shard in sorted(self.serving):
+            self._start_claiming(shard)
         self._spawn(self._janitor_loop(), "duetime-janitor")
+
+    def _start_claiming(self, shard: int) -> None:
+        task = self._spawn(self._claim_loop(shard), f"duetime-claim-{shard}")
+        self._claimers[shard] = task
+        task.add_done_callback(self._forget_task)
+
+    def _forget_task(self, task: asyncio.Task[None]) -> None:
+        """A claim loop that ended because its shard was dealt away leaves the task list."""
+        if task in self._tasks and not self._stopping.is_set():
+            self._tasks.remove(task)
+
+    async def serve(self, shards: frozenset[int]) -> None:
+        """Serve exactly ``shards`` (within ``config.shards``) from now on.
+
+        A gained shard's claim loop starts at once (it claims within one poll). A lost shard is
+        handed over as a stop would hand over all of them: its claim loop ends (a claim that
+        committed still reaches the wheel), then its claims not yet fired are taken out of the
+        wheel and the fencer's lanes and given back, so the engine it was dealt to claims them
+        with a fresh lease. Runs already fenced keep going: their leases are held per run.
+        """
+        async with self._serve_lock:
+            if self._stopping.is_set():
+                return
+            wanted = frozenset(shards) & set(self.config.shards)
+            lost, gained = self.serving - wanted, wanted - self.serving
+            if not lost and not gained:
+                return
+            self.serving = wanted
+            for shard in sorted(gained):
+                self._wakeups[shard].clear()
+                self._start_claiming(shard)
+            if gained:
+                metrics.SHARDS_GAINED.inc(len(gained))
+                log.info(
+                    "engine %s took on shards %s",
+                    self.config.engine_id,
+                    ",".join(map(str, sorted(gained))),
+                )
+            if lost:
+                metrics.SHARDS_LOST.inc(len(lost))
+                await self._withdraw(lost)
+            metrics.SERVING.set(len(wanted))
+
+    async def _withdraw(self, lost: frozenset[int]) -> None:
+        loops = [self._claimers.pop(s) for s in lost if s in self._claimers]
+        for shard in lost:
+            self._wakeups[shard].set()
+        if loops:
+            _, pending = await asyncio.wait(loops, timeout=10.0)
+            for task in pending:
+                task.cancel()
+            for task in pending:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        # The lost shards' entries out of the wheel (the rest go back in) and out of the lanes.
+        kept: list[bytes] = []
+        gone: list[bytes] = []
+        for entry in self.wheel.drain():
+            (gone if entries.unpack(entry).shard in lost else kept).append(entry)
+        if kept:
+            self._driver.insert_many(kept)
+        for lane in list(self._lanes):
+            q = self._lanes[lane]
+            if not any(entries.unpack(e).shard in lost for e in q):
+                continue
+            stay = deque(e for e in q if entries.unpack(e).shard not in lost)
+            gone.extend(e for e in q if entries.unpack(e).shard in lost)
+            self._fired_count -= len(q) - len(stay)
+            if stay:
+                self._lanes[lane] = stay
+            else:
+                del self._lanes[lane]
+                self._ring.remove(lane)
+        metrics.WHEEL_SIZE.set(len(self.wheel))
+        released = 0
+        if gone:
+            released = await self._release(
+                [Lease(e.job_id, e.shard, e.lease_token) for e in map(entries.unpack, gone)]
+            )
+            metrics.RELEASED.inc(released)
+        log.info(
+            "engine %s handed over shards %s: gave back %d unfired claims",
+            self.config.engine_id,
+            ",".join(map(str, sorted(lost))),
+            released,
+        )
+
+    async def _release(self, items: Sequence[Lease]) -> int:
+        released = 0
+        for i in range(0, len(items), 1000):
+            released += await asyncio.shield(self._store.release_claims(items[i : i + 1000]))
+        return released
 
     def _spawn(self, coro: object, name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
@@ -167,10 +275,9 @@ class Engine:
         self._fired_count = 0
         metrics.WHEEL_SIZE.set(0)
         if waiting:
-            items = [Lease(e.job_id, e.shard, e.lease_token) for e in map(entries.unpack, waiting)]
-            released = 0
-            for i in range(0, len(items), 1000):
-                released += await asyncio.shield(self._store.release_claims(items[i : i + 1000]))
+            released = await self._release(
+                [Lease(e.job_id, e.shard, e.lease_token) for e in map(entries.unpack, waiting)]
+            )
             metrics.RELEASED.inc(released)
             log.info("engine %s released %d unfired claims", self.config.engine_id, released)
 
@@ -190,7 +297,7 @@ class Engine:
         cfg = self.config
         wake = self._wakeups[shard]
         next_overlap_scan = 0.0
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and shard in self.serving:
             wake.clear()
             if time.monotonic() >= next_overlap_scan:
                 next_overlap_scan = time.monotonic() + cfg.overlap_interval_s
@@ -392,7 +499,7 @@ class Engine:
                 return
             try:
                 await self._keep_waiting_claims()
-                for shard in cfg.shards:
+                for shard in sorted(self.serving):
                     while True:
                         stats = await self._store.rescue_expired(shard, limit=500)
                         if stats.applied:
@@ -453,7 +560,7 @@ class Engine:
         within_s = max(cfg.lease_s / 2, 2 * cfg.janitor_interval_s)
         extend_s = cfg.lease_s + backlog_s
         kept = 0
-        for shard in cfg.shards:
+        for shard in sorted(self.serving):
             for _ in range(20):  # at most 100,000 rows per shard and round
                 n = await self._store.keep_waiting_claims(
                     shard, cfg.engine_id, within_s=within_s, extend_s=extend_s, limit=5000

@@ -2,7 +2,8 @@
 
 - ``pools``: a pool per database of the shard map, database errors translated at the seam
 - ``rows``: rows decoded into the core's records
-- ``hints``: NOTIFY hints that wake a shard's engines; ``inserts``: the insert batcher
+- ``hints``: NOTIFY hints that wake a shard's engines, and the engine's LISTEN for them
+- ``inserts``: the insert batcher
 - ``registry``: jobs, owner actions, backfill, run history, owners, API and idempotency keys
 - ``runpath``: claim, fence, heartbeats, release
 - ``completion``: the completion writer (attempts finished and occurrences skipped under lease)

@@ -6,7 +6,8 @@ import aiohttp
 import pytest
 
 from duetime.app import Node
-from tests.e2e.harness import Owner, Receiver, fast_settings
+from tests.support.node import Owner, fast_settings
+from tests.support.receiver import Receiver
 
 
 @pytest.fixture

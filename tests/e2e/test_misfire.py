@@ -11,7 +11,8 @@ from datetime import UTC, datetime, timedelta
 import aiohttp
 
 from duetime.app import Node
-from tests.e2e.harness import Owner, Receiver, fast_settings, parse
+from tests.support.node import Owner, fast_settings, parse
+from tests.support.receiver import Receiver
 
 
 async def test_missed_run_policies_after_a_ten_second_outage(pg_dsn: str, receiver: Receiver) -> None:

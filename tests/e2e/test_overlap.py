@@ -8,7 +8,10 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tests.e2e.harness import Call, Owner, Receiver, parse
+import pytest
+
+from tests.support.node import Owner, parse
+from tests.support.receiver import Call, Receiver
 
 SLOW_S = 2.5  # each call takes this long: longer than the every-second cron's period
 
@@ -250,6 +253,7 @@ async def test_a_large_backfill_is_paced_and_does_not_hold_up_the_owners_other_j
     await owner.call("DELETE", f"/v1/jobs/{big['id']}")
 
 
+@pytest.mark.redis
 async def test_backfilled_runs_to_a_redis_stream_carry_the_jobs_id(owner: Owner) -> None:
     """Regression: the batched path for Redis targets named the occurrence row, not the job."""
     import json

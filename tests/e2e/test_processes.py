@@ -5,12 +5,10 @@ crash-and-restart story with SIGKILL."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -18,48 +16,11 @@ import pytest
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from loadtest.common import free_port
-from tests.e2e.harness import Owner, Receiver, at
+from tests.support.node import Owner, at
+from tests.support.processes import DuetimeProcess
+from tests.support.receiver import Receiver
 
-
-class Proc:
-    def __init__(self, env: dict[str, str], *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "duetime", *args],
-            env={**os.environ, **env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-
-    async def wait_line(self, needle: str, within: float = 30.0) -> str:
-        assert self.proc.stdout is not None
-
-        def read() -> str:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                if needle in line:
-                    return line
-            return ""
-
-        line = await asyncio.wait_for(asyncio.to_thread(read), timeout=within)
-        assert line, f"process exited before printing {needle!r}"
-        return line
-
-    def signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
-
-    async def wait(self, within: float = 60.0) -> int:
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(self.proc.wait), timeout=within)
-        finally:
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+pytestmark = pytest.mark.processes
 
 
 @pytest.fixture
@@ -82,12 +43,12 @@ def env_for(pg_dsn: str, port: int, **extra: str) -> dict[str, str]:
 
 
 async def test_two_processes_share_the_shards_and_stop_on_sigterm(
-    pg_dsn: str, store: PostgresStore, receiver: Receiver
+    pg_dsn: str, store: PostgresStore, receiver: Receiver, tmp_path: Path
 ) -> None:
     port = free_port()
-    proc = Proc(env_for(pg_dsn, port, DUETIME_PROCESSES="2"), "run")
+    proc = DuetimeProcess("proc", env_for(pg_dsn, port, DUETIME_PROCESSES="2"), ["run"], tmp_path).start()
     try:
-        await proc.wait_line("serving")
+        await proc.ready("serving")
         key, secret = await store.create_api_key("procs_" + uuid.uuid4().hex[:6])
         async with aiohttp.ClientSession() as http:
             owner = Owner("p", key, secret, http, f"http://127.0.0.1:{port}")
@@ -139,16 +100,16 @@ async def _claimed_by(store: PostgresStore, engine_id: str) -> int:
 
 
 async def test_an_engine_killed_with_claims_is_replaced_after_the_leases_lapse(
-    pg_dsn: str, store: PostgresStore, receiver: Receiver
+    pg_dsn: str, store: PostgresStore, receiver: Receiver, tmp_path: Path
 ) -> None:
     from datetime import timedelta
 
-    from tests.e2e.harness import parse
+    from tests.support.node import parse
 
     dead_id, other_id = "dead-" + uuid.uuid4().hex[:6], "other-" + uuid.uuid4().hex[:6]
     env = env_for(pg_dsn, 0, DUETIME_LEASE_S="3", DUETIME_HEARTBEAT_S="1")
-    first = Proc({**env, "DUETIME_ENGINE_ID": dead_id}, "engine")
-    await first.wait_line("running")
+    first = DuetimeProcess("first", {**env, "DUETIME_ENGINE_ID": dead_id}, ["engine"], tmp_path).start()
+    await first.ready("running")
     ids, run_at = await _make_due(store, receiver, "/lapse", 30, 4)
     for _ in range(60):
         if await _claimed_by(store, dead_id) == 30:
@@ -156,9 +117,9 @@ async def test_an_engine_killed_with_claims_is_replaced_after_the_leases_lapse(
         await asyncio.sleep(0.1)
     assert await _claimed_by(store, dead_id) == 30
     first.kill()  # SIGKILL: no release, no goodbye
-    second = Proc({**env, "DUETIME_ENGINE_ID": other_id}, "engine")
+    second = DuetimeProcess("second", {**env, "DUETIME_ENGINE_ID": other_id}, ["engine"], tmp_path).start()
     try:
-        await second.wait_line("running")
+        await second.ready("running")
         calls = await receiver.wait_for("/lapse", 30, within=30)
         await asyncio.sleep(1)
         assert sorted(c.headers["Duetime-Job-Id"] for c in receiver.on("/lapse")) == sorted(ids)
@@ -170,25 +131,25 @@ async def test_an_engine_killed_with_claims_is_replaced_after_the_leases_lapse(
 
 
 async def test_an_engine_restarted_with_the_same_id_refires_its_claims_at_once(
-    pg_dsn: str, store: PostgresStore, receiver: Receiver
+    pg_dsn: str, store: PostgresStore, receiver: Receiver, tmp_path: Path
 ) -> None:
     from datetime import timedelta
 
-    from tests.e2e.harness import parse
+    from tests.support.node import parse
 
     engine_id = "phoenix-" + uuid.uuid4().hex[:6]
     env = env_for(pg_dsn, 0, DUETIME_LEASE_S="30", DUETIME_HEARTBEAT_S="5", DUETIME_ENGINE_ID=engine_id)
-    first = Proc(env, "engine")
-    await first.wait_line("running")
+    first = DuetimeProcess("first", env, ["engine"], tmp_path).start()
+    await first.ready("running")
     ids, run_at = await _make_due(store, receiver, "/phoenix", 30, 5)
     for _ in range(60):
         if await _claimed_by(store, engine_id) == 30:
             break
         await asyncio.sleep(0.1)
     first.kill()
-    again = Proc(env, "engine")
+    again = DuetimeProcess("again", env, ["engine"], tmp_path).start()
     try:
-        await again.wait_line("running")
+        await again.ready("running")
         calls = await receiver.wait_for("/phoenix", 30, within=20)
         await asyncio.sleep(1)
         assert sorted(c.headers["Duetime-Job-Id"] for c in receiver.on("/phoenix")) == sorted(ids)
@@ -202,16 +163,18 @@ async def test_an_engine_restarted_with_the_same_id_refires_its_claims_at_once(
 
 
 async def test_sigterm_finishes_calls_in_flight_and_releases_unfired_claims(
-    pg_dsn: str, store: PostgresStore, receiver: Receiver
+    pg_dsn: str, store: PostgresStore, receiver: Receiver, tmp_path: Path
 ) -> None:
     from datetime import timedelta
 
-    from tests.e2e.harness import parse
+    from tests.support.node import parse
 
     receiver.delay["/slow"] = 1.5
     env = env_for(pg_dsn, 0, DUETIME_LEASE_S="30", DUETIME_HEARTBEAT_S="5")
-    first = Proc({**env, "DUETIME_ENGINE_ID": "term-" + uuid.uuid4().hex[:6]}, "engine")
-    await first.wait_line("running")
+    first = DuetimeProcess(
+        "first", {**env, "DUETIME_ENGINE_ID": "term-" + uuid.uuid4().hex[:6]}, ["engine"], tmp_path
+    ).start()
+    await first.ready("running")
     slow_ids, _ = await _make_due(store, receiver, "/slow", 10, 0)
     later_ids, later_at = await _make_due(store, receiver, "/later", 10, 6)
     await receiver.wait_for("/slow", 10, within=15)  # all ten calls are in flight now
@@ -224,9 +187,11 @@ async def test_sigterm_finishes_calls_in_flight_and_releases_unfired_claims(
     )
     assert running == 0
     # the unfired claims were given back: another engine fires them on time, not 30 s late
-    second = Proc({**env, "DUETIME_ENGINE_ID": "next-" + uuid.uuid4().hex[:6]}, "engine")
+    second = DuetimeProcess(
+        "second", {**env, "DUETIME_ENGINE_ID": "next-" + uuid.uuid4().hex[:6]}, ["engine"], tmp_path
+    ).start()
     try:
-        await second.wait_line("running")
+        await second.ready("running")
         calls = await receiver.wait_for("/later", 10, within=20)
         assert max(c.arrived for c in calls) < parse(later_at) + timedelta(seconds=2)
         await asyncio.sleep(1)

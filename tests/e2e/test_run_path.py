@@ -10,11 +10,13 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import nats
+import pytest
 import redis.asyncio as aioredis
 
 from duetime.app import Node
 from duetime.core.signing import verify_signature
-from tests.e2e.harness import Owner, Receiver, at, fast_settings, parse
+from tests.support.node import Owner, at, fast_settings, parse
+from tests.support.receiver import Receiver
 
 
 def webhook(receiver: Receiver, path: str, **extra: object) -> dict[str, object]:
@@ -189,6 +191,7 @@ async def test_trigger_runs_now_besides_the_schedule(owner: Owner, receiver: Rec
     assert call.headers["Duetime-Scheduled-For"] != job["next_run_at"]
 
 
+@pytest.mark.redis
 async def test_redis_stream_target_receives_message_with_fields(owner: Owner) -> None:
     key = "duetime-test-" + uuid.uuid4().hex[:8]
     job = await owner.create(
@@ -215,6 +218,7 @@ async def test_redis_stream_target_receives_message_with_fields(owner: Owner) ->
         await r.aclose()
 
 
+@pytest.mark.nats
 async def test_nats_jetstream_target_receives_message_with_headers(owner: Owner) -> None:
     subject = "duetime.test." + uuid.uuid4().hex[:8]
     nc = await nats.connect("nats://127.0.0.1:4222")

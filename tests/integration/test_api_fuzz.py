@@ -47,6 +47,8 @@ from duetime.core.validation import SpecLimits
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 
+pytestmark = pytest.mark.fuzz
+
 # Per operation; with the coverage and negative cases, a few hundred requests each by default.
 MAX_EXAMPLES = int(os.environ.get("DUETIME_FUZZ_EXAMPLES") or 300)
 MIN_REQUESTS_PER_OPERATION = 200

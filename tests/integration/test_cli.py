@@ -295,6 +295,8 @@ async def _start_run(data_dir: Path) -> Served:
 
 
 @pytest.mark.skipif(not candidate_bindirs(), reason="PostgreSQL server programs not installed")
+@pytest.mark.pg
+@pytest.mark.processes
 async def test_run_serves_on_an_embedded_database_and_stops_it(open_dir: Path) -> None:
     data_dir = open_dir / ".duetime"
     served = await _start_run(data_dir)

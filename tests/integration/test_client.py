@@ -38,7 +38,8 @@ from duetime.client import (
 )
 from duetime.core.signing import sign
 from duetime.receiver import Deduplicator, DeliveryHeaders, FencingGuard, MemoryIdempotencyStore
-from tests.e2e.harness import Receiver, at, fast_settings
+from tests.support.node import at, fast_settings
+from tests.support.receiver import Receiver
 
 REPO = Path(__file__).resolve().parents[2]
 FAR_CRON = {"cron": "0 0 1 1 *", "timezone": "Europe/Berlin"}

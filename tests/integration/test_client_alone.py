@@ -24,7 +24,7 @@ import pytest
 
 from duetime._version import __version__
 from duetime.app import Node
-from tests.e2e.harness import fast_settings
+from tests.support.node import fast_settings
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -443,6 +443,7 @@ async def test_concurrency_cap_per_host(receiver: Receiver) -> None:
 # --- queues -------------------------------------------------------------------------------------
 
 
+@pytest.mark.redis
 async def test_redis_stream_message(dispatcher: Dispatcher) -> None:
     key = f"duetime-test-{secrets.token_hex(6)}"
     payload = {"order": 42, "name": "ünïcode"}
@@ -467,6 +468,7 @@ async def test_redis_stream_message(dispatcher: Dispatcher) -> None:
     }
 
 
+@pytest.mark.redis
 async def test_redis_wrong_type_is_final(dispatcher: Dispatcher) -> None:
     key = f"duetime-test-{secrets.token_hex(6)}"
     client = aioredis.Redis.from_url(REDIS_URL)
@@ -481,6 +483,7 @@ async def test_redis_wrong_type_is_final(dispatcher: Dispatcher) -> None:
     assert "WRONGTYPE" in result.error
 
 
+@pytest.mark.nats
 async def test_nats_jetstream_message_and_dedup(dispatcher: Dispatcher) -> None:
     tag = secrets.token_hex(6)
     stream, subject = f"DUETIME_TEST_{tag}", f"duetime.test.{tag}"
@@ -518,6 +521,7 @@ async def test_nats_jetstream_message_and_dedup(dispatcher: Dispatcher) -> None:
     }
 
 
+@pytest.mark.nats
 async def test_nats_connection_is_made_again_after_it_closed(dispatcher: Dispatcher) -> None:
     subject = f"duetime.nostream.{secrets.token_hex(6)}"
     target = QueueTarget(broker=Broker.NATS, topic=subject)
@@ -534,6 +538,7 @@ async def test_nats_connection_is_made_again_after_it_closed(dispatcher: Dispatc
     assert queues._nats.is_connected
 
 
+@pytest.mark.nats
 async def test_nats_subject_without_stream_is_final(dispatcher: Dispatcher) -> None:
     subject = f"duetime.nostream.{secrets.token_hex(6)}"
     result = await dispatcher.deliver(delivery(QueueTarget(broker=Broker.NATS, topic=subject)))

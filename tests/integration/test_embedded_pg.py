@@ -33,7 +33,11 @@ from duetime.embedded_pg import (
     running_dsn,
 )
 
-pytestmark = pytest.mark.skipif(not candidate_bindirs(), reason="PostgreSQL server programs not installed")
+pytestmark = [
+    pytest.mark.skipif(not candidate_bindirs(), reason="PostgreSQL server programs not installed"),
+    pytest.mark.pg,
+    pytest.mark.processes,
+]
 
 IS_ROOT = os.geteuid() == 0
 

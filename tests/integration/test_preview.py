@@ -24,7 +24,8 @@ from duetime.core.schedule import describe_instant, first_occurrence, next_occur
 from duetime.core.ssrf import AddressPolicy
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
-from tests.e2e.harness import Receiver, fast_settings, parse
+from tests.support.node import fast_settings, parse
+from tests.support.receiver import Receiver
 
 Client = TestClient[web.Request, web.Application]
 QUEUE_TARGET = {"type": "queue", "broker": "redis", "topic": "preview-tests"}

@@ -13,6 +13,7 @@ import secrets
 import uuid
 from datetime import UTC, datetime
 
+import pytest
 import redis.asyncio as aioredis
 
 from duetime.core import codec, ssrf
@@ -23,6 +24,8 @@ from duetime.storage.postgres import AttemptReport, FencedRow
 from duetime.workers.dispatch import Dispatcher
 from duetime.workers.pool import WorkerPool, _report
 from duetime.workers.queues import PUBLISHED
+
+pytestmark = pytest.mark.redis
 
 REDIS_URL = os.environ.get("DUETIME_TEST_REDIS", "redis://127.0.0.1:6379/0")
 SCHEDULED_FOR = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)

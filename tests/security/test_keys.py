@@ -128,6 +128,7 @@ async def _duetime(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
+@pytest.mark.processes
 async def test_a_key_revoked_from_the_command_line_stops_working_on_a_running_api(
     pg_dsn: str, tmp_path: Path
 ) -> None:

@@ -18,6 +18,8 @@ from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from tests.faults.harness import NodeProc, node_env
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture
 async def api(pg_dsn: str, tmp_path: Path) -> AsyncIterator[NodeProc]:

@@ -22,10 +22,10 @@ import pytest
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from loadtest.common import free_port
-from tests.e2e.harness import Receiver
 from tests.faults.harness import NodeProc, node_env
+from tests.support.receiver import Receiver
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 
 def _always(status: int) -> Callable[[int], int]:

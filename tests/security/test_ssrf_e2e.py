@@ -34,7 +34,7 @@ from duetime.app import Node
 from duetime.core.ssrf import AddressPolicy
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
-from tests.e2e.harness import fast_settings
+from tests.support.node import fast_settings
 
 STRICT = AddressPolicy()
 OPEN = AddressPolicy(allow_private=True)

@@ -33,9 +33,9 @@ def _env(svc: dict[str, Any]) -> dict[str, str]:
     return {k: str(v) for k, v in env.items()}
 
 
-def test_the_cluster_has_every_role_twice_and_its_infrastructure() -> None:
+def test_the_cluster_has_every_role_twice_three_engines_and_its_infrastructure() -> None:
     roles = [svc["command"][0] for svc in DUETIME.values()]
-    assert roles.count("api") == 2 and roles.count("engine") == 2 and roles.count("worker") == 2
+    assert roles.count("api") == 2 and roles.count("engine") == 3 and roles.count("worker") == 2
     assert roles.count("migrate") == 1
     images = {svc.get("image", "").split(":")[0] for svc in SERVICES.values()}
     assert {"postgres", "nats", "redis", "prom/prometheus", "grafana/grafana"} <= images
@@ -59,20 +59,21 @@ def test_every_variable_is_a_real_setting_with_a_valid_value(name: str) -> None:
     assert settings.run_queue == "nats"
 
 
-def test_shard_sets_of_the_engines_cover_every_shard_and_overlap() -> None:
-    sets = []
+def test_the_engines_join_the_dealing_unrestricted_with_two_replicas() -> None:
+    """No hand-written shard map: every engine may serve every shard, and a dead one's shards are
+    dealt to the others (with R = 2 and three engines, each shard on two of them)."""
     for svc in DUETIME.values():
         args = build_parser().parse_args(svc["command"])
         if args.command == "engine":
-            sets.append(Settings.from_env({**_env(svc), "DUETIME_SHARDS": args.shards}).shards)
-    assert len(sets) == 2
-    assert sets[0] | sets[1] == frozenset(range(16))
-    assert sets[0] & sets[1], "overlapping shard sets: a dead engine's shards are still served"
+            assert args.shards is None, "engines without --shards join the dealing"
+            settings = Settings.from_env(_env(svc))
+            assert settings.shards == frozenset(range(16))
+            assert settings.shard_replicas == 2
 
 
 def test_engine_ids_are_distinct() -> None:
     ids = [_env(svc).get("DUETIME_ENGINE_ID") for svc in DUETIME.values() if svc["command"][0] == "engine"]
-    assert len(set(ids)) == len(ids) == 2 and None not in ids
+    assert len(set(ids)) == len(ids) == 3 and None not in ids
 
 
 def test_dsns_and_broker_urls_name_services_of_this_file() -> None:
@@ -127,6 +128,26 @@ def test_prometheus_scrapes_every_duetime_process_on_its_port() -> None:
     assert "./deploy/prometheus.yml:" in mounted
 
 
+def test_the_alert_rules_are_loaded_and_watch_the_dealing_with_real_metrics() -> None:
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text(encoding="utf-8"))
+    (pattern,) = config["rule_files"]
+    mounts = dict(v.split(":")[:2] for v in SERVICES["prometheus"]["volumes"])
+    host_dir = next(h for h, c in mounts.items() if pattern.startswith(c + "/"))
+    files = sorted((ROOT / host_dir).glob(pattern.rpartition("/")[2]))
+    assert files, f"no rule file matches {pattern} in {host_dir}"
+    rules = [
+        r for f in files for g in yaml.safe_load(f.read_text(encoding="utf-8"))["groups"] for r in g["rules"]
+    ]
+    by_name = {r["alert"]: r["expr"] for r in rules}
+    assert (
+        "duetime_shard_engines" in by_name["DuetimeShardUnserved"]
+        and "== 0" in by_name["DuetimeShardUnserved"]
+    )
+    assert "duetime_shard_replicas" in by_name["DuetimeShardUnderReplicated"]
+    used = {m for e in by_name.values() for m in re.findall(r"\bduetime_[a-z_]+", e)}
+    assert used <= _metric_names(), f"unknown metrics: {sorted(used - _metric_names())}"
+
+
 def _metric_names() -> set[str]:
     assert (
         duetime.runqueue.metrics and duetime.api.metrics and duetime.runqueue.natsqueue
@@ -153,6 +174,7 @@ def test_the_dashboard_queries_only_metrics_that_exist() -> None:
     # The four things the dashboard is for.
     assert {"duetime_fire_lateness_seconds_bucket", "duetime_nats_pending_runs"} <= used
     assert "duetime_completions_total" in used and "duetime_api_requests_total" in used
+    assert "duetime_shard_engines" in used, "the dealing: engines per shard"
     provisioned = yaml.safe_load(
         (ROOT / "deploy/grafana/provisioning/dashboards/duetime.yml").read_text(encoding="utf-8")
     )
