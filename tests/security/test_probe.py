@@ -7,6 +7,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -391,3 +392,56 @@ async def test_stored_bytes_per_owner_are_capped_with_409(pg_dsn: str, api: Node
             assert body["error"]["code"] == "job_bytes_limit_reached", body
             break
     assert statuses[-1] == 409 and 2 <= statuses.count(201) <= 6, statuses
+
+
+async def test_a_stored_job_whose_topic_became_forbidden_fails_unpublished_with_the_reason(
+    own_db: str, tmp_path: Any
+) -> None:
+    """Registered before the operator turned on owner_prefix: the worker asks again at publish."""
+    import nats
+
+    from duetime.core.model import Broker, JobSpec, OneOffSchedule, QueueTarget
+
+    nats_url = "nats://127.0.0.1:4222"
+    store = await PostgresStore.open(ShardMap.single(own_db), pool_size=1)
+    try:
+        owner = f"tenant-{uuid.uuid4().hex[:6]}"
+        api_key = (await store.create_api_key(owner))[0]
+        topic = f"someone-else.{uuid.uuid4().hex[:6]}"
+        spec = JobSpec(
+            target=QueueTarget(broker=Broker.NATS, topic=topic),
+            schedule=OneOffSchedule(run_at=datetime.now(UTC)),
+        )
+        job, _ = await store.create_job(owner, spec)  # the store does not judge topics: the API did
+    finally:
+        await store.close()
+    nc = await nats.connect(nats_url)
+    seen: list[Any] = []
+
+    async def record(msg: Any) -> None:
+        seen.append(msg)
+
+    await nc.subscribe(topic, cb=record)
+    log = tmp_path / "run.log"
+    log.touch()
+    env = node_env(own_db, DUETIME_TOPIC_POLICY="owner_prefix", DUETIME_NATS_URL=nats_url)
+    proc = NodeProc(env, "run", log)
+    try:
+        await proc.ready()
+        runs: list[Any] = []
+        for _ in range(200):
+            status, _, page = await _call(proc, api_key, "GET", f"/v1/jobs/{job.id}/runs")
+            runs = page["items"] if status == 200 else []
+            if runs:
+                break
+            await asyncio.sleep(0.1)
+        assert len(runs) == 1, runs
+        assert runs[0]["outcome"] == "failed"
+        assert runs[0]["error"].startswith("topic_not_allowed:") and f"{owner}." in runs[0]["error"]
+        status, _, final = await _call(proc, api_key, "GET", f"/v1/jobs/{job.id}")
+        assert final["state"] == "dead", final  # refused for good: no retry
+        await nc.flush()
+        assert seen == []
+    finally:
+        await proc.stop()
+        await nc.close()
