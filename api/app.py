@@ -119,8 +119,6 @@ def _make_middleware(
             creating = False
             _check_declared_length(request)
             _check_duplicates(request)
-            if request.can_read_body:
-                await _read_body(request, body_timeout_s)
             if authenticated:
                 owner = await keys.owner_for(bearer_key(request.headers.get("Authorization")))
                 request[OWNER] = owner
@@ -131,6 +129,9 @@ def _make_middleware(
                     await cap.check(owner)
                 if creating and byte_cap is not None:
                     await byte_cap.check(owner)
+            if request.can_read_body:
+                # After auth and the owner limits: a client without a key costs no body read.
+                await _read_body(request, body_timeout_s)
             response = await handler(request)
             if creating and response.status == 201:
                 if cap is not None:
