@@ -21,15 +21,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from duetime.core import codec
-from duetime.engine import entries
+from duetime.core.misfire import FireNow, SkipTo, decide
+from duetime.core.runpath import Claim, Leased, Skip
 from duetime.engine.clock import Clock, SystemClock
-from duetime.engine.misfire import FireNow, SkipTo, decide
 from duetime.engine.wheel import TimerWheel, WheelDriver
-from duetime.runqueue import metrics
+from duetime.runqueue import metrics, wire
 from duetime.runqueue.inprocess import RunQueue
 from duetime.runqueue.leases import LeaseKeeper
-from duetime.storage.ports import ClaimedRow, DueListener, FenceRequest, Lease, MissedSkip, RunStore
+from duetime.storage.ports import DueListener, RunStore
 
 log = logging.getLogger("duetime.engine")
 
@@ -124,7 +123,7 @@ class Engine:
             metrics.RETAKEN.inc(len(retaken))
             log.info("engine %s took back %d claimed runs", cfg.engine_id, len(retaken))
             ours = [r for r in retaken if r.shard in self.serving]
-            others = [Lease(r.job_id, r.shard, r.lease_token) for r in retaken if r.shard not in self.serving]
+            others = [r for r in retaken if r.shard not in self.serving]
             if others:  # claims of shards dealt to other engines now: theirs to claim
                 metrics.RELEASED.inc(await self._release(others))
             await self._admit(ours)
@@ -192,15 +191,15 @@ class Engine:
         kept: list[bytes] = []
         gone: list[bytes] = []
         for entry in self.wheel.drain():
-            (gone if entries.unpack(entry).shard in lost else kept).append(entry)
+            (gone if wire.entry_shard(entry) in lost else kept).append(entry)
         if kept:
             self._driver.insert_many(kept)
         for lane in list(self._lanes):
             q = self._lanes[lane]
-            if not any(entries.unpack(e).shard in lost for e in q):
+            if not any(wire.entry_shard(e) in lost for e in q):
                 continue
-            stay = deque(e for e in q if entries.unpack(e).shard not in lost)
-            gone.extend(e for e in q if entries.unpack(e).shard in lost)
+            stay = deque(e for e in q if wire.entry_shard(e) not in lost)
+            gone.extend(e for e in q if wire.entry_shard(e) in lost)
             self._fired_count -= len(q) - len(stay)
             if stay:
                 self._lanes[lane] = stay
@@ -210,9 +209,7 @@ class Engine:
         metrics.WHEEL_SIZE.set(len(self.wheel))
         released = 0
         if gone:
-            released = await self._release(
-                [Lease(e.job_id, e.shard, e.lease_token) for e in map(entries.unpack, gone)]
-            )
+            released = await self._release([wire.unpack_entry(e) for e in gone])
             metrics.RELEASED.inc(released)
         log.info(
             "engine %s handed over shards %s: gave back %d unfired claims",
@@ -221,7 +218,7 @@ class Engine:
             released,
         )
 
-    async def _release(self, items: Sequence[Lease]) -> int:
+    async def _release(self, items: Sequence[Leased]) -> int:
         released = 0
         for i in range(0, len(items), 1000):
             released += await asyncio.shield(self._store.release_claims(items[i : i + 1000]))
@@ -275,9 +272,7 @@ class Engine:
         self._fired_count = 0
         metrics.WHEEL_SIZE.set(0)
         if waiting:
-            released = await self._release(
-                [Lease(e.job_id, e.shard, e.lease_token) for e in map(entries.unpack, waiting)]
-            )
+            released = await self._release([wire.unpack_entry(e) for e in waiting])
             metrics.RELEASED.inc(released)
             log.info("engine %s released %d unfired claims", self.config.engine_id, released)
 
@@ -353,14 +348,14 @@ class Engine:
         rate = self.fence_progress / self.fence_time_s if self.fence_time_s > 0 else 2000.0
         return min(held / max(rate, 1.0), 3 * self.config.lease_s)
 
-    async def _admit(self, rows: Sequence[ClaimedRow]) -> None:
+    async def _admit(self, rows: Sequence[Claim]) -> None:
         """Claimed rows into the wheel; overdue ones first through the misfire policy."""
         batch: list[bytes] = []
-        skips: list[MissedSkip] = []
+        skips: list[Skip] = []
         for row in rows:
-            scheduled_for, due_ms = row.scheduled_for, entries.to_ms(row.due_at)
+            scheduled_for, due_ms = row.scheduled_for, wire.to_ms(row.due_at)
             if row.misfire_spec is not None:
-                spec = codec.spec_from_json(row.misfire_spec)
+                spec = row.misfire_spec
                 decision = decide(
                     spec,
                     row.scheduled_for,
@@ -372,7 +367,7 @@ class Engine:
                 if isinstance(decision, SkipTo):
                     metrics.SKIPPED.inc(len(decision.skipped) + decision.unrecorded)
                     skips.append(
-                        MissedSkip(
+                        Skip(
                             row.job_id,
                             row.shard,
                             row.lease_token,
@@ -383,15 +378,15 @@ class Engine:
                     continue
                 assert isinstance(decision, FireNow)
                 scheduled_for = decision.scheduled_for
-                due_ms = entries.to_ms(row.db_now)
+                due_ms = wire.to_ms(row.db_now)
             batch.append(
-                entries.pack(
+                wire.pack_entry(
                     due_ms,
                     row.job_id,
                     row.lease_token,
                     scheduled_for,
                     row.shard,
-                    entries.owner_lane(row.owner),
+                    wire.owner_lane(row.owner),
                 )
             )
         if batch:
@@ -407,7 +402,8 @@ class Engine:
     def _on_fire(self, fired: list[bytes]) -> None:
         now_ms = self._clock.now_ms()
         observe = metrics.FIRE_LATENESS.observe
-        late = [now_ms - int.from_bytes(entry[:8], "big", signed=True) for entry in fired]
+        due_ms = wire.entry_due_ms
+        late = [now_ms - due_ms(entry) for entry in fired]
         for ms in late:
             observe(max(ms, 0) / 1000.0)
         if self.lateness_probe is not None:
@@ -418,9 +414,9 @@ class Engine:
         self._fire_event.set()
 
     def _queue_fired(self, fired: Sequence[bytes], *, front: bool = False) -> None:
-        lanes, ring = self._lanes, self._ring
+        lanes, ring, lane_of = self._lanes, self._ring, wire.entry_lane
         for entry in reversed(fired) if front else fired:
-            lane = entries.lane_of(entry)
+            lane = lane_of(entry)
             q = lanes.get(lane)
             if q is None:
                 q = lanes[lane] = deque()
@@ -466,13 +462,10 @@ class Engine:
             if self._stopping.is_set():
                 return  # what is left is released by stop()
             raw = self._take_fair(cfg.fence_batch)
-            batch = [entries.unpack(e) for e in raw]
+            batch = [wire.unpack_entry(e) for e in raw]
             started = time.perf_counter()
             try:
-                fenced = await self._store.fence_runs(
-                    [FenceRequest(e.job_id, e.shard, e.lease_token, e.scheduled_for) for e in batch],
-                    lease_s=cfg.lease_s,
-                )
+                fenced = await self._store.fence_runs(batch, lease_s=cfg.lease_s)
             except Exception:
                 log.exception("fence failed; the batch will be retried")
                 self._queue_fired(raw, front=True)
@@ -485,7 +478,7 @@ class Engine:
             metrics.FENCED.inc(len(fenced))
             metrics.FENCE_REJECTED.inc(len(batch) - len(fenced))
             for run in fenced:
-                self._keeper.track(run.job_id, run.shard, run.lease_token)
+                self._keeper.track(run)
                 await self._queue.put(run)
 
     # ------------------------------------------------------------------ janitor

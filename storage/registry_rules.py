@@ -1,6 +1,7 @@
 """Rules every implementation of the ``Registry`` port applies the same way (PostgreSQL and the
-in-memory store): how an API key is stored, what a page cursor is, and which owner action a job's
-state allows, with what the refusal says. One copy, so the stores cannot answer differently.
+in-memory store): how an API key is stored and what a page cursor is. One copy, so the stores
+cannot answer differently. (Which owner action a job's state allows, and what a refusal says, is
+the core's owner table: ``core.states.owner_move``.)
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ import hashlib
 import uuid
 
 from duetime.core.errors import Conflict, InvalidRequest
-from duetime.core.lifecycle import OWNER_TRANSITIONS
-from duetime.core.model import JobState
+from duetime.core.lifecycle import RowPlan
 
 #: The cursor of a first page of jobs (ids are listed in ascending order, after the cursor).
 FIRST_JOB = uuid.UUID(int=0)
@@ -54,22 +54,6 @@ def run_cursor(cursor: str | None) -> int:
     return before
 
 
-def require(action: str, state: JobState) -> None:
-    """Conflict unless ``core.lifecycle.OWNER_TRANSITIONS`` allows ``action`` from ``state``."""
-    if state not in OWNER_TRANSITIONS[action]:
-        raise Conflict(
-            f"cannot {action} a job that is {state.value}"
-            + {
-                "completed": "; a completed job stays completed, create a new one",
-                "cancelled": "; a cancelled job stays cancelled, create a new one",
-                "dead": "; replay it first (POST /v1/jobs/{id}/replay)",
-                "paused": "; resume it first (POST /v1/jobs/{id}/resume)",
-                "scheduled": "",
-            }[state.value],
-            code=f"job_{state.value}",
-        )
-
-
 def check_pending_triggers(waiting: int, max_pending: int) -> None:
     """Refuse one more queued trigger when ``max_pending`` (> 0) already wait: each is a call of
     someone's URL later, so an owner may not queue them without bound (409 too_many_triggers)."""
@@ -79,3 +63,10 @@ def check_pending_triggers(waiting: int, max_pending: int) -> None:
             f"per job ({max_pending}, DUETIME_MAX_PENDING_TRIGGERS); wait for them to run",
             code="too_many_triggers",
         )
+
+
+def check_trigger_step(before: RowPlan, after: RowPlan, max_pending: int) -> None:
+    """The trigger cap, judged on what the owner table made of a trigger: only a trigger that
+    queues (a run of the job is already under way) counts against it."""
+    if len(after.pending_triggers) > len(before.pending_triggers):
+        check_pending_triggers(len(before.pending_triggers), max_pending)

@@ -23,8 +23,19 @@ import pytest
 from duetime.storage.migrate import migrate
 
 # What a test needs, read from the fixtures it uses (transitively) and the folder it is in.
-FIXTURE_MARKS = {"pg_dsn": "pg", "pg_dsn_pair": "pg", "redis": "redis"}
-FOLDER_MARKS = {"cluster": ("processes", "nats"), "faults": ("processes",)}
+# The fixtures that make databases (here and in the folders' conftests and modules) mean PostgreSQL.
+PG_FIXTURES = (
+    "pg_dsn",
+    "pg_dsn_pair",
+    "fault_db",
+    "own_db",
+    "second_pg",
+    "fresh_dsns",
+    "empty_databases",
+    "dsn",
+)
+FIXTURE_MARKS = {**dict.fromkeys(PG_FIXTURES, "pg"), "redis": "redis"}
+FOLDER_MARKS = {"cluster": ("processes", "nats", "pg"), "faults": ("processes", "pg")}
 DEFAULT_TIMEOUT_S = 120  # pyproject.toml, [tool.pytest.ini_options] timeout
 TESTS = Path(__file__).resolve().parent
 

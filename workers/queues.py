@@ -27,8 +27,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from duetime.core import signing
-from duetime.core.delivery import Delivery, Verdict
 from duetime.core.model import Broker, Outcome, QueueTarget
+from duetime.core.runpath import Delivery, Verdict
 from duetime.core.topics import TopicPolicy
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,14 @@ def redis_fields(d: Delivery, body: bytes) -> dict[str, bytes | str]:
         FIELD_ATTEMPT: headers[signing.ATTEMPT],
         FIELD_FENCING_TOKEN: headers[signing.FENCING_TOKEN],
     }
+
+
+def _redis_key(d: Delivery) -> str:
+    """The stream a delivery to a Redis target goes to."""
+    target = d.target
+    if not isinstance(target, QueueTarget) or target.broker is not Broker.REDIS:
+        raise ValueError("a delivery on the Redis batch path must have a Redis stream target")
+    return target.topic
 
 
 def _failed(error: str, *, retryable: bool) -> Verdict:
@@ -348,19 +356,23 @@ class QueuePublisher:
             return self._redis_verdict(key, exc)
         return PUBLISHED
 
-    async def publish_redis_many(self, items: list[tuple[Delivery, str, bytes]]) -> list[Verdict]:
-        """(delivery, stream key, body) → one verdict each, in order: the batch path of workers
-        for Redis targets (one batcher call for many runs, no coroutine per run)."""
+    async def publish_redis_many(self, ds: list[Delivery]) -> list[Verdict]:
+        """One verdict per delivery to a Redis stream, in order: the batch path of workers for Redis
+        targets (one batcher call for many runs, no coroutine per run)."""
         if self._redis_url is None:
-            return [_failed("broker not configured (set DUETIME_REDIS_URL)", retryable=False)] * len(items)
+            return [_failed("broker not configured (set DUETIME_REDIS_URL)", retryable=False)] * len(ds)
+        keys = [_redis_key(d) for d in ds]
         verdicts: list[Verdict | None] = [
-            self.refused(d, QueueTarget(broker=Broker.REDIS, topic=k)) for d, k, _ in items
+            self.refused(d, QueueTarget(broker=Broker.REDIS, topic=k)) for d, k in zip(ds, keys, strict=True)
         ]
-        allowed = [item for item, v in zip(items, verdicts, strict=True) if v is None]
-        sent = [(k, redis_fields(d, b)) for d, k, b in allowed]
+        sent = [
+            (k, redis_fields(d, signing.encode_body(d.payload)))
+            for d, k, v in zip(ds, keys, verdicts, strict=True)
+            if v is None
+        ]
         replies = iter(await self._redis_pipeline().xadd_many(sent) if sent else [])
         out: list[Verdict] = []
-        for (_, key, _), refused in zip(items, verdicts, strict=True):
+        for key, refused in zip(keys, verdicts, strict=True):
             if refused is not None:
                 out.append(refused)
                 continue

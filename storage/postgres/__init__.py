@@ -15,8 +15,7 @@
 Their SQL lives in ``storage/sql/<concept>.sql``.
 """
 
-# The run-path records now live in storage.ports; re-exported here for importers of the old place.
-from duetime.storage.ports import AttemptReport, ClaimedRow, CompletionStats, FencedRow, MissedSkip
+from duetime.storage.ports import CompletionStats
 from duetime.storage.postgres.completion import _locked_spec
 from duetime.storage.postgres.hints import NOTIFY_CHANNEL
 from duetime.storage.postgres.rows import job_from_row
@@ -25,11 +24,7 @@ from duetime.storage.postgres.store import PostgresStore
 
 __all__ = [
     "NOTIFY_CHANNEL",
-    "AttemptReport",
-    "ClaimedRow",
     "CompletionStats",
-    "FencedRow",
-    "MissedSkip",
     "PostgresStore",
     "ShardMoveReport",
     "_locked_spec",

@@ -8,13 +8,14 @@ are the only state the parts share.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Protocol, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import asyncpg
 
@@ -46,12 +47,27 @@ async def retried(op: Callable[[], Awaitable[T]], *, tries: int = CONTENTION_TRI
     for attempt in range(1, tries + 1):
         try:
             return await op()
-        except asyncpg.PostgresError as exc:
-            if not is_contention(exc) or attempt == tries:
+        except (asyncpg.PostgresError, Contended) as exc:
+            # Contended is the same failure after ``translated`` saw it inside ``op``.
+            if not (isinstance(exc, Contended) or is_contention(exc)) or attempt == tries:
                 raise
             log.debug("retrying after %s (attempt %d of %d)", type(exc).__name__, attempt, tries)
             await asyncio.sleep(random.uniform(0.0, 0.005 * 2**attempt))
     raise AssertionError("unreachable")
+
+
+P = ParamSpec("P")
+
+
+def contention_retried(method: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """An owner action, run again whole when PostgreSQL gave it up as a deadlock (``retried``):
+    the action opens its own transaction and computes everything from the row it locks."""
+
+    @functools.wraps(method)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        return await retried(lambda: method(*args, **kwargs))
+
+    return wrapper
 
 
 def utcnow() -> datetime:

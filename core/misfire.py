@@ -1,12 +1,20 @@
-"""What to do with an occurrence claimed later than its grace. Pure: time is an argument.
+"""Missed occurrences: which claimed row is missed, and what its job's policy does with it. Pure.
 
 Applied at claim time, so the same rule covers an outage, a paused job that was resumed, and an
-engine that fell behind. Only a run's first attempt of a regular occurrence is judged; retries and
-manual triggers are never "missed".
+engine that fell behind. Only the first attempt of a regular occurrence is judged; retries, manual
+triggers and occurrence rows (overlap=allow, backfill: occurrences that already came due) are
+never "missed".
+
+The rule "is this row missed" is ``missed`` below. The claim statements must apply it in the
+database, where the rows are (``claim_due`` and ``retake_claims`` return the spec only of missed
+rows), so they carry ``MISSED_SQL``, its SQL spelling, verbatim; tests/unit/test_lifecycle.py
+checks that both statements carry exactly this text, and tests/integration/test_storage.py that
+the database and ``missed`` agree row by row.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -14,6 +22,31 @@ from duetime.core.model import CronSchedule, JobSpec, Misfire
 from duetime.core.schedule import count_between, latest_at_or_before, next_occurrence
 
 _TINY = timedelta(microseconds=1)
+
+MISSED_SQL = (
+    "j.run_kind = 'scheduled' AND j.attempt = 0 AND j.parent_id IS NULL\n"
+    "AND j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)"
+)
+"""``missed`` in SQL, over a row ``j`` of ``jobs`` at the database's ``now()``."""
+
+
+def missed(
+    *,
+    run_kind: str,
+    attempt: int,
+    parent_id: uuid.UUID | None,
+    next_run_at: datetime,
+    grace_s: int,
+    now: datetime,
+) -> bool:
+    """Whether a row claimed at ``now`` is missed: the first attempt of a regular occurrence of
+    the job's own row, due longer than the job's grace ago."""
+    return (
+        run_kind == "scheduled"
+        and attempt == 0
+        and parent_id is None
+        and next_run_at < now - timedelta(seconds=grace_s)
+    )
 
 
 @dataclass(frozen=True, slots=True)

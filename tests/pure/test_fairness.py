@@ -6,17 +6,17 @@ import asyncio
 import uuid
 from datetime import UTC, datetime
 
-from duetime.engine import entries
+from duetime.core.runpath import FencedRun, RunSpec
+from duetime.runqueue import wire
 from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.memory import MemoryStore
-from duetime.storage.ports import FencedRow
 
 T = datetime(2026, 12, 1, tzinfo=UTC)
 
 
-def run(owner: str) -> FencedRow:
-    return FencedRow(
+def run(owner: str) -> FencedRun:
+    return FencedRun(
         job_id=uuid.uuid4(),
         shard=0,
         owner=owner,
@@ -24,8 +24,7 @@ def run(owner: str) -> FencedRow:
         scheduled_for=T,
         due_at=T,
         attempt=1,
-        spec={},
-        spec_version=1,
+        spec=RunSpec("{}", 1),
         run_kind="scheduled",
     )
 
@@ -68,11 +67,11 @@ async def test_a_waiting_getter_is_woken_by_a_put() -> None:
 
 def test_entries_carry_the_owner_lane() -> None:
     jid = uuid.uuid4()
-    e = entries.pack(123, jid, 7, T, 3, entries.owner_lane("alice"))
-    u = entries.unpack(e)
+    e = wire.pack_entry(123, jid, 7, T, 3, wire.owner_lane("alice"))
+    u = wire.unpack_entry(e)
     assert (u.due_ms, u.job_id, u.lease_token, u.scheduled_for, u.shard) == (123, jid, 7, T, 3)
-    assert u.lane == entries.lane_of(e) == entries.owner_lane("alice")
-    assert entries.owner_lane("alice") != entries.owner_lane("bob")
+    assert u.lane == wire.entry_lane(e) == wire.owner_lane("alice")
+    assert wire.owner_lane("alice") != wire.owner_lane("bob")
 
 
 async def test_the_fencer_takes_fired_entries_in_owner_turns() -> None:
@@ -82,14 +81,14 @@ async def test_the_fencer_takes_fired_entries_in_owner_turns() -> None:
     store = MemoryStore()
     keeper = LeaseKeeper(store, lease_s=30, heartbeat_s=10)
     engine = Engine(store, InProcessRunQueue(), keeper, EngineConfig(engine_id="t"), clock=FakeClock(0))
-    lane_a, lane_b = entries.owner_lane("a"), entries.owner_lane("b")
-    fired = [entries.pack(0, uuid.uuid4(), 1, T, 0, lane_a) for _ in range(10_000)]
-    fired += [entries.pack(0, uuid.uuid4(), 1, T, 0, lane_b) for _ in range(300)]
+    lane_a, lane_b = wire.owner_lane("a"), wire.owner_lane("b")
+    fired = [wire.pack_entry(0, uuid.uuid4(), 1, T, 0, lane_a) for _ in range(10_000)]
+    fired += [wire.pack_entry(0, uuid.uuid4(), 1, T, 0, lane_b) for _ in range(300)]
     engine._queue_fired(fired)
     first = engine._take_fair(500)
-    lanes = [entries.lane_of(e) for e in first]
+    lanes = [wire.entry_lane(e) for e in first]
     assert lanes.count(lane_b) == 250 and lanes.count(lane_a) == 250
     second = engine._take_fair(500)
-    assert [entries.lane_of(e) for e in second].count(lane_b) == 50  # the rest of B's, then A's
+    assert [wire.entry_lane(e) for e in second].count(lane_b) == 50  # the rest of B's, then A's
     assert engine._take_fair(10**6)[-1] == fired[9_999]  # FIFO within a lane, nothing lost
     assert engine._fired_count == 0

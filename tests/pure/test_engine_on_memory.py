@@ -11,11 +11,11 @@ from datetime import UTC, datetime, timedelta
 
 from duetime.core.ids import shard_of
 from duetime.core.model import JobSpec, JobState, OneOffSchedule, Outcome, WebhookTarget
+from duetime.core.runpath import AttemptReport, Verdict
 from duetime.engine.service import Engine, EngineConfig
 from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.memory import MemoryStore
-from duetime.storage.ports import AttemptReport
 
 OWNER = "alice"
 
@@ -40,18 +40,7 @@ async def test_a_due_job_reaches_the_run_queue_once_and_its_outcome_finishes_it(
         assert datetime.now(UTC) >= run.due_at, "fired at its due time, not before"
         started = finished = datetime.now(UTC)
         report = AttemptReport(
-            job_id=run.job_id,
-            shard=run.shard,
-            lease_token=run.lease_token,
-            spec_version=run.spec_version,
-            attempt=run.attempt,
-            scheduled_for=run.scheduled_for,
-            due_at=run.due_at,
-            started_at=started,
-            finished_at=finished,
-            outcome=Outcome.SUCCEEDED,
-            retryable=False,
-            status_code=200,
+            run, Verdict(Outcome.SUCCEEDED, False, 200), started_at=started, finished_at=finished
         )
         assert (await store.complete_runs([report])).applied == 1
         assert (await store.complete_runs([replace(report, finished_at=finished)])).stale == 1

@@ -1,8 +1,8 @@
 """Schemathesis against a live API server on the real database: no 5xx, answers match the schema.
 
-Run alone with ``.venv/bin/pytest tests/integration/test_api_fuzz.py`` (or ``-k fuzz``). Scale it
+Run alone with ``.venv/bin/pytest tests/database/test_api_fuzz.py`` (or ``-k fuzz``). Scale it
 up with ``DUETIME_FUZZ_EXAMPLES`` (examples per operation, default 300):
-``DUETIME_FUZZ_EXAMPLES=3000 .venv/bin/pytest tests/integration/test_api_fuzz.py --timeout=0 -s``
+``DUETIME_FUZZ_EXAMPLES=3000 .venv/bin/pytest tests/database/test_api_fuzz.py --timeout=0 -s``
 makes tens of thousands of requests and prints how many. The server runs in a background thread
 with its own event loop, on a real port, because schemathesis calls it synchronously. The schema
 is our own ``build_openapi`` (the same document /openapi.json serves, which the fixture asserts),

@@ -16,13 +16,12 @@ from datetime import UTC, datetime
 import pytest
 import redis.asyncio as aioredis
 
-from duetime.core import codec, ssrf
-from duetime.core.delivery import Delivery, Verdict
+from duetime.core import ssrf
 from duetime.core.model import Broker, JobSpec, OneOffSchedule, Outcome, QueueTarget, WebhookTarget
+from duetime.core.runpath import AttemptReport, Delivery, FencedRun, RunSpec, Verdict
 from duetime.runqueue.inprocess import InProcessRunQueue
-from duetime.storage.postgres import AttemptReport, FencedRow
-from duetime.workers.dispatch import Dispatcher
-from duetime.workers.pool import WorkerPool, _report
+from duetime.workers.dispatch import BatchResult, Dispatcher
+from duetime.workers.pool import WorkerPool
 from duetime.workers.queues import PUBLISHED
 
 pytestmark = pytest.mark.redis
@@ -128,9 +127,9 @@ async def test_redis_that_never_answers_times_out_every_run_of_the_pipeline() ->
     assert elapsed < 5.0  # 1 s each, all at once: not 3000 / (500 x 4) rounds of 1 s
 
 
-def _fenced(target: QueueTarget | WebhookTarget, n: int, owner: str = "burst") -> FencedRow:
+def _fenced(target: QueueTarget | WebhookTarget, n: int, owner: str = "burst") -> FencedRun:
     spec = JobSpec(target=target, schedule=OneOffSchedule(SCHEDULED_FOR), payload={"n": n})
-    return FencedRow(
+    return FencedRun(
         job_id=uuid.uuid4(),
         shard=0,
         owner=owner,
@@ -138,8 +137,7 @@ def _fenced(target: QueueTarget | WebhookTarget, n: int, owner: str = "burst") -
         scheduled_for=SCHEDULED_FOR,
         due_at=SCHEDULED_FOR,
         attempt=1,
-        spec=codec.spec_to_json(spec),
-        spec_version=1,
+        spec=RunSpec.of(spec),
         run_kind="scheduled",
     )
 
@@ -164,13 +162,13 @@ async def test_workers_send_a_redis_burst_in_batches_one_entry_and_one_report_pe
     await dispatcher.start()
     pool = WorkerPool(None, queue, dispatcher, None, concurrency=8)  # type: ignore[arg-type]
     reports: list[AttemptReport] = []
-    calls: list[FencedRow] = []
+    calls: list[FencedRun] = []
     all_in = asyncio.Event()
 
-    async def call(run: FencedRow) -> AttemptReport:  # the webhook's own call is not the point
+    async def call(run: FencedRun) -> AttemptReport:  # the webhook's own call is not the point
         calls.append(run)
         now = datetime.now(UTC)
-        return _report(run, started_at=now, finished_at=now, outcome=Outcome.SUCCEEDED, retryable=False)
+        return AttemptReport(run, Verdict(Outcome.SUCCEEDED, False), started_at=now, finished_at=now)
 
     def add(report: AttemptReport) -> None:
         reports.append(report)
@@ -213,13 +211,13 @@ class _HeldDispatcher(Dispatcher):
         self.all_busy = asyncio.Event()
         self._workers = workers
 
-    async def deliver_redis_many(self, ds: list[Delivery]) -> tuple[datetime, datetime, list[Verdict]]:
+    async def deliver_redis_many(self, ds: list[Delivery]) -> BatchResult:
         self.sizes.append(len(ds))
         if len(self.sizes) == self._workers or not self.queue.qsize():
             self.all_busy.set()  # every worker holds a batch, or they took everything
         await self.release.wait()
         now = datetime.now(UTC)
-        return now, now, [PUBLISHED] * len(ds)
+        return BatchResult(now, now, [PUBLISHED] * len(ds))
 
 
 async def test_batched_workers_keep_runs_in_flight_within_the_pool_concurrency() -> None:

@@ -599,7 +599,8 @@ async def test_a_forbidden_topic_fails_for_good_without_a_publish(broker: Broker
     try:
         results = [await d.deliver(delivery(QueueTarget(broker=broker, topic=topic)))]
         if broker is Broker.REDIS:
-            _, _, verdicts = await d.deliver_redis_many([delivery(QueueTarget(broker=broker, topic=topic))])
+            batch = await d.deliver_redis_many([delivery(QueueTarget(broker=broker, topic=topic))])
+            verdicts = batch.verdicts
             assert verdicts[0].error is not None and "topic_not_allowed" in verdicts[0].error
         await nc.flush()
         await asyncio.sleep(0.2)

@@ -16,7 +16,10 @@ from duetime.storage.postgres import PostgresStore
 from duetime.storage.postgres.membership import MembershipStore, Registration
 from duetime.storage.shardmap import ShardMap
 from tests.conftest import _create_db, _drop_db
-from tests.integration.test_cli import _env, duetime
+from tests.processes.test_cli import _env, duetime
+
+# Its databases are its own (not pg_dsn) and it runs the command as a process.
+pytestmark = [pytest.mark.pg, pytest.mark.processes]
 
 ALL = frozenset(range(16))
 

@@ -14,10 +14,11 @@ import pytest
 from duetime.core.errors import Conflict, NotFound
 from duetime.core.ids import shard_of
 from duetime.core.model import JobState, Outcome, Overlap
-from duetime.runqueue.natsqueue import decode_run, encode_run
-from duetime.storage.postgres import AttemptReport, ClaimedRow, PostgresStore
+from duetime.core.runpath import AttemptReport, Claim, FencedRun, RunSpec, Verdict
+from duetime.runqueue import wire
+from duetime.storage.postgres import PostgresStore
 from duetime.storage.queries import Q
-from tests.integration.test_storage import ENGINE, claim_all, cron, fence, now, owner, report, store
+from tests.database.test_storage import ENGINE, claim_all, cron, fence, now, owner, report, store
 
 __all__ = ["store"]  # the fixture, used by name below
 
@@ -68,7 +69,8 @@ async def test_a_run_in_flight_hands_its_next_occurrence_to_a_row_of_its_own(sto
     [run] = await fence(store, mine)
     assert run.parent_id == jid and run.public_id == jid
     # a run message carries the parent through the NATS queue too
-    decoded, by = decode_run(encode_run(run, "engine-x"))
+    message = wire.decode_message(wire.encode_message(run, "engine-x"))
+    decoded, by = message.run, message.publisher
     assert decoded.parent_id == jid and decoded.public_id == jid and by == "engine-x"
     await store.complete_runs([report(run, Outcome.SUCCEEDED)])
     assert await _occurrence_rows(store, jid) == []  # done: the row is gone
@@ -132,7 +134,7 @@ async def test_pause_resume_and_cancel_reach_the_occurrence_rows(store: Postgres
     assert await fence(store, claimed) == []
 
 
-async def claim_all_of(store: PostgresStore, parent: uuid.UUID) -> list[ClaimedRow]:
+async def claim_all_of(store: PostgresStore, parent: uuid.UUID) -> list[Claim]:
     children = {r["job_id"] for r in await _occurrence_rows(store, parent)}
     rows = await store.claim_due(shard_of(parent), ENGINE, lookahead_s=60, lease_s=30, limit=500)
     return [r for r in rows if r.job_id in children]
@@ -207,17 +209,20 @@ async def test_a_finished_run_of_a_busy_job_goes_on_after_what_was_handed_out(st
     await store.complete_runs(
         [
             AttemptReport(
-                job_id=jid,
-                shard=shard_of(jid),
-                lease_token=token,
-                spec_version=1,
-                attempt=1,
-                scheduled_for=running_for,
-                due_at=running_for,
+                FencedRun(
+                    job_id=jid,
+                    shard=shard_of(jid),
+                    owner=o,
+                    lease_token=token,
+                    scheduled_for=running_for,
+                    due_at=running_for,
+                    attempt=1,
+                    spec=RunSpec("", 1),  # no fence's text: the completion reads the row's
+                    run_kind="scheduled",
+                ),
+                Verdict(Outcome.SUCCEEDED, False),
                 started_at=t,
                 finished_at=t,
-                outcome=Outcome.SUCCEEDED,
-                retryable=False,
             )
         ]
     )

@@ -8,27 +8,25 @@ from datetime import UTC, datetime
 
 from duetime.core import codec
 from duetime.core.model import Broker, JobSpec, OneOffSchedule, Outcome, QueueTarget, RetryPolicy
-from duetime.storage.postgres import AttemptReport, _locked_spec
+from duetime.core.runpath import AttemptReport, FencedRun, RunSpec, Verdict
+from duetime.storage.postgres import _locked_spec
 
 AT = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def _report(spec: JobSpec, text: str) -> AttemptReport:
-    return AttemptReport(
+    run = FencedRun(
         job_id=uuid.uuid4(),
         shard=0,
+        owner="o",
         lease_token=1,
-        spec_version=1,
-        attempt=1,
         scheduled_for=AT,
         due_at=AT,
-        started_at=AT,
-        finished_at=AT,
-        outcome=Outcome.FAILED,
-        retryable=True,
-        spec=spec,
-        spec_text=text,
+        attempt=1,
+        spec=RunSpec(text, 1, spec),  # the fence's text, and the spec the worker parsed from it
+        run_kind="scheduled",
     )
+    return AttemptReport(run, Verdict(Outcome.FAILED, True), started_at=AT, finished_at=AT)
 
 
 def _spec(attempts: int) -> JobSpec:

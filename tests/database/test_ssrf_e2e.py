@@ -11,7 +11,7 @@
   registration but now resolves to loopback is refused at call time, and a name whose answer
   changes right after the call-time check is connected to the address that was checked.
 
-The unit catalogue (tests/unit/test_ssrf.py) judges more spellings without the network.
+The unit catalogue (tests/pure/test_ssrf.py) judges more spellings without the network.
 """
 
 from __future__ import annotations

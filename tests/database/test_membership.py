@@ -27,6 +27,9 @@ from duetime.storage.postgres.membership import MembershipStore, Registration
 from duetime.storage.shardmap import ShardMap
 from tests.conftest import ADMIN_DSN
 
+# Its databases are its own (not pg_dsn), so it says what it needs itself.
+pytestmark = pytest.mark.pg
+
 ALL = frozenset(range(SHARDS))
 
 

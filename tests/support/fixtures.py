@@ -1,11 +1,19 @@
+"""Fixtures the test folders share (imported by tests/database/conftest.py and
+tests/processes/conftest.py): a loopback receiver, an in-process node on the run's database and an
+owner on it, and ``own_db``, a fresh database for a test that runs an engine: an engine claims
+every due row in its database, and must never fire another test's jobs (some name public
+addresses)."""
+
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 
 from duetime.app import Node
+from tests.conftest import _create_db, _drop_db
 from tests.support.node import Owner, fast_settings
 from tests.support.receiver import Receiver
 
@@ -37,3 +45,11 @@ async def owner(node: Node) -> AsyncIterator[Owner]:
         o = Owner(name, key, secret, http, node.url)
         yield o
         await o.cancel_all()
+
+
+@pytest.fixture
+async def own_db(run_tag: str) -> AsyncIterator[str]:
+    name = f"duetime_test_{run_tag}_s{secrets.token_hex(3)}"
+    dsn = await _create_db(name)
+    yield dsn
+    await _drop_db(name)

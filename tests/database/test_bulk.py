@@ -25,10 +25,10 @@ from duetime.core.model import (
     RetryPolicy,
     WebhookTarget,
 )
+from duetime.core.runpath import AttemptReport, Claim, Verdict
 from duetime.storage.bulk import BulkJob, analyze_jobs, outcome_counts, seed_jobs, table_writes
 from duetime.storage.migrate import migrate
-from duetime.storage.ports import FenceRequest, Lease
-from duetime.storage.postgres import AttemptReport, ClaimedRow, PostgresStore, job_from_row
+from duetime.storage.postgres import PostgresStore, job_from_row
 from duetime.storage.queries import Q
 from duetime.storage.shardmap import ShardMap
 from tests.conftest import ADMIN_DSN
@@ -121,8 +121,8 @@ async def test_seed_jobs_follows_the_shard_map(fresh_dsns: list[str]) -> None:
     assert none == []
 
 
-async def _claim_everything(store: PostgresStore) -> list[ClaimedRow]:
-    claimed: list[ClaimedRow] = []
+async def _claim_everything(store: PostgresStore) -> list[Claim]:
+    claimed: list[Claim] = []
     for shard in range(16):
         while True:
             rows = await store.claim_due(shard, ENGINE, lookahead_s=60, lease_s=60, limit=500)
@@ -178,9 +178,7 @@ async def test_a_burst_keeps_fences_heartbeats_and_releases_on_the_primary_key(f
         finally:
             await conn.close()
         # and the statements still do their work
-        fenced = await store.fence_runs(
-            [FenceRequest(r.job_id, r.shard, r.lease_token, r.scheduled_for) for r in batch], lease_s=30
-        )
+        fenced = await store.fence_runs(batch, lease_s=30)
         assert len(fenced) == 500
         # The NATS run path's take and an engine's heartbeat of what it published, on running rows
         # its holder has: by primary key too, not by the holder index (which the same statistics
@@ -196,10 +194,7 @@ async def test_a_burst_keeps_fences_heartbeats_and_releases_on_the_primary_key(f
             )
         finally:
             await conn.close()
-        assert (
-            await store.release_claims([Lease(r.job_id, r.shard, r.lease_token) for r in claimed[500:]])
-            == 3500
-        )
+        assert await store.release_claims(claimed[500:]) == 3500
     finally:
         await store.close()
     for name, plan in plans.items():
@@ -218,24 +213,18 @@ async def test_table_writes_and_outcomes_count_a_run(fresh_dsns: list[str]) -> N
     store = await PostgresStore.open(ShardMap.single(dsn), pool_size=2)
     try:
         claimed = await _claim_everything(store)
-        fenced = await store.fence_runs(
-            [FenceRequest(r.job_id, r.shard, r.lease_token, r.scheduled_for) for r in claimed], lease_s=30
-        )
+        fenced = await store.fence_runs(claimed, lease_s=30)
         now = datetime.now(UTC)
         reports = [
             AttemptReport(
-                job_id=f.job_id,
-                shard=f.shard,
-                lease_token=f.lease_token,
-                spec_version=f.spec_version,
-                attempt=f.attempt,
-                scheduled_for=f.scheduled_for,
-                due_at=f.due_at,
+                f,
+                Verdict(
+                    Outcome.SUCCEEDED if i % 2 else Outcome.FAILED,
+                    False,
+                    error=None if i % 2 else "HTTP 500",
+                ),
                 started_at=now,
                 finished_at=now,
-                outcome=Outcome.SUCCEEDED if i % 2 else Outcome.FAILED,
-                retryable=False,
-                error=None if i % 2 else "HTTP 500",
             )
             for i, f in enumerate(fenced)
         ]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from duetime.engine import entries
 from duetime.engine.clock import FakeClock
 from duetime.engine.service import Engine, EngineConfig
+from duetime.runqueue import wire
 from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.memory import MemoryStore
@@ -20,7 +20,7 @@ def _engine(held: int) -> Engine:
     store = MemoryStore()
     keeper = LeaseKeeper(store, lease_s=30, heartbeat_s=10)
     engine = Engine(store, InProcessRunQueue(), keeper, config, clock=FakeClock(0))
-    engine._queue_fired([entries.pack(0, uuid.uuid4(), 1, T, 0) for _ in range(held)])
+    engine._queue_fired([wire.pack_entry(0, uuid.uuid4(), 1, T, 0) for _ in range(held)])
     return engine
 
 

@@ -10,13 +10,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from duetime.core import codec
-from duetime.core.delivery import Delivery
 from duetime.core.model import JobSpec, OneOffSchedule, Outcome, WebhookTarget
+from duetime.core.runpath import Delivery, FencedRun, RunSpec
 from duetime.core.ssrf import AddressPolicy
 from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.runqueue.leases import LeaseKeeper
-from duetime.storage.postgres import FencedRow, PostgresStore
+from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from duetime.workers.dispatch import CallResult, Dispatcher
 from duetime.workers.pool import WorkerPool
@@ -44,7 +43,7 @@ async def test_a_hung_call_is_recorded_as_timed_out_by_the_watchdog(store: Postg
     spec = JobSpec(
         target=WebhookTarget(url="https://example.com/h", timeout_s=1), schedule=OneOffSchedule(now)
     )
-    run = FencedRow(
+    run = FencedRun(
         job_id=uuid.uuid4(),
         shard=0,
         owner=owner,
@@ -52,8 +51,7 @@ async def test_a_hung_call_is_recorded_as_timed_out_by_the_watchdog(store: Postg
         scheduled_for=now,
         due_at=now,
         attempt=1,
-        spec=codec.spec_to_json(spec),
-        spec_version=1,
+        spec=RunSpec.of(spec),
         run_kind="scheduled",
     )
     pool = WorkerPool(

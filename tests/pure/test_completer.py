@@ -8,26 +8,26 @@ import uuid
 from datetime import UTC, datetime
 
 from duetime.core.model import Outcome
-from duetime.storage.postgres import AttemptReport, CompletionStats
+from duetime.core.runpath import AttemptReport, FencedRun, RunSpec, Verdict
+from duetime.storage.postgres import CompletionStats
 from duetime.workers.pool import Completer
 
 AT = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def _report() -> AttemptReport:
-    return AttemptReport(
+    run = FencedRun(
         job_id=uuid.uuid4(),
         shard=0,
+        owner="o",
         lease_token=1,
-        spec_version=1,
-        attempt=1,
         scheduled_for=AT,
         due_at=AT,
-        started_at=AT,
-        finished_at=AT,
-        outcome=Outcome.SUCCEEDED,
-        retryable=False,
+        attempt=1,
+        spec=RunSpec("{}", 1),
+        run_kind="scheduled",
     )
+    return AttemptReport(run, Verdict(Outcome.SUCCEEDED, False), started_at=AT, finished_at=AT)
 
 
 class _Keeper:

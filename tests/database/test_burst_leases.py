@@ -21,13 +21,13 @@ import asyncpg
 import pytest
 
 from duetime.core.model import Broker, JobSpec, OneOffSchedule, QueueTarget
+from duetime.core.runpath import FencedRun
 from duetime.engine.service import Engine, EngineConfig
 from duetime.runqueue import metrics
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.bulk import BulkJob, analyze_jobs, seed_jobs
 from duetime.storage.migrate import migrate
-from duetime.storage.ports import FenceRequest
-from duetime.storage.postgres import FencedRow, PostgresStore
+from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from tests.conftest import ADMIN_DSN
 
@@ -63,13 +63,13 @@ class SlowQueue:
 
     def __init__(self, pause: float) -> None:
         self.pause = pause
-        self.runs: list[FencedRow] = []
+        self.runs: list[FencedRun] = []
         self.gate = asyncio.Event()
         self.gate.set()
         self.all_fenced = asyncio.Event()  # every job of the burst has been put at least once
         self._seen: set[uuid.UUID] = set()
 
-    async def put(self, run: FencedRow) -> None:
+    async def put(self, run: FencedRun) -> None:
         await self.gate.wait()
         self.runs.append(run)
         self._seen.add(run.job_id)
@@ -77,13 +77,13 @@ class SlowQueue:
             self.all_fenced.set()
         await asyncio.sleep(self.pause)
 
-    async def get(self) -> FencedRow:  # pragma: no cover - the engine only puts
+    async def get(self) -> FencedRun:  # pragma: no cover - the engine only puts
         raise NotImplementedError
 
     def qsize(self) -> int:
         return 0
 
-    def get_nowait(self) -> FencedRow | None:
+    def get_nowait(self) -> FencedRun | None:
         return None
 
 
@@ -179,9 +179,7 @@ async def test_keep_waiting_claims_touches_only_the_engines_own_claims_near_laps
         theirs = await store.claim_due(shard, "them", lookahead_s=60, lease_s=1, limit=10)
         later = await store.claim_due(shard, "me", lookahead_s=60, lease_s=600, limit=10)
         fenced = await store.claim_due(shard, "me", lookahead_s=60, lease_s=1, limit=10)
-        await store.fence_runs(
-            [FenceRequest(r.job_id, r.shard, r.lease_token, r.scheduled_for) for r in fenced], lease_s=1
-        )
+        await store.fence_runs(fenced, lease_s=1)
         kept = await store.keep_waiting_claims(shard, "me", within_s=30, extend_s=300, limit=5000)
         rows = {
             r["job_id"]: r

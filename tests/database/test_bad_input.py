@@ -3,9 +3,9 @@
 what to do — never a 5xx, never a half-made job.
 
 Categories already covered at the HTTP edge elsewhere are not repeated here:
-``tests/integration/test_api.py::MALFORMED`` (malformed JSON, NaN/Infinity, duplicate keys, lone
+``tests/database/test_api.py::MALFORMED`` (malformed JSON, NaN/Infinity, duplicate keys, lone
 surrogates, invalid UTF-8, BOM, huge numbers, deep nesting), its Idempotency-Key shape cases
-and its 413/415 cases; ``tests/unit/test_validation.py`` judges hundreds more specs without HTTP.
+and its 413/415 cases; ``tests/pure/test_validation.py`` judges hundreds more specs without HTTP.
 ``test_the_catalogue_covers_every_category`` keeps the union honest.
 """
 
@@ -664,7 +664,7 @@ REQUIRED_CATEGORIES = {
 
 
 def test_the_catalogue_covers_every_category() -> None:
-    from tests.integration.test_api import MALFORMED
+    from tests.database.test_api import MALFORMED
 
     elsewhere = {name for name, _ in MALFORMED}
     covered = {c.category for c in CASES}

@@ -9,7 +9,7 @@ from duetime.core.errors import InvalidRequest
 from duetime.core.model import Broker
 from duetime.core.topics import TopicPolicy, TopicRule, broker_refusal
 from duetime.core.validation import parse_job_spec
-from tests.unit.test_one_rule import NOW
+from tests.pure.test_one_rule import NOW
 
 NATS_REFUSED = [
     "duetime.runs.0",

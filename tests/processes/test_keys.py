@@ -1,7 +1,7 @@
 """API keys: random enough, stored only as hashes, looked up in a way that leaks nothing about
 them through timing, revocable from the command line, and scoped to one owner on every call.
 
-The owner-isolation matrix itself lives in tests/integration/test_api.py (``JOB_CALLS``); here a
+The owner-isolation matrix itself lives in tests/database/test_api.py (``JOB_CALLS``); here a
 test proves the matrix names every ``/v1/jobs/{id}…`` route the application serves, so a new
 endpoint cannot escape it.
 """
@@ -162,7 +162,7 @@ async def test_a_key_revoked_from_the_command_line_stops_working_on_a_running_ap
 
 
 def test_the_isolation_matrix_covers_every_job_route() -> None:
-    from tests.integration.test_api import JOB_CALLS
+    from tests.database.test_api import JOB_CALLS
 
     app = create_app(_NoRegistry(), policy=AddressPolicy())  # type: ignore[arg-type]
     served = set()

@@ -24,9 +24,9 @@ from duetime.core.model import (
     RetryPolicy,
     WebhookTarget,
 )
+from duetime.core.runpath import AttemptReport, Claim, FencedRun, Verdict
 from duetime.storage.base import IdempotencyRequest
-from duetime.storage.ports import FenceRequest
-from duetime.storage.postgres import AttemptReport, ClaimedRow, FencedRow, PostgresStore
+from duetime.storage.postgres import PostgresStore
 from duetime.storage.queries import Q
 from duetime.storage.shardmap import ShardMap
 
@@ -71,35 +71,20 @@ def cron(expr: str, **kw: object) -> JobSpec:
     )
 
 
-async def claim_all(store: PostgresStore, job_id: uuid.UUID, lease_s: float = 30.0) -> list[ClaimedRow]:
+async def claim_all(store: PostgresStore, job_id: uuid.UUID, lease_s: float = 30.0) -> list[Claim]:
     rows = await store.claim_due(shard_of(job_id), ENGINE, lookahead_s=60, lease_s=lease_s, limit=500)
     return [r for r in rows if r.job_id == job_id]
 
 
-async def fence(store: PostgresStore, claimed: list[ClaimedRow], lease_s: float = 30.0) -> list[FencedRow]:
-    return await store.fence_runs(
-        [FenceRequest(c.job_id, c.shard, c.lease_token, c.scheduled_for) for c in claimed], lease_s=lease_s
-    )
+async def fence(store: PostgresStore, claimed: list[Claim], lease_s: float = 30.0) -> list[FencedRun]:
+    return await store.fence_runs(claimed, lease_s=lease_s)
 
 
 def report(
-    run: FencedRow, outcome: Outcome, retryable: bool = False, status: int | None = 200
+    run: FencedRun, outcome: Outcome, retryable: bool = False, status: int | None = 200
 ) -> AttemptReport:
     t = now()
-    return AttemptReport(
-        job_id=run.job_id,
-        shard=run.shard,
-        lease_token=run.lease_token,
-        spec_version=run.spec_version,
-        attempt=run.attempt,
-        scheduled_for=run.scheduled_for,
-        due_at=run.due_at,
-        started_at=t,
-        finished_at=t,
-        outcome=outcome,
-        retryable=retryable,
-        status_code=status,
-    )
+    return AttemptReport(run, Verdict(outcome, retryable, status), started_at=t, finished_at=t)
 
 
 async def test_create_get_and_owner_isolation(store: PostgresStore) -> None:
