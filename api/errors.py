@@ -46,6 +46,7 @@ _HTTP_CODES: Final[dict[int, tuple[str, str]]] = {
     400: ("malformed_request", "The request could not be read."),
     404: ("not_found", "No such resource."),
     405: ("method_not_allowed", "This method is not allowed on this resource."),
+    408: ("request_timeout", "The request body did not arrive in time; send it without pausing."),
     413: ("body_too_large", "The request body is larger than the 256 KiB limit."),
     415: ("unsupported_media_type", "The body must be JSON, sent with Content-Type: application/json."),
 }

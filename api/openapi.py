@@ -53,7 +53,7 @@ _E503: Final = {
 }
 _E429: Final = {
     **_error(
-        "Too many requests for this owner (`rate_limited`, when the operator set "
+        "This owner made more requests than the server's per-owner rate allows (`rate_limited`, "
         "DUETIME_API_OWNER_RATE); nothing was done. Retry after `Retry-After` seconds."
     ),
     "headers": {
@@ -662,6 +662,7 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
         },
     }
     paths.update(_preview_paths())
+    _add_edge_answers(paths)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -685,6 +686,40 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
             "schemas": _schemas(limits),
         },
     }
+
+
+_E400_EDGE: Final = _error(
+    "Malformed JSON or a value of the wrong type; or a repeated Authorization header "
+    "(`duplicate_header`) or query parameter (`duplicate_parameter`)."
+)
+_E408: Final = _error(
+    "The request body did not arrive in time (`request_timeout`); the connection is closed."
+)
+_LIMITS_409: Final = {
+    "create_job": "The owner is at a limit: `job_limit_reached` (active jobs) or "
+    "`job_bytes_limit_reached` (stored bytes); or `concurrent_update`.",
+    "trigger_job": "The job's state does not allow a trigger, or `too_many_triggers` wait already; "
+    "or `concurrent_update`.",
+}
+
+
+def _add_edge_answers(paths: JsonObject) -> None:
+    """Answers every /v1 operation can give before or around its handler beyond the common ones
+    (``_with_common_statuses``): 400 for a repeated Authorization header or query parameter, 408
+    for a stalled body (on operations that take one), and the owner limits' 409s on create and
+    trigger."""
+    for path, item in paths.items():
+        if not path.startswith("/v1/"):
+            continue
+        for operation in item.values():
+            responses = operation["responses"]
+            responses["400"] = _E400_EDGE
+            if "requestBody" in operation:
+                responses["408"] = _E408
+            limit_409 = _LIMITS_409.get(operation.get("operationId", ""))
+            if limit_409 is not None:
+                responses["409"] = _error(limit_409)
+            operation["responses"] = dict(sorted(responses.items()))
 
 
 def _preview_paths() -> JsonObject:

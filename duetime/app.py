@@ -23,14 +23,14 @@ from aiohttp import web
 
 from duetime import logs
 from duetime._version import __version__
-from duetime.api.app import create_app
+from duetime.api.app import create_app, metrics_app, metrics_handler
 from duetime.api.request_id import request_id_middleware
+from duetime.api.server import runner_options
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import SpecLimits
 from duetime.engine.due_age import DueAgeSampler
 from duetime.engine.membership import MembershipKeeper
 from duetime.engine.service import Engine, EngineConfig
-from duetime.exposition import metrics_response
 from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.runqueue.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
@@ -98,6 +98,8 @@ class Node:
     store: PostgresStore | None = None
     url: str | None = None
     _runner: web.AppRunner | None = None
+    _metrics_runner: web.AppRunner | None = None
+    metrics_url: str | None = None
     _engine: Engine | None = None
     _pool: WorkerPool | None = None
     _keeper: LeaseKeeper | None = None
@@ -131,6 +133,7 @@ class Node:
                 redis_url=s.redis_url,
                 host_concurrency=s.target_concurrency,
                 host_rate_per_s=s.target_rate,
+                topic_policy=s.topics(),
             )
             await self._dispatcher.start()
             self._pool = WorkerPool(
@@ -157,18 +160,39 @@ class Node:
                     run_at_horizon_days=s.run_at_horizon_days,
                     backfill_max_occurrences=s.backfill_max,
                     backfill_pace_per_s=s.backfill_pace_per_s,
+                    max_pending_triggers=s.max_pending_triggers,
                 ),
                 owner_rate_per_s=s.api_owner_rate,
                 max_jobs_per_owner=s.max_jobs_per_owner,
                 access_log=s.access_log,
+                max_job_bytes_per_owner=s.max_job_bytes_per_owner,
+                body_timeout_s=s.http_body_timeout_s,
+                topic_policy=s.topics(),
+                metrics_token=s.metrics_token,
+                serve_metrics=s.metrics_port is None,
             )
             if self.api
-            else _ops_app(self.store, self._not_ready, access_log=s.access_log)
+            else _ops_app(self.store, self._not_ready, s, access_log=s.access_log)
         )
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        options = runner_options(header_timeout_s=s.http_header_timeout_s)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **options)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.http_host, s.http_port, reuse_port=True)
         await site.start()
+        if s.metrics_port is not None:
+            self._metrics_runner = web.AppRunner(
+                metrics_app(s.metrics_token), access_log=None, handle_signals=False, **options
+            )
+            await self._metrics_runner.setup()
+            metrics_site = web.TCPSite(self._metrics_runner, s.metrics_host, s.metrics_port, reuse_port=True)
+            await metrics_site.start()
+            bound = getattr(metrics_site, "_server", None)
+            mport = (
+                bound.sockets[0].getsockname()[1] if bound is not None and bound.sockets else s.metrics_port
+            )
+            mhost = s.metrics_host if ":" not in s.metrics_host else f"[{s.metrics_host}]"
+            self.metrics_url = f"http://{mhost}:{mport}"
+            log.info("metrics on %s/metrics", self.metrics_url)
         host = s.http_host if ":" not in s.http_host else f"[{s.http_host}]"
         port = s.http_port
         server = getattr(site, "_server", None)
@@ -188,6 +212,7 @@ class Node:
                 redis_url=s.redis_url,
                 host_concurrency=s.target_concurrency,
                 host_rate_per_s=s.target_rate,
+                topic_policy=s.topics(),
             )
             await self._dispatcher.start()
             self._remote = RemoteWorker(
@@ -272,6 +297,8 @@ class Node:
             await self._runner.cleanup()
         if self._due_age is not None:
             await self._due_age.stop()
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
         if self._membership is not None:
             await self._membership.stop()  # leave first: the others take the shards at once
         if self._engine is not None:
@@ -296,7 +323,11 @@ class Node:
 
 
 def _ops_app(
-    store: Registry, not_ready: Callable[[], str | None] = lambda: None, *, access_log: bool = False
+    store: Registry,
+    not_ready: Callable[[], str | None] = lambda: None,
+    settings: Settings | None = None,
+    *,
+    access_log: bool = False,
 ) -> web.Application:
     """/healthz, /readyz and /metrics for a process that does not serve the API: the same request
     ids, access log and metrics content type as the API's, so one scrape config and one log
@@ -317,13 +348,11 @@ def _ops_app(
             return web.json_response({"error": {"code": "not_ready", "message": reason}}, status=503)
         return web.json_response({"status": "ready"})
 
-    async def metrics(_: web.Request) -> web.Response:
-        return metrics_response()
-
     app = web.Application(middlewares=[request_id_middleware(access_log=access_log)])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    if settings is None or settings.metrics_port is None:
+        app.router.add_get("/metrics", metrics_handler(settings.metrics_token if settings else None))
     return app
 
 

@@ -524,12 +524,23 @@ def _add_jobs_parser(sub: Any) -> None:
     )
     jobs.add_argument("--url", "--server", dest="server", default=None, help="the API's base URL")
     jobs.add_argument(
-        "--key", "--api-key", dest="key", default=None, help=f"API key (default ${JOBS_KEY_ENV})"
+        "--api-key",
+        "--key",
+        dest="key",
+        default=None,
+        help=f"API key (default ${JOBS_KEY_ENV}); visible to other users in `ps`, prefer the variable",
+    )
+    jobs.add_argument(
+        "--api-key-file",
+        dest="key_file",
+        default=None,
+        metavar="PATH",
+        help="read the API key from the first line of PATH (- for stdin)",
     )
     jobs.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
     conn = argparse.ArgumentParser(add_help=False)
     conn.add_argument("--server", dest="server", default=argparse.SUPPRESS, help="the API's base URL")
-    conn.add_argument("--key", "--api-key", dest="key", default=argparse.SUPPRESS, help="API key")
+    conn.add_argument("--api-key", "--key", dest="key", default=argparse.SUPPRESS, help="API key")
     actions = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
 
     create = actions.add_parser(
@@ -713,11 +724,42 @@ def _jobs_call(client: DuetimeClient, args: argparse.Namespace) -> Any:
     return client.preview_job(args.job_id, count=args.count, start=args.start).raw
 
 
+def _jobs_key(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """The key from --api-key-file, --api-key/--key (with a warning), else $DUETIME_API_KEY.
+
+    A key in argv is readable by every user of the machine through `ps` and /proc; the flag
+    keeps working (the contract names it) but says so, and the file/stdin and the variable don't.
+    """
+    if args.key_file is not None:
+        if args.key is not None:
+            raise _JobsUsage("give the key once: --api-key-file or --api-key, not both")
+        try:
+            if args.key_file == "-":
+                line = sys.stdin.readline()
+            else:
+                with open(args.key_file, encoding="utf-8") as f:
+                    line = f.readline()
+        except OSError as exc:
+            raise _JobsUsage(f"cannot read the API key from {args.key_file}: {exc.strerror}") from None
+        key = line.strip()
+        if not key:
+            raise _JobsUsage(f"no API key on the first line of {args.key_file}")
+        return key
+    if args.key is not None:
+        print(
+            f"duetime: warning: an API key on the command line is visible to other users of this "
+            f"machine (ps); set ${JOBS_KEY_ENV} or use --api-key-file - instead",
+            file=sys.stderr,
+        )
+        return str(args.key)
+    return environ.get(JOBS_KEY_ENV) or None
+
+
 def run_jobs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """``duetime jobs …``: synchronous, no settings or database needed, only the API's URL and key."""
     url = args.server or environ.get(JOBS_URL_ENV) or DEFAULT_URL
-    key = args.key or environ.get(JOBS_KEY_ENV) or None
     try:
+        key = _jobs_key(args, environ)
         client = DuetimeClient(url, key, timeout_s=args.timeout)
         answer = _jobs_call(client, args)
     except _JobsUsage as exc:
@@ -725,7 +767,7 @@ def run_jobs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return EXIT_USAGE
     except DuetimeApiError as exc:
         where = f", field {exc.field}" if exc.field else ""
-        hint = f" (set ${JOBS_KEY_ENV} or pass --api-key)" if exc.status == 401 and key is None else ""
+        hint = f" (set ${JOBS_KEY_ENV} or use --api-key-file)" if exc.status == 401 and key is None else ""
         print(f"duetime: {exc.message}{hint} [{exc.code}{where}; HTTP {exc.status}]", file=sys.stderr)
         return EXIT_FAILED
     except DuetimeConnectionError as exc:

@@ -51,7 +51,7 @@ from duetime.storage.postgres.completion import (
     finishable,
     skippable,
 )
-from duetime.storage.registry_rules import encode_cursor, hash_key, job_cursor, run_cursor
+from duetime.storage.registry_rules import check_trigger_step, encode_cursor, hash_key, job_cursor, run_cursor
 
 
 def _system_clock() -> datetime:
@@ -405,8 +405,13 @@ class MemoryStore:
         self._cascade_state(job_id, step.plan.state)
         return self._write(row, plan=step.plan, revoke=step.revoke)
 
-    async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        return self._row_only(owner, job_id, OwnerAction.TRIGGER)
+    async def trigger_job(self, owner: str, job_id: uuid.UUID, *, max_pending: int = 0) -> Job:
+        self._check()
+        row = self._owned(owner, job_id)
+        step = self._step(OwnerAction.TRIGGER, row)
+        assert step is not None, "trigger is never a no-op"
+        check_trigger_step(row.plan(), step.plan, max_pending)
+        return self._write(row, plan=step.plan, revoke=step.revoke)
 
     async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job:
         return self._row_only(owner, job_id, OwnerAction.REPLAY)
@@ -498,6 +503,15 @@ class MemoryStore:
         self._check()
         return sum(
             1
+            for r in self._jobs.values()
+            if r.owner == owner and r.parent_id is None and r.state in ("scheduled", "paused")
+        )
+
+    async def active_job_bytes(self, owner: str) -> int:
+        """The specs' size as compact JSON (PostgreSQL counts them as stored, compressed)."""
+        self._check()
+        return sum(
+            len(json.dumps(r.spec, separators=(",", ":")).encode())
             for r in self._jobs.values()
             if r.owner == owner and r.parent_id is None and r.state in ("scheduled", "paused")
         )

@@ -157,8 +157,9 @@ class Registry(Protocol):
 
     async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
 
-    async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        """Queue one extra run now, besides the schedule. Conflict unless the job is scheduled."""
+    async def trigger_job(self, owner: str, job_id: uuid.UUID, *, max_pending: int = 0) -> Job:
+        """Queue one extra run now, besides the schedule. Conflict unless the job is scheduled, and
+        (``too_many_triggers``) when ``max_pending`` (> 0) triggers already wait."""
         ...
 
     async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
@@ -182,6 +183,10 @@ class Registry(Protocol):
 
     async def count_active_jobs(self, owner: str) -> int:
         """Scheduled and paused jobs of this owner (for the per-owner cap)."""
+        ...
+
+    async def active_job_bytes(self, owner: str) -> int:
+        """Bytes the specs of this owner's scheduled and paused jobs take (for the per-owner cap)."""
         ...
 
     async def owner_for_key(self, api_key: str) -> str | None: ...

@@ -11,7 +11,8 @@ import binascii
 import hashlib
 import uuid
 
-from duetime.core.errors import InvalidRequest
+from duetime.core.errors import Conflict, InvalidRequest
+from duetime.core.lifecycle import RowPlan
 
 #: The cursor of a first page of jobs (ids are listed in ascending order, after the cursor).
 FIRST_JOB = uuid.UUID(int=0)
@@ -51,3 +52,21 @@ def run_cursor(cursor: str | None) -> int:
     if before > MAX_RUN_ID:
         raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor")
     return before
+
+
+def check_pending_triggers(waiting: int, max_pending: int) -> None:
+    """Refuse one more queued trigger when ``max_pending`` (> 0) already wait: each is a call of
+    someone's URL later, so an owner may not queue them without bound (409 too_many_triggers)."""
+    if 0 < max_pending <= waiting:
+        raise Conflict(
+            f"this job already has {waiting} triggered runs waiting, the most this server queues "
+            f"per job ({max_pending}, DUETIME_MAX_PENDING_TRIGGERS); wait for them to run",
+            code="too_many_triggers",
+        )
+
+
+def check_trigger_step(before: RowPlan, after: RowPlan, max_pending: int) -> None:
+    """The trigger cap, judged on what the owner table made of a trigger: only a trigger that
+    queues (a run of the job is already under way) counts against it."""
+    if len(after.pending_triggers) > len(before.pending_triggers):
+        check_pending_triggers(len(before.pending_triggers), max_pending)

@@ -29,6 +29,7 @@ from yarl import URL
 
 from duetime.core import signing, ssrf
 from duetime.core.errors import InvalidRequest, TargetNotAllowed
+from duetime.core.headers import is_reserved_header
 from duetime.core.model import Outcome, WebhookTarget
 from duetime.core.runpath import Delivery, Verdict
 from duetime.workers.tracing import TRACEPARENT
@@ -38,12 +39,6 @@ if TYPE_CHECKING:
 
 MAX_RESPONSE_READ = 64 * 1024
 USER_AGENT = "Duetime-Webhook/1"
-
-# Set by us, never by a job's own headers: the contract's headers and the ones that frame the
-# request (a job must not be able to change the body's length or the Host it is routed by).
-RESERVED_HEADERS: frozenset[str] = signing.CONTRACT_HEADERS | frozenset(
-    {"content-type", "content-length", "transfer-encoding", "host", "connection"}
-)
 
 
 # RFC 9110 field-name token, and a value with no control characters but tab.
@@ -84,7 +79,7 @@ def contract_headers(d: Delivery, body: bytes, now: datetime) -> dict[str, str]:
 
 def request_headers(target: WebhookTarget, contract: dict[str, str]) -> dict[str, str]:
     """The job's headers first, then ours; a job header that names one of ours is dropped."""
-    headers = {k: v for k, v in target.headers.items() if k.lower() not in RESERVED_HEADERS}
+    headers = {k: v for k, v in target.headers.items() if not is_reserved_header(k)}
     headers["Content-Type"] = "application/json"
     headers.update(contract)
     return headers

@@ -594,3 +594,18 @@ async def test_cli_jobs_update_patches_only_what_it_is_given(served: Served) -> 
     assert "HTTP 404" in _one_error_line(code, out, err, status=1)
     code, _, err = await duetime_jobs(served, "cancel", job["id"])
     assert code == 0, err
+
+
+async def test_cli_reads_the_key_from_stdin_and_warns_when_it_is_a_visible_flag(served: Served) -> None:
+    """A key in argv shows in `ps` to every user of the machine (issue 17, item 9)."""
+    code, out, err = await duetime_jobs(
+        None, "--url", served.url, "--api-key-file", "-", "list", stdin=(served.key + "\n").encode()
+    )
+    assert code == 0, (out, err)
+    assert "items" in out and err == ""
+    for flag in ("--api-key", "--key"):
+        code, out, err = await duetime_jobs(None, "--url", served.url, flag, served.key, "list")
+        assert code == 0, (flag, out, err)
+        assert "visible to other users" in err and served.key not in err
+    code, out, err = await duetime_jobs(served, "list")  # DUETIME_API_KEY: no warning
+    assert code == 0 and err == "", err

@@ -205,3 +205,23 @@ def test_the_api_doc_does_not_deny_the_rate_limit() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text(encoding="utf-8")
     assert "does not answer 429" not in text and "does not rate-limit" not in text
     assert "| 429 |" in text and "job_limit_reached" in text
+
+
+def test_every_v1_operation_lists_429_and_the_owner_limits_are_described() -> None:
+    """The per-owner rate and limits answer on every /v1 call (issue 17, item 2)."""
+    from duetime.api.openapi import build_openapi
+    from duetime.core.validation import SpecLimits
+
+    doc = build_openapi(SpecLimits())
+    operations = {
+        op["operationId"]: op
+        for path, item in doc["paths"].items()
+        if path.startswith("/v1/")
+        for op in item.values()
+    }
+    assert operations
+    for op_id, op in operations.items():
+        assert "429" in op["responses"], op_id
+        assert "Retry-After" in op["responses"]["429"]["headers"], op_id
+    assert "job_limit_reached" in operations["create_job"]["responses"]["409"]["description"]
+    assert "too_many_triggers" in operations["trigger_job"]["responses"]["409"]["description"]
