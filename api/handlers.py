@@ -25,10 +25,11 @@ from duetime.api.render import (
     runs_page_to_json,
 )
 from duetime.core.codec import REDACTED, run_to_json, spec_to_json
-from duetime.core.errors import InvalidRequest, NotFound
+from duetime.core.errors import InvalidRequest, NotFound, TopicNotAllowed
 from duetime.core.ids import parse_job_id
-from duetime.core.model import JobSpec, JobState, Outcome, WebhookTarget
+from duetime.core.model import JobSpec, JobState, Outcome, QueueTarget, WebhookTarget
 from duetime.core.ssrf import AddressPolicy, check_webhook_url
+from duetime.core.topics import TOPIC_FIELD, TopicPolicy
 from duetime.core.validation import (
     SpecLimits,
     canonical_body_hash,
@@ -39,6 +40,7 @@ from duetime.core.validation import (
     parse_replay_request,
     parse_time,
 )
+from duetime.core.weburl import same_origin
 from duetime.storage.base import IdempotencyRequest, Registry
 
 OWNER: Final = web.RequestKey("owner", str)
@@ -110,7 +112,8 @@ async def _json_body(request: web.Request) -> Any:
 
 
 def _restore_redacted_headers(merged: dict[str, Any], current: JobSpec) -> None:
-    """Keep a header's secret when a PATCH sends back the ``<redacted>`` placeholder we showed.
+    """Keep a header's secret when a PATCH sends back the ``<redacted>`` placeholder we showed,
+    as long as the URL keeps its origin (scheme, host, port); a move elsewhere must resend it.
 
     A client that GETs a job, edits its target and PATCHes it back would otherwise have to know
     every secret again. Only names the job already has (in any letter case) are restored; the
@@ -125,16 +128,36 @@ def _restore_redacted_headers(merged: dict[str, Any], current: JobSpec) -> None:
     if not isinstance(headers, dict):
         return
     known = {name.lower(): value for name, value in current.target.headers.items()}
+    url = target.get("url")
+    moved = not isinstance(url, str) or not same_origin(url, current.target.url)
     for name, value in headers.items():
         if value == REDACTED and name.lower() in known:
+            if moved:
+                # A stored secret was meant for one origin; following the URL elsewhere would let
+                # a leaked API key redirect the job and harvest the secret.
+                raise InvalidRequest(
+                    f"target.headers.{name} is the redacted placeholder, but target.url now calls "
+                    "another origin (scheme, host or port) than the stored one; resend the secret "
+                    "values of every header when you move a webhook",
+                    code="invalid_header",
+                    field=f"target.headers.{name}",
+                )
             headers[name] = known[name.lower()]
 
 
 class JobsApi:
     """The handlers, bound to one registry, address policy and set of limits."""
 
-    def __init__(self, registry: Registry, *, policy: AddressPolicy, limits: SpecLimits) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        policy: AddressPolicy,
+        limits: SpecLimits,
+        topics: TopicPolicy | None = None,
+    ) -> None:
         self._registry = registry
+        self._topics = topics if topics is not None else TopicPolicy()
         self._policy = policy
         self._limits = limits
         # URL → until when its last SSRF check passed. Registration bursts name one URL thousands
@@ -158,8 +181,11 @@ class JobsApi:
             web.get("/v1/runs", self.list_owner_runs, name="list_owner_runs", allow_head=False),
         ]
 
-    async def _check_target(self, spec: JobSpec) -> None:
-        if not isinstance(spec.target, WebhookTarget):
+    async def _check_target(self, spec: JobSpec, owner: str) -> None:
+        if isinstance(spec.target, QueueTarget):
+            reason = self._topics.refusal(spec.target.broker, spec.target.topic, owner)
+            if reason is not None:
+                raise TopicNotAllowed(self._topics.message(spec.target.topic, reason), field=TOPIC_FIELD)
             return
         url = spec.target.url
         now = time.monotonic()
@@ -178,7 +204,7 @@ class JobsApi:
         idempotency_key = None if raw_key is None else parse_idempotency_key(raw_key)
         data = await _json_body(request)
         spec = parse_job_spec(data, now=datetime.now(UTC), limits=self._limits)
-        await self._check_target(spec)
+        await self._check_target(spec, owner)
         idempotency = (
             None
             if idempotency_key is None
@@ -211,7 +237,7 @@ class JobsApi:
         anchor = datetime.now(UTC) if schedule_changed else current.created_at
         spec = parse_job_spec(merged, now=anchor, limits=self._limits)
         if isinstance(patch, dict) and "target" in patch:
-            await self._check_target(spec)
+            await self._check_target(spec, owner)
         job = await self._registry.update_job(owner, job_id, spec)
         return json_response(job_to_json(job))
 
@@ -228,7 +254,9 @@ class JobsApi:
         return json_response(job_to_json(job))
 
     async def trigger_job(self, request: web.Request) -> web.Response:
-        job = await self._registry.trigger_job(request[OWNER], job_id_of(request))
+        job = await self._registry.trigger_job(
+            request[OWNER], job_id_of(request), max_pending=self._limits.max_pending_triggers
+        )
         return json_response(job_to_json(job), status=202)
 
     async def replay_job(self, request: web.Request) -> web.Response:

@@ -70,6 +70,43 @@ _E503: Final = {
     **_error("The database cannot be reached; nothing was changed. Retry after a pause."),
     "headers": {"Retry-After": {"schema": {"type": "string"}}},
 }
+_E429: Final = {
+    **_error(
+        "This owner made more requests than the server's per-owner rate allows (`rate_limited`, "
+        "DUETIME_API_OWNER_RATE); nothing was done. Retry after `Retry-After` seconds."
+    ),
+    "headers": {
+        "Retry-After": {"schema": {"type": "string"}, "description": "Seconds to wait before retrying."}
+    },
+}
+_E500: Final = _error(
+    "A bug of ours (`internal_error`); the body's `request_id` (also in `X-Request-Id`) finds its log lines."
+)
+_E409_JOB_LIMIT: Final = _error(
+    "The owner already has DUETIME_MAX_JOBS_PER_OWNER active jobs (`job_limit_reached`): cancel some first."
+)
+
+# Statuses every /v1 operation can answer, whatever it does: authentication (401) and the owner's
+# rate limit (429) run before any handler, the database behind both can be unreachable (503), and
+# a bug is a 500. Added to each operation by ``_with_common_statuses`` so no operation can lack them.
+_COMMON_STATUSES: Final[dict[str, JsonObject]] = {"401": _E401, "429": _E429, "500": _E500, "503": _E503}
+# Statuses every operation that takes a body can answer, before its handler reads the body.
+_BODY_STATUSES: Final[dict[str, JsonObject]] = {"400": _E400, "413": _E413, "415": _E415, "422": _E422}
+
+
+def _with_common_statuses(paths: JsonObject) -> JsonObject:
+    """Every /v1 operation with the statuses any of them can answer (its own kept as they are)."""
+    out: JsonObject = {}
+    for path, item in paths.items():
+        out[path] = {}
+        for method, operation in item.items():
+            extra = dict(_COMMON_STATUSES)
+            if "requestBody" in operation:
+                extra.update(_BODY_STATUSES)
+            responses = {**extra, **operation["responses"]}
+            out[path][method] = {**operation, "responses": dict(sorted(responses.items()))}
+    return out
+
 
 _JOB_ID_PARAM: Final = {
     "name": "job_id",
@@ -452,6 +489,10 @@ def _schemas(limits: SpecLimits) -> JsonObject:
                         "code": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$"},
                         "message": {"type": "string"},
                         "field": {"type": "string"},
+                        "request_id": {
+                            "type": "string",
+                            "description": "On a 5xx: the request's id, as in `X-Request-Id`.",
+                        },
                     },
                 }
             },
@@ -613,6 +654,7 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                     "201": _json("Created.", _ref("Job"), location),
                     "400": _E400,
                     "401": _E401,
+                    "409": _E409_JOB_LIMIT,
                     "413": _E413,
                     "415": _E415,
                     "422": _E422,
@@ -783,17 +825,19 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
         },
     }
     paths.update(_preview_paths())
+    _add_edge_answers(paths)
     return {
         "openapi": "3.1.0",
         "info": {
             "title": "Duetime API",
             "version": __version__,
             "description": "Register, change and inspect scheduled jobs. Errors share one body: "
-            '`{"error": {"code", "message", "field"?}}`. See docs/api.md.',
+            '`{"error": {"code", "message", "field"?, "request_id"?}}`. Every answer carries '
+            "`X-Request-Id`. See docs/api.md.",
         },
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}],
-        "paths": paths,
+        "paths": _with_common_statuses(paths),
         "components": {
             "securitySchemes": {
                 "bearer": {
@@ -805,6 +849,40 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
             "schemas": _schemas(limits),
         },
     }
+
+
+_E400_EDGE: Final = _error(
+    "Malformed JSON or a value of the wrong type; or a repeated Authorization header "
+    "(`duplicate_header`) or query parameter (`duplicate_parameter`)."
+)
+_E408: Final = _error(
+    "The request body did not arrive in time (`request_timeout`); the connection is closed."
+)
+_LIMITS_409: Final = {
+    "create_job": "The owner is at a limit: `job_limit_reached` (active jobs) or "
+    "`job_bytes_limit_reached` (stored bytes); or `concurrent_update`.",
+    "trigger_job": "The job's state does not allow a trigger, or `too_many_triggers` wait already; "
+    "or `concurrent_update`.",
+}
+
+
+def _add_edge_answers(paths: JsonObject) -> None:
+    """Answers every /v1 operation can give before or around its handler beyond the common ones
+    (``_with_common_statuses``): 400 for a repeated Authorization header or query parameter, 408
+    for a stalled body (on operations that take one), and the owner limits' 409s on create and
+    trigger."""
+    for path, item in paths.items():
+        if not path.startswith("/v1/"):
+            continue
+        for operation in item.values():
+            responses = operation["responses"]
+            responses["400"] = _E400_EDGE
+            if "requestBody" in operation:
+                responses["408"] = _E408
+            limit_409 = _LIMITS_409.get(operation.get("operationId", ""))
+            if limit_409 is not None:
+                responses["409"] = _error(limit_409)
+            operation["responses"] = dict(sorted(responses.items()))
 
 
 def _preview_paths() -> JsonObject:

@@ -203,6 +203,11 @@ class Delivery:
     signing_secret: str  # the owner's secret, "whsec_<base64>"; "" for queue targets
     payload: Any  # JSON value (None → body "null")
     target: Target  # WebhookTarget | QueueTarget
+    # During a rotation's grace: the owner's previous secret, which signs too (Standard Webhooks
+    # carries several signatures, space-separated), so receivers holding either verify the call.
+    extra_signing_secrets: tuple[str, ...] = ()
+    # With tracing on (workers/tracing.py): the W3C traceparent of this attempt's span.
+    traceparent: str | None = None
 
     @classmethod
     def of(cls, run: FencedRun, *, signing_secret: str) -> Delivery:

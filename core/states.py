@@ -127,6 +127,7 @@ class RunEvent(enum.StrEnum):
     WITHDRAW_SPLITS = "withdraw_splits"
     DRAIN = "drain"
     MOVE_SHARD = "move_shard"
+    MEASURE_BACKLOG = "measure_backlog"
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +269,13 @@ PHASE_EVENTS: dict[RunEvent, PhaseStep] = {
         None,
         "a logical shard moves to another database only while all its rows are idle",
         ("shard_rows",),
+    ),
+    RunEvent.MEASURE_BACKLOG: PhaseStep(
+        _ph(_IDLE),
+        None,
+        "a reading only: how long the oldest due row no engine has claimed has waited (a gauge)",
+        ("oldest_unclaimed_due",),
+        states=frozenset({_S}),
     ),
 }
 

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from ipaddress import IPv6Address
 from typing import Any, NoReturn, TypeVar
-from urllib.parse import urlsplit
 
 from duetime.core.codec import REDACTED
 from duetime.core.errors import InvalidRequest, MalformedRequest
+from duetime.core.headers import is_reserved_header
 from duetime.core.interval import parse_every
 from duetime.core.model import (
     Broker,
@@ -57,6 +57,8 @@ from duetime.core.model import (
     WebhookTarget,
 )
 from duetime.core.schedule import check_cron_schedule, check_interval_schedule, load_zone, occurrences
+from duetime.core.topics import broker_refusal
+from duetime.core.weburl import split_webhook_url
 
 E = TypeVar("E", bound=enum.Enum)
 
@@ -86,6 +88,7 @@ class SpecLimits:
     backfill_max_occurrences: int = 1000  # per backfill call, and waiting per job at a time
     backfill_pace_per_s: float = 10.0  # overlap=allow: backfilled runs start at most this fast
     min_cron_interval_s: int = 0  # operator setting: >0 refuses crons that fire more often
+    max_pending_triggers: int = 100  # operator setting: triggered runs one job may have waiting
 
 
 TOP_LEVEL_FIELDS = (
@@ -119,26 +122,6 @@ _LOCAL_DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})", re.ASCII)
 RETRY_FIELDS = ("max_attempts", "backoff_initial_s", "backoff_max_s", "backoff_multiplier", "max_duration_s")
 MAX_DURATION_S_RANGE = (1, 2_592_000)
 
-# Headers the job may not set: hop-by-hop ones (RFC 9110 §7.6.1), ones the HTTP client computes,
-# and the delivery headers Duetime itself sends (a job must not be able to forge them).
-RESERVED_HEADERS = frozenset(
-    {
-        "host",
-        "content-length",
-        "transfer-encoding",
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "upgrade",
-        "expect",
-        "idempotency-key",
-    }
-)
-RESERVED_HEADER_PREFIXES = ("webhook-", "duetime-")
 
 EARLIEST_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 _INTERVAL_SAMPLE = 100
@@ -365,19 +348,8 @@ def _parse_url(value: object, field: str, limits: SpecLimits) -> str:
         )
     if "\\" in url:
         _invalid(field, f"{field} contains a backslash; use / in paths", "invalid_url")
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:
-        _invalid(field, f"{field} is not a valid URL ({exc})", "invalid_url")
-    if parts.scheme.lower() not in ("http", "https"):
-        _invalid(
-            field,
-            f"{field} must be an http:// or https:// URL (got scheme {parts.scheme[:20]!r})",
-            "invalid_url",
-        )
-    if not url[len(parts.scheme) + 1 :].startswith("//") or not parts.netloc:
-        _invalid(field, f"{field} has no host; write it as https://host/path", "invalid_url")
-    if "@" in parts.netloc:
+    parts = split_webhook_url(url, field)
+    if parts.userinfo:
         _invalid(
             field,
             f"{field} must not contain credentials (user:pass@); send them in a header such as "
@@ -386,22 +358,7 @@ def _parse_url(value: object, field: str, limits: SpecLimits) -> str:
         )
     if "#" in url:
         _invalid(field, f"{field} must not have a #fragment: it is never sent", "invalid_url")
-    try:
-        port = parts.port
-    except ValueError:
-        _invalid(field, f"{field} has an invalid port; use a number from 1 to 65535", "invalid_url")
-    if port == 0:
-        _invalid(field, f"{field} has port 0; use a number from 1 to 65535", "invalid_url")
-    netloc = parts.netloc
-    if netloc.startswith("["):
-        host = netloc[: netloc.find("]") + 1] if "]" in netloc else netloc
-        rest = netloc[len(host) :]
-        if rest and not rest.startswith(":"):
-            _invalid(field, f"{field} has text after the IPv6 literal", "invalid_url")
-    else:
-        host = netloc.rpartition(":")[0] if ":" in netloc else netloc
-    if not host:
-        _invalid(field, f"{field} has no host; write it as https://host/path", "invalid_url")
+    host = parts.host
     _check_host(host, field)
     return url
 
@@ -431,12 +388,12 @@ def _parse_headers(value: object, field: str, limits: SpecLimits) -> dict[str, s
                 "invalid_header",
             )
         lower = name.lower()
-        if lower in RESERVED_HEADERS or lower.startswith(RESERVED_HEADER_PREFIXES):
+        if is_reserved_header(lower):
             _invalid(
                 path,
                 f"{path}: the {name} header is set by Duetime or the HTTP client and cannot be set "
-                "by a job (reserved: Host, Content-Length, Transfer-Encoding, Connection and other "
-                "hop-by-hop headers, Idempotency-Key, webhook-*, Duetime-*)",
+                "by a job (reserved: Host, Content-Length, Content-Type, Transfer-Encoding, Connection "
+                "and other hop-by-hop headers, Idempotency-Key, webhook-*, Duetime-*)",
                 "invalid_header",
             )
         if lower in seen:
@@ -474,6 +431,13 @@ def _parse_topic(value: object, field: str, broker: Broker, limits: SpecLimits) 
         _invalid(field, f"{field} must not be empty")
     if len(topic) > limits.topic_max:
         _invalid(field, f"{field} is longer than {limits.topic_max} characters")
+    reserved = broker_refusal(broker, topic)
+    if reserved is not None:
+        _invalid(
+            field,
+            f"{field} {topic[:100]!r} is {reserved}; pick another topic",
+            "topic_not_allowed",
+        )
     if broker is Broker.NATS:
         if not _NATS_SUBJECT.fullmatch(topic):
             _invalid(
@@ -481,8 +445,8 @@ def _parse_topic(value: object, field: str, broker: Broker, limits: SpecLimits) 
                 f"{field} is not a valid NATS subject: use tokens of letters, digits, _ and - "
                 "separated by single dots (e.g. billing.invoices); no spaces or wildcards (* >)",
             )
-    elif any(c in topic for c in "\r\n"):
-        _invalid(field, f"{field} must not contain CR or LF")
+    elif any(ord(c) < 0x20 or ord(c) == 0x7F for c in topic):
+        _invalid(field, f"{field} must not contain CR, LF or other control characters")
     return topic
 
 
@@ -572,6 +536,7 @@ def _parse_schedule(value: object, now: datetime, limits: SpecLimits) -> Schedul
         exclude=_parse_exclude(obj.get("exclude")),
     )
     check_cron_schedule(schedule, now)
+    _check_start_horizon(start_at, now, limits)
     if limits.min_cron_interval_s > 0:
         _check_cron_interval(schedule, now, limits.min_cron_interval_s)
     return schedule
@@ -603,6 +568,7 @@ def _parse_every_schedule(obj: dict[str, Any], now: datetime, limits: SpecLimits
     assert isinstance(every, str)
     timezone = _parse_timezone(obj)
     start_at = _optional_time(obj, "start_at")
+    _check_start_horizon(start_at, now, limits)
     if start_at is None:
         start_at = now.replace(microsecond=0)
     end_at = _optional_time(obj, "end_at")
@@ -686,6 +652,25 @@ def _parse_exclude(value: object) -> tuple[DateRange, ...]:
         else:
             _wrong_type(field, 'a date "YYYY-MM-DD" or a {"from", "to"} range', item)
     return tuple(ranges)
+
+
+def _check_start_horizon(start_at: datetime | None, now: datetime, limits: SpecLimits) -> None:
+    """Refuse a recurring schedule that cannot fire within the horizon a ``run_at`` has.
+
+    A ``start_at`` in year 9999 used to be stored, find no occurrence the clock can reach, and
+    complete the job at once: a 201 (or a PATCH) that quietly killed it. It is the same mistake
+    as a cron that never fires, so it gets the same answer.
+    """
+    if start_at is None:
+        return
+    horizon = now + timedelta(days=limits.run_at_horizon_days)
+    if start_at > horizon:
+        _invalid(
+            "schedule.start_at",
+            f"schedule.start_at is more than {limits.run_at_horizon_days} days ahead, so this "
+            "schedule would never fire within the server's horizon; pick an earlier start_at",
+            "cron_never_fires",
+        )
 
 
 def _optional_time(obj: dict[str, Any], key: str) -> datetime | None:

@@ -72,6 +72,11 @@ OVERLAP_SPLITS = Counter(
     "duetime_overlap_splits_total",
     "Occurrences of overlap=allow jobs started in a row of their own because the previous run was in flight",
 )
+OLDEST_UNCLAIMED_DUE = Gauge(
+    "duetime_oldest_unclaimed_due_seconds",
+    "Age of the oldest due row of the shard that no engine has claimed (0 = none waits)",
+    ["shard"],
+)
 # Membership and dealing (engine/membership.py): what this engine serves and what it sees.
 SERVING = Gauge("duetime_engine_shards", "Logical shards this engine serves now (dealt to it)")
 SHARDS_GAINED = Counter("duetime_shards_gained_total", "Shards dealt to this engine while it ran")

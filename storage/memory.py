@@ -43,7 +43,7 @@ from duetime.core.runpath import (
 )
 from duetime.core.schedule import next_occurrence
 from duetime.core.states import OwnerAction, owner_move
-from duetime.storage.ports import Backfill, CompletionStats, IdempotencyRequest, OwnerRun, Page
+from duetime.storage.ports import Backfill, CompletionStats, IdempotencyRequest, OwnerRun, Page, SigningKeys
 from duetime.storage.postgres.completion import (
     BatchWriter,
     apply_leased,
@@ -52,6 +52,7 @@ from duetime.storage.postgres.completion import (
     skippable,
 )
 from duetime.storage.registry_rules import (
+    check_trigger_step,
     encode_cursor,
     encode_owner_runs_cursor,
     hash_key,
@@ -413,8 +414,13 @@ class MemoryStore:
         self._cascade_state(job_id, step.plan.state)
         return self._write(row, plan=step.plan, revoke=step.revoke)
 
-    async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        return self._row_only(owner, job_id, OwnerAction.TRIGGER)
+    async def trigger_job(self, owner: str, job_id: uuid.UUID, *, max_pending: int = 0) -> Job:
+        self._check()
+        row = self._owned(owner, job_id)
+        step = self._step(OwnerAction.TRIGGER, row)
+        assert step is not None, "trigger is never a no-op"
+        check_trigger_step(row.plan(), step.plan, max_pending)
+        return self._write(row, plan=step.plan, revoke=step.revoke)
 
     async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job:
         return self._row_only(owner, job_id, OwnerAction.REPLAY)
@@ -566,6 +572,15 @@ class MemoryStore:
             if r.owner == owner and r.parent_id is None and r.state in ("scheduled", "paused")
         )
 
+    async def active_job_bytes(self, owner: str) -> int:
+        """The specs' size as compact JSON (PostgreSQL counts them as stored, compressed)."""
+        self._check()
+        return sum(
+            len(json.dumps(r.spec, separators=(",", ":")).encode())
+            for r in self._jobs.values()
+            if r.owner == owner and r.parent_id is None and r.state in ("scheduled", "paused")
+        )
+
     async def owner_for_key(self, api_key: str) -> str | None:
         self._check()
         key = self._keys.get(hash_key(api_key))
@@ -593,6 +608,14 @@ class MemoryStore:
     async def signing_secret(self, owner: str) -> str | None:
         self._check()
         return self._owners.get(owner)
+
+    async def signing_keys(self, owner: str) -> SigningKeys | None:
+        """No rotation here (that is an operator's command on the real store): the current one."""
+        self._check()
+        secret = self._owners.get(owner)
+        return (
+            None if secret is None else SigningKeys(current=secret, previous=None, previous_valid_until=None)
+        )
 
     async def ping(self) -> None:
         self._check()

@@ -90,6 +90,51 @@ class Backfill:
     last: datetime | None
 
 
+@dataclass(frozen=True, slots=True)
+class SigningKeys:
+    """An owner's webhook signing secrets: the current one, and the one it replaced with the end
+    of its grace (both None when the secret was never rotated)."""
+
+    current: str
+    previous: str | None
+    previous_valid_until: datetime | None
+
+    def valid_at(self, now: datetime) -> tuple[str, ...]:
+        """The secrets that sign at ``now``: the current one, then the previous during its grace."""
+        if (
+            self.previous is not None
+            and self.previous_valid_until is not None
+            and now < self.previous_valid_until
+        ):
+            return (self.current, self.previous)
+        return (self.current,)
+
+
+@dataclass(frozen=True, slots=True)
+class SecretRotation:
+    owner: str
+    signing_secret: str
+    previous_valid_until: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyInfo:
+    """What may be shown of an API key: its prefix (the key itself is never stored)."""
+
+    prefix: str
+    owner: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class DueBacklog:
+    """One shard's reading: seconds since its earliest unclaimed due row fell due (0 = none)."""
+
+    shard: int
+    oldest_age_s: float
+
+
 class Registry(Protocol):
     """What the API needs. Every call is scoped by owner: another owner's job is NotFound."""
 
@@ -120,8 +165,9 @@ class Registry(Protocol):
 
     async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
 
-    async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        """Queue one extra run now, besides the schedule. Conflict unless the job is scheduled."""
+    async def trigger_job(self, owner: str, job_id: uuid.UUID, *, max_pending: int = 0) -> Job:
+        """Queue one extra run now, besides the schedule. Conflict unless the job is scheduled, and
+        (``too_many_triggers``) when ``max_pending`` (> 0) triggers already wait."""
         ...
 
     async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
@@ -163,6 +209,10 @@ class Registry(Protocol):
 
     async def count_active_jobs(self, owner: str) -> int:
         """Scheduled and paused jobs of this owner (for the per-owner cap)."""
+        ...
+
+    async def active_job_bytes(self, owner: str) -> int:
+        """Bytes the specs of this owner's scheduled and paused jobs take (for the per-owner cap)."""
         ...
 
     async def owner_for_key(self, api_key: str) -> str | None: ...
@@ -306,3 +356,7 @@ class RunStore(Protocol):
     # -- what workers read besides the run path
 
     async def signing_secret(self, owner: str) -> str | None: ...
+
+    async def signing_keys(self, owner: str) -> SigningKeys | None:
+        """The owner's current secret and, during a rotation's grace, the previous one."""
+        ...

@@ -13,6 +13,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from duetime.core.errors import Conflict, InvalidRequest
+from duetime.core.lifecycle import RowPlan
 
 #: The cursor of a first page of jobs (ids are listed in ascending order, after the cursor).
 FIRST_JOB = uuid.UUID(int=0)
@@ -90,3 +91,21 @@ def owner_runs_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID, int] | N
 def encode_owner_runs_cursor(finished: datetime, job_id: uuid.UUID, run_id: int) -> str:
     micros = (finished - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
     return encode_cursor(micros.to_bytes(8, "big", signed=True) + job_id.bytes + run_id.to_bytes(8, "big"))
+
+
+def check_pending_triggers(waiting: int, max_pending: int) -> None:
+    """Refuse one more queued trigger when ``max_pending`` (> 0) already wait: each is a call of
+    someone's URL later, so an owner may not queue them without bound (409 too_many_triggers)."""
+    if 0 < max_pending <= waiting:
+        raise Conflict(
+            f"this job already has {waiting} triggered runs waiting, the most this server queues "
+            f"per job ({max_pending}, DUETIME_MAX_PENDING_TRIGGERS); wait for them to run",
+            code="too_many_triggers",
+        )
+
+
+def check_trigger_step(before: RowPlan, after: RowPlan, max_pending: int) -> None:
+    """The trigger cap, judged on what the owner table made of a trigger: only a trigger that
+    queues (a run of the job is already under way) counts against it."""
+    if len(after.pending_triggers) > len(before.pending_triggers):
+        check_pending_triggers(len(before.pending_triggers), max_pending)

@@ -30,18 +30,14 @@ from yarl import URL
 
 from duetime.core import signing, ssrf
 from duetime.core.errors import InvalidRequest, TargetNotAllowed
+from duetime.core.headers import is_reserved_header
 from duetime.core.model import Outcome, WebhookTarget
 from duetime.core.retry import retry_after_s
 from duetime.core.runpath import Delivery, Verdict
+from duetime.workers.tracing import TRACEPARENT
 
 MAX_RESPONSE_READ = 64 * 1024
 USER_AGENT = "Duetime-Webhook/1"
-
-# Set by us, never by a job's own headers: the contract's headers and the ones that frame the
-# request (a job must not be able to change the body's length or the Host it is routed by).
-RESERVED_HEADERS: frozenset[str] = signing.CONTRACT_HEADERS | frozenset(
-    {"content-type", "content-length", "transfer-encoding", "host", "connection"}
-)
 
 
 # RFC 9110 field-name token, and a value with no control characters but tab.
@@ -72,13 +68,17 @@ def contract_headers(d: Delivery, body: bytes, now: datetime) -> dict[str, str]:
         signing.FENCING_TOKEN: str(d.fencing_token),
         signing.WEBHOOK_ID: key,
         signing.WEBHOOK_TIMESTAMP: str(timestamp),
-        signing.WEBHOOK_SIGNATURE: signing.sign(d.signing_secret, key, timestamp, body),
+        # During a secret rotation's grace, one signature per secret, space-separated.
+        signing.WEBHOOK_SIGNATURE: " ".join(
+            signing.sign(secret, key, timestamp, body)
+            for secret in (d.signing_secret, *d.extra_signing_secrets)
+        ),
     }
 
 
 def request_headers(target: WebhookTarget, contract: dict[str, str]) -> dict[str, str]:
     """The job's headers first, then ours; a job header that names one of ours is dropped."""
-    headers = {k: v for k, v in target.headers.items() if k.lower() not in RESERVED_HEADERS}
+    headers = {k: v for k, v in target.headers.items() if not is_reserved_header(k)}
     headers["Content-Type"] = "application/json"
     headers.update(contract)
     return headers
@@ -213,6 +213,8 @@ async def call(
     if bad is not None:
         return Verdict(Outcome.FAILED, False, None, f"job header {bad[:100]!r} is not a valid HTTP header")
     headers = request_headers(target, contract_headers(d, body, now))
+    if d.traceparent is not None:
+        headers[TRACEPARENT] = d.traceparent
     timeout = aiohttp.ClientTimeout(total=target.timeout_s)
     try:
         async with session.request(

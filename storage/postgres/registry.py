@@ -24,10 +24,11 @@ from duetime.core.states import OwnerAction, owner_move
 from duetime.storage.base import Backfill, IdempotencyRequest, Page
 from duetime.storage.ports import OwnerRun
 from duetime.storage.postgres.inserts import InsertBatcher
-from duetime.storage.postgres.pools import StoreBase, translated, utcnow
+from duetime.storage.postgres.pools import StoreBase, contention_retried, translated, utcnow
 from duetime.storage.postgres.rows import job_from_row, plan_of, run_from_row
 from duetime.storage.queries import Q
 from duetime.storage.registry_rules import (
+    check_trigger_step,
     encode_cursor,
     encode_owner_runs_cursor,
     hash_key,
@@ -143,6 +144,7 @@ class RegistryPart(StoreBase):
         """The job's row under lock for one owner action; engines are woken after the commit."""
         async with translated(), self.pool_for_shard(shard_of(job_id)).acquire() as conn:
             async with conn.transaction():
+                await conn.execute(Q["lock_family"], job_id, owner)
                 row = await conn.fetchrow(Q["lock_job"], job_id, owner)
                 if row is None:
                     raise NotFound(f"no job {job_id}", ident=str(job_id))
@@ -187,6 +189,7 @@ class RegistryPart(StoreBase):
         action.wake = plan
         return job_from_row(out)
 
+    @contention_retried
     async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
         new_json = codec.spec_to_json(spec)
         async with self._locked(owner, job_id) as action:
@@ -205,6 +208,7 @@ class RegistryPart(StoreBase):
                 action, spec=new_json, spec_version=version, plan=step.plan, revoke=step.revoke
             )
 
+    @contention_retried
     async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job:
         async with self._locked(owner, job_id) as action:
             step = self._step(OwnerAction.CANCEL, action.row)
@@ -214,9 +218,11 @@ class RegistryPart(StoreBase):
             await action.conn.execute(Q["drop_idle_occurrences"], job_id)
             return await self._write(action, plan=step.plan, revoke=step.revoke)
 
+    @contention_retried
     async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job:
         return await self._cascaded(owner, job_id, OwnerAction.PAUSE)
 
+    @contention_retried
     async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job:
         return await self._cascaded(owner, job_id, OwnerAction.RESUME)
 
@@ -229,9 +235,15 @@ class RegistryPart(StoreBase):
             await action.conn.fetch(Q["cascade_state"], job_id, step.plan.state.value)
             return await self._write(action, plan=step.plan, revoke=step.revoke)
 
-    async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        return await self._row_only(owner, job_id, OwnerAction.TRIGGER)
+    @contention_retried
+    async def trigger_job(self, owner: str, job_id: uuid.UUID, *, max_pending: int = 0) -> Job:
+        async with self._locked(owner, job_id) as action:
+            step = self._step(OwnerAction.TRIGGER, action.row)
+            assert step is not None, "trigger is never a no-op"
+            check_trigger_step(plan_of(action.row), step.plan, max_pending)
+            return await self._write(action, plan=step.plan, revoke=step.revoke)
 
+    @contention_retried
     async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job:
         return await self._row_only(owner, job_id, OwnerAction.REPLAY)
 
@@ -272,6 +284,7 @@ class RegistryPart(StoreBase):
             action.wake = RowPlan(state=JobState.SCHEDULED, next_run_at=now, scheduled_for=None, attempt=0)
             return job_from_row(row)
 
+    @contention_retried
     async def backfill_job(
         self,
         owner: str,
@@ -365,6 +378,13 @@ class RegistryPart(StoreBase):
             last = page[-1]
             next_cursor = encode_owner_runs_cursor(last["finished_at"], last["job_id"], last["run_id"])
         return Page([OwnerRun(r["job_id"], run_from_row(r)) for r in page], next_cursor)
+
+    async def active_job_bytes(self, owner: str) -> int:
+        total = 0
+        async with translated():
+            for pool in self.pools():
+                total += int(await pool.fetchval(Q["active_job_bytes"], owner))
+        return total
 
     async def count_active_jobs(self, owner: str) -> int:
         total = 0

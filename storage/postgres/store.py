@@ -15,6 +15,7 @@ import asyncpg
 from duetime.storage.postgres.completion import CompletionPart
 from duetime.storage.postgres.hints import DueConnections, Hints, listen_due
 from duetime.storage.postgres.inserts import InsertBatcher
+from duetime.storage.postgres.keys import KeysPart
 from duetime.storage.postgres.maintenance import MaintenancePart
 from duetime.storage.postgres.pools import open_pools
 from duetime.storage.postgres.queue_leases import QueueLeasePart
@@ -23,7 +24,7 @@ from duetime.storage.postgres.runpath import RunPathPart
 from duetime.storage.shardmap import ShardMap
 
 
-class PostgresStore(RegistryPart, RunPathPart, CompletionPart, MaintenancePart, QueueLeasePart):
+class PostgresStore(RegistryPart, RunPathPart, CompletionPart, MaintenancePart, QueueLeasePart, KeysPart):
     """Registry + run store on asyncpg pools, one pool per distinct database in the shard map."""
 
     def __init__(self, shard_map: ShardMap, pools: dict[str, asyncpg.Pool], notify_horizon_s: float) -> None:

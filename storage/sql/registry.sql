@@ -32,8 +32,31 @@ SELECT body_hash, job_id FROM idempotency_keys WHERE owner = $1 AND key = $2;
 -- name: get_job
 SELECT * FROM jobs WHERE job_id = $1 AND owner = $2 AND parent_id IS NULL;
 
+-- name: lock_family
+-- An owner action locks the job's row and its occurrence rows together, in job id order, before
+-- it touches any of them: the order fence_runs, lock_for_completion, take_runs and the heartbeats
+-- lock in. Locking the job's row first and its occurrence rows later (cascade_state, cascade_spec)
+-- while an engine's batch held an occurrence row and waited for the job's row was a deadlock.
+-- It runs twice (lock_job repeats it): occurrence rows inserted by a transaction this one waited
+-- for (a backfill) are not in the first statement's snapshot; once the job's row is held nobody
+-- can insert more, so the second statement locks them all, still in id order.
+SELECT count(*) FROM (
+    SELECT job_id FROM jobs
+    WHERE owner = $2 AND (job_id = $1 OR parent_id = $1)
+    ORDER BY job_id
+    FOR UPDATE
+) family;
+
 -- name: lock_job
-SELECT * FROM jobs WHERE job_id = $1 AND owner = $2 AND parent_id IS NULL FOR UPDATE;
+WITH family AS (
+    SELECT job_id FROM jobs
+    WHERE owner = $2 AND (job_id = $1 OR parent_id = $1)
+    ORDER BY job_id
+    FOR UPDATE
+)
+SELECT j.* FROM jobs j
+WHERE j.job_id = $1 AND j.owner = $2 AND j.parent_id IS NULL
+  AND (SELECT count(*) FROM family) > 0;
 
 -- name: list_jobs
 SELECT * FROM jobs
@@ -62,6 +85,12 @@ RETURNING *;
 
 -- name: count_active_jobs
 SELECT count(*) FROM jobs WHERE owner = $1 AND state IN ('scheduled', 'paused') AND parent_id IS NULL;
+
+-- name: active_job_bytes
+-- pg_column_size reads a TOASTed spec's stored (compressed) size from its pointer, without
+-- fetching or decompressing the value: the sum costs a pass over the owner's rows, not their data.
+SELECT COALESCE(sum(pg_column_size(spec)), 0)::bigint FROM jobs
+WHERE owner = $1 AND state IN ('scheduled', 'paused') AND parent_id IS NULL;
 
 -- name: job_exists
 SELECT 1 FROM jobs WHERE job_id = $1 AND owner = $2 AND parent_id IS NULL;

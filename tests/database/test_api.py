@@ -109,7 +109,11 @@ async def error_of(resp: Any, status: int) -> dict[str, Any]:
     body = json.loads(text)
     assert set(body) == {"error"}
     error: dict[str, Any] = body["error"]
-    assert set(error) <= {"code", "message", "field"}
+    if status >= 500:  # a 5xx names the request id its log lines carry
+        assert error["request_id"] == resp.headers["X-Request-Id"], (error, resp.headers)
+        assert set(error) <= {"code", "message", "field", "request_id"}
+    else:
+        assert set(error) <= {"code", "message", "field"}
     assert isinstance(error["code"], str) and error["code"]
     assert isinstance(error["message"], str) and error["message"]
     return error

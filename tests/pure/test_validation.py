@@ -450,7 +450,7 @@ CATALOGUE = [
     pytest.param(queue_job(topic=".a"), INV, "invalid_value", "target.topic", id="nats-leading-dot"),
     pytest.param(queue_job(topic="a."), INV, "invalid_value", "target.topic", id="nats-trailing-dot"),
     pytest.param(
-        queue_job(topic="$JS.API.INFO"), INV, "invalid_value", "target.topic", id="nats-system-subject"
+        queue_job(topic="$JS.API.INFO"), INV, "topic_not_allowed", "target.topic", id="nats-system-subject"
     ),
     pytest.param(queue_job(topic="a" * 256), INV, "invalid_value", "target.topic", id="nats-too-long"),
     pytest.param(queue_job(topic=""), INV, "invalid_value", "target.topic", id="nats-empty"),
