@@ -35,7 +35,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from duetime import logs
 from duetime._version import __version__
@@ -538,9 +538,19 @@ def _add_jobs_parser(sub: Any) -> None:
         help="read the API key from the first line of PATH (- for stdin)",
     )
     jobs.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
+    jobs.add_argument(
+        "-o",
+        "--output",
+        choices=("json", "table"),
+        default="json",
+        help="json (default: the API's answer, for scripts) or table (for a person)",
+    )
     conn = argparse.ArgumentParser(add_help=False)
     conn.add_argument("--server", dest="server", default=argparse.SUPPRESS, help="the API's base URL")
     conn.add_argument("--api-key", "--key", dest="key", default=argparse.SUPPRESS, help="API key")
+    conn.add_argument(
+        "-o", "--output", choices=("json", "table"), default=argparse.SUPPRESS, help="json or table"
+    )
     actions = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
 
     create = actions.add_parser(
@@ -827,8 +837,88 @@ def run_jobs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     except ValueError as exc:  # e.g. --timeout 0
         print(f"duetime: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(json.dumps(answer, indent=2, ensure_ascii=False), flush=True)
+    if args.output == "table":
+        print(render_table(answer), flush=True)
+    else:
+        print(json.dumps(answer, indent=2, ensure_ascii=False), flush=True)
     return EXIT_OK
+
+
+# --- `-o table`: the same answers, for a person ---------------------------------------------------
+
+# The columns a person scans first, per kind of row; any other row shows its scalar fields.
+_TABLE_COLUMNS: Final = {
+    "job": ("id", "name", "state", "next_run_at", "schedule", "target"),
+    "run": ("job_id", "scheduled_for", "attempt", "outcome", "status_code", "started_at", "error"),
+    "occurrence": ("at", "wall_time", "due_at"),
+}
+_CELL_MAX: Final = 48
+
+
+def _row_kind(row: Mapping[str, Any]) -> str | None:
+    if "state" in row and "schedule" in row:
+        return "job"
+    if "outcome" in row and "attempt" in row:
+        return "run"
+    if "at" in row and ("wall_time" in row or "due_at" in row):
+        return "occurrence"
+    return None
+
+
+def _cell(value: Any) -> str:
+    """One cell: scalars as they are, a schedule or target by its gist, anything else as JSON."""
+    if value is None:
+        return "-"
+    if isinstance(value, Mapping):
+        for key in ("cron", "every", "run_at", "url", "topic"):
+            if key in value:
+                text = str(value[key])
+                zone = value.get("timezone")
+                return f"{text} ({zone})" if key == "cron" and zone else text
+        value = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    elif isinstance(value, list):
+        value = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = str(value).replace("\n", " ")
+    return text if len(text) <= _CELL_MAX else text[: _CELL_MAX - 1] + "…"
+
+
+def _grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
+    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def render_table(answer: Any) -> str:
+    """A page (``items``), a preview (``occurrences``) or a list as rows and columns; a single
+    object (a job, a backfill, a bulk answer) as field/value lines. ``-o json`` stays the format
+    for scripts: the table drops nested detail."""
+    rows: Any = None
+    footer = ""
+    if isinstance(answer, Mapping):
+        for key in ("items", "occurrences"):
+            if isinstance(answer.get(key), list):
+                rows = answer[key]
+                if answer.get("next_cursor"):
+                    footer = f"\n(more: --cursor {answer['next_cursor']})"
+                break
+    elif isinstance(answer, list):
+        rows = answer
+    if rows is None:
+        if not isinstance(answer, Mapping):
+            return _cell(answer)
+        return _grid(("field", "value"), [(str(k), _cell(v)) for k, v in answer.items()])
+    if not rows:
+        return "(none)" + footer
+    dicts = [r for r in rows if isinstance(r, Mapping)]
+    if len(dicts) != len(rows):
+        return "\n".join(_cell(r) for r in rows) + footer
+    kind = _row_kind(dicts[0])
+    if kind is not None:
+        header = [c for c in _TABLE_COLUMNS[kind] if any(c in r for r in dicts)]
+    else:
+        header = [k for k, v in dicts[0].items() if not isinstance(v, Mapping | list)]
+    return _grid(header, [[_cell(r.get(c)) for c in header] for r in dicts]) + footer
 
 
 Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]

@@ -669,3 +669,42 @@ async def test_cli_reads_the_key_from_stdin_and_warns_when_it_is_a_visible_flag(
         assert "visible to other users" in err and served.key not in err
     code, out, err = await duetime_jobs(served, "list")  # DUETIME_API_KEY: no warning
     assert code == 0 and err == "", err
+
+
+async def test_cli_jobs_output_table_for_a_person(served: Served) -> None:
+    """``-o table`` prints the same answer as rows a person reads; ``-o json`` stays the default."""
+    code, job, err = await duetime_jobs(
+        served,
+        "create",
+        "--webhook-url",
+        served.receiver.url + "/tbl",
+        "--cron",
+        "0 0 1 1 *",
+        "--name",
+        "tbl",
+    )
+    assert code == 0, err
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DUETIME_")}
+    environ.update(DUETIME_URL=served.url, DUETIME_API_KEY=served.key)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "duetime",
+        "jobs",
+        "-o",
+        "table",
+        "get",
+        job["id"],
+        env=environ,
+        cwd=str(REPO),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err_bytes = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err_bytes.decode()
+    lines = out.decode().splitlines()
+    assert lines[0].split() == ["FIELD", "VALUE"]
+    assert any(line.split()[:2] == ["id", job["id"]] for line in lines)
+    assert any(line.split()[:2] == ["name", "tbl"] for line in lines)
+    code, _, err = await duetime_jobs(served, "cancel", job["id"])
+    assert code == 0, err
