@@ -103,20 +103,22 @@ def create_app(
     key_cache_ttl_s: float = 5.0,
     owner_rate_per_s: float = 0.0,
     max_jobs_per_owner: int = 0,
+    bulk_max: int = 10_000,
 ) -> web.Application:
     """The API as an aiohttp application; the caller owns the registry's lifetime.
 
     ``readiness`` is an extra probe for /readyz (brokers, engines): it raises when not ready.
     ``key_cache_ttl_s`` bounds how long a revoked key keeps working on this process.
     ``owner_rate_per_s`` (0 = off) and ``max_jobs_per_owner`` (0 = off) are the per-owner limits
-    of ``api.limits``.
+    of ``api.limits``; ``bulk_max`` bounds the jobs one bulk call changes (DUETIME_BULK_MAX).
     """
     rate = OwnerRateLimiter(owner_rate_per_s, 2 * owner_rate_per_s) if owner_rate_per_s > 0 else None
     cap = JobCap(max_jobs_per_owner, registry.count_active_jobs) if max_jobs_per_owner > 0 else None
     keys = KeyCache(registry, ttl_s=key_cache_ttl_s)
     spec_limits = limits if limits is not None else SpecLimits()
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_make_middleware(keys, rate, cap)])
-    app.router.add_routes(JobsApi(registry, policy=policy, limits=spec_limits).routes())
+    jobs_api = JobsApi(registry, policy=policy, limits=spec_limits, bulk_max=bulk_max, cap=cap)
+    app.router.add_routes(jobs_api.routes())
     app.router.add_routes(PreviewApi(registry, limits=spec_limits).routes())
 
     openapi_body = dumps(build_openapi(spec_limits))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from duetime._version import __version__
+from duetime.core.labels import LABEL_KEY_MAX, LABEL_KEY_PATTERN, LABEL_VALUE_MAX, LABELS_MAX, NAME_PATTERN
 from duetime.core.validation import SpecLimits
 
 JsonObject = dict[str, Any]
@@ -47,9 +48,27 @@ _E409: Final = _error("The job's state does not allow this call.")
 _E413: Final = _error("The request body is larger than 256 KiB.")
 _E415: Final = _error("The body is not sent as `application/json`.")
 _E422: Final = _error("Valid JSON with values that cannot be accepted; `field` names the culprit.")
+_E429: Final = {
+    **_error("Too many requests from this owner; wait as `Retry-After` says."),
+    "headers": {"Retry-After": {"schema": {"type": "string"}}},
+}
 _E503: Final = {
     **_error("The database cannot be reached; nothing was changed. Retry after a pause."),
     "headers": {"Retry-After": {"schema": {"type": "string"}}},
+}
+
+_NAME_PARAM: Final = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "description": "The job's name; it may contain `/` (sent as is or as `%2F`).",
+    "schema": {"type": "string", "pattern": NAME_PATTERN, "maxLength": 200},
+}
+_LABELS: Final = {
+    "type": "object",
+    "maxProperties": LABELS_MAX,
+    "propertyNames": {"pattern": LABEL_KEY_PATTERN, "maxLength": LABEL_KEY_MAX},
+    "additionalProperties": {"type": "string", "maxLength": LABEL_VALUE_MAX},
 }
 
 _JOB_ID_PARAM: Final = {
@@ -156,7 +175,18 @@ def _schemas(limits: SpecLimits) -> JsonObject:
         },
     }
     spec_properties: JsonObject = {
-        "name": {"type": ["string", "null"], "maxLength": limits.name_max},
+        "name": {
+            "type": ["string", "null"],
+            "maxLength": limits.name_max,
+            "pattern": NAME_PATTERN,
+            "description": "Unique per owner among jobs that are not cancelled (409 `name_taken`).",
+        },
+        "labels": {
+            **_LABELS,
+            "default": {},
+            "description": "Tags to select jobs by (`?label=` lists, bulk actions); a PATCH replaces "
+            "the whole object.",
+        },
         "target": {"oneOf": [_ref("WebhookTargetInput"), _ref("QueueTargetInput")]},
         "payload": {"description": f"Any JSON, at most {limits.payload_max_bytes} bytes encoded."},
         "schedule": {"oneOf": [_ref("OneOffSchedule"), _ref("CronScheduleInput")]},
@@ -254,6 +284,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "id",
             "owner",
             "name",
+            "labels",
             "target",
             "payload",
             "schedule",
@@ -274,6 +305,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "id": {"type": "string", "format": "uuid"},
             "owner": {"type": "string"},
             "name": {"type": ["string", "null"]},
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
             "target": {"oneOf": [_ref("WebhookTarget"), _ref("QueueTarget")]},
             "payload": {},
             "schedule": {"oneOf": [_ref("OneOffSchedule"), _ref("CronSchedule")]},
@@ -330,6 +362,39 @@ def _schemas(limits: SpecLimits) -> JsonObject:
         "Retry": retry_out,
         "Run": run,
         "Job": job,
+        "BulkRequest": {
+            "type": "object",
+            "required": ["labels"],
+            "additionalProperties": False,
+            "properties": {
+                "labels": {
+                    **_LABELS,
+                    "minProperties": 1,
+                    "description": "The jobs that carry every pair; at least one (422 `selector_required`).",
+                },
+                "state": {
+                    "enum": ["scheduled", "paused", "completed", "cancelled", "dead"],
+                    "description": "Only jobs in this state as well.",
+                },
+            },
+        },
+        "BulkResult": {
+            "type": "object",
+            "required": ["matched", "changed", "more"],
+            "additionalProperties": False,
+            "properties": {
+                "matched": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "Jobs found that the action applies to.",
+                },
+                "changed": {"type": "integer", "minimum": 0, "description": "Jobs this call changed."},
+                "more": {
+                    "type": "boolean",
+                    "description": "More jobs matched than one call takes; call again.",
+                },
+            },
+        },
         "BackfillRequest": backfill_in,
         "Backfill": backfill_out,
         "JobPage": {
@@ -495,6 +560,10 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                     "201": _json("Created.", _ref("Job"), location),
                     "400": _E400,
                     "401": _E401,
+                    "409": _error(
+                        "The name is held by another job (`name_taken`, the message names it), or the "
+                        "owner has as many active jobs as allowed (`job_limit_reached`)."
+                    ),
                     "413": _E413,
                     "415": _E415,
                     "422": _E422,
@@ -511,6 +580,22 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                         "required": False,
                         "description": "Only jobs in this state. An empty value means all.",
                         "schema": {"enum": ["scheduled", "paused", "completed", "cancelled", "dead"]},
+                    },
+                    {
+                        "name": "label",
+                        "in": "query",
+                        "required": False,
+                        "description": "`KEY=VALUE`, URL-encoded; repeat it for several (all must match).",
+                        "style": "form",
+                        "explode": True,
+                        "schema": {"type": "array", "maxItems": LABELS_MAX, "items": {"type": "string"}},
+                    },
+                    {
+                        "name": "name_prefix",
+                        "in": "query",
+                        "required": False,
+                        "description": "Only jobs whose name starts with this.",
+                        "schema": {"type": "string", "maxLength": 200},
                     },
                     *_page_params(),
                 ],
@@ -534,7 +619,9 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                     "400": _E400,
                     "401": _E401,
                     "404": _E404,
-                    "409": _error("The job is cancelled or completed."),
+                    "409": _error(
+                        "The job is cancelled or completed, or the new name is held by another job."
+                    ),
                     "413": _E413,
                     "415": _E415,
                     "422": _E422,
@@ -619,6 +706,7 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
             }
         },
     }
+    paths.update(_owner_scale_paths(spec_body, location))
     paths.update(_preview_paths())
     return {
         "openapi": "3.1.0",
@@ -641,6 +729,78 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
             },
             "schemas": _schemas(limits),
         },
+    }
+
+
+def _owner_scale_paths(spec_body: JsonObject, location: JsonObject) -> JsonObject:
+    """Jobs by name (PUT applies a spec, as a deploy script does) and bulk actions by label."""
+    job_ok = _json("The job.", _ref("Job"))
+    bulk_body = {"required": True, "content": {"application/json": {"schema": _ref("BulkRequest")}}}
+
+    def bulk(action: str, summary: str) -> JsonObject:
+        return {
+            "post": {
+                "operationId": f"bulk_{action}",
+                "summary": summary,
+                "requestBody": bulk_body,
+                "responses": {
+                    "200": _json("What the call did.", _ref("BulkResult")),
+                    "400": _E400,
+                    "401": _E401,
+                    "413": _E413,
+                    "415": _E415,
+                    "422": _E422,
+                    "429": _E429,
+                    "503": _E503,
+                },
+            }
+        }
+
+    return {
+        "/v1/jobs/by-name/{name}": {
+            "put": {
+                "operationId": "put_job_by_name",
+                "summary": "Create the named job (201), or make it match the body as a PATCH of every "
+                "field would (200, state unchanged); a body that changes nothing writes nothing.",
+                "parameters": [_NAME_PARAM],
+                "requestBody": spec_body,
+                "responses": {
+                    "200": _json("Updated, or already as the body says.", _ref("Job")),
+                    "201": _json("Created.", _ref("Job"), location),
+                    "400": _E400,
+                    "401": _E401,
+                    "404": _error(
+                        "Only when a client removed a `.` or `..` name from the URL before sending it "
+                        "(then the URL names no route); PUT never answers 404 for a name."
+                    ),
+                    "409": _error(
+                        "A change to a completed or dead job (as PATCH answers), or `job_limit_reached`."
+                    ),
+                    "413": _E413,
+                    "415": _E415,
+                    "422": _error("Invalid values, or a body `name` that differs from the URL's."),
+                    "429": _E429,
+                    "503": _E503,
+                },
+            },
+            "get": {
+                "operationId": "get_job_by_name",
+                "summary": "Read the job (not cancelled) that holds this name.",
+                "parameters": [_NAME_PARAM],
+                "responses": {"200": job_ok, "401": _E401, "404": _E404, "429": _E429, "503": _E503},
+            },
+        },
+        "/v1/jobs/bulk/pause": bulk(
+            "pause",
+            "Pause the owner's scheduled jobs that carry every label; none of them starts a run "
+            "after the answer.",
+        ),
+        "/v1/jobs/bulk/resume": bulk("resume", "Resume the owner's paused jobs that carry every label."),
+        "/v1/jobs/bulk/cancel": bulk(
+            "cancel",
+            "Cancel the owner's jobs (not cancelled yet) that carry every label; no run of them "
+            "starts after the answer.",
+        ),
     }
 
 

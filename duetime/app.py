@@ -134,6 +134,7 @@ class Node:
                 ),
                 owner_rate_per_s=s.api_owner_rate,
                 max_jobs_per_owner=s.max_jobs_per_owner,
+                bulk_max=s.bulk_max,
             )
             if self.api
             else _ops_app(self.store, self._not_ready)

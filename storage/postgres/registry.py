@@ -219,30 +219,33 @@ class RegistryPart(StoreBase):
         return job_from_row(out)
 
     async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
-        new_json = codec.spec_to_json(spec)
         async with self._locked(owner, job_id) as action:
-            row = action.row
-            self._require("update", row)
-            old = row["spec"]
-            timing_changed = (
-                old["schedule"] != new_json["schedule"] or old["jitter_s"] != new_json["jitter_s"]
-            )
-            plan = plan_of(row)
-            version = row["spec_version"]
-            if timing_changed:
-                version += 1
-                fresh = initial_plan(job_id, spec, utcnow())
-                keep_state = JobState(row["state"])
-                plan = replace(fresh, pending_triggers=plan.pending_triggers)
-                if keep_state in (JobState.PAUSED, JobState.DEAD) and plan.state == JobState.SCHEDULED:
-                    plan = replace(plan, state=keep_state)
-            if new_json != old:
-                await action.conn.execute(Q["cascade_spec"], job_id, new_json)
-            if timing_changed:
-                await action.conn.execute(Q["drop_split_occurrences"], job_id)
-            return await self._write(
-                action, spec=new_json, spec_version=version, plan=plan, revoke=timing_changed
-            )
+            return await self._update_locked(action, job_id, spec)
+
+    async def _update_locked(self, action: _Action, job_id: uuid.UUID, spec: JobSpec) -> Job:
+        """The update of a row already locked in ``action`` (also the PUT by name's, which locks
+        it under the name's lock)."""
+        new_json = codec.spec_to_json(spec)
+        row = action.row
+        self._require("update", row)
+        old = row["spec"]
+        timing_changed = old["schedule"] != new_json["schedule"] or old["jitter_s"] != new_json["jitter_s"]
+        plan = plan_of(row)
+        version = row["spec_version"]
+        if timing_changed:
+            version += 1
+            fresh = initial_plan(job_id, spec, utcnow())
+            keep_state = JobState(row["state"])
+            plan = replace(fresh, pending_triggers=plan.pending_triggers)
+            if keep_state in (JobState.PAUSED, JobState.DEAD) and plan.state == JobState.SCHEDULED:
+                plan = replace(plan, state=keep_state)
+        if new_json != old:
+            await action.conn.execute(Q["cascade_spec"], job_id, new_json)
+        if timing_changed:
+            await action.conn.execute(Q["drop_split_occurrences"], job_id)
+        return await self._write(
+            action, spec=new_json, spec_version=version, plan=plan, revoke=timing_changed
+        )
 
     async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job:
         async with self._locked(owner, job_id) as action:

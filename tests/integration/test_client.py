@@ -387,7 +387,7 @@ async def test_cli_jobs_lifecycle(served: Served) -> None:
     assert job["target"]["url"] == served.receiver.url + "/cli"
     job_id = job["id"]
 
-    spec = json.dumps(_webhook_spec(served, "/cli-stdin", name="from stdin"))
+    spec = json.dumps(_webhook_spec(served, "/cli-stdin", name="from-stdin"))
     code, from_stdin, err = await duetime_jobs(
         served, "create", "-f", "-", "--name", "overridden", stdin=spec.encode()
     )

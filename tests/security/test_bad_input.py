@@ -612,7 +612,7 @@ CASES = [
     Case(
         "idempotency-key-reused",
         "Idempotency-Key misuse",
-        job(name="a different body"),
+        job(name="a-different-body"),
         422,
         "idempotency_key_reused",
         "Idempotency-Key",

@@ -1,0 +1,63 @@
+-- Jobs selected by label or name prefix (0006): the filtered list and bulk actions.
+-- Labels are matched by containment (spec->'labels' @> '{"k": "v", ...}': every pair must be
+-- there), which the GIN index jobs_labels answers; the planner may instead walk jobs_owner in id
+-- order when most of the owner's jobs match (docs/performance.md has the figures).
+
+-- name: list_jobs_by_labels
+SELECT * FROM jobs
+WHERE owner = $1 AND parent_id IS NULL AND spec->'labels' @> $2::jsonb AND job_id > $3
+  AND ($4::text IS NULL OR state = $4)
+  AND ($5::text IS NULL OR starts_with(spec->>'name', $5))
+ORDER BY job_id
+LIMIT $6;
+
+-- name: list_jobs_by_name_prefix
+SELECT * FROM jobs
+WHERE owner = $1 AND parent_id IS NULL AND starts_with(spec->>'name', $2) AND job_id > $3
+  AND ($4::text IS NULL OR state = $4)
+ORDER BY job_id
+LIMIT $5;
+
+-- name: bulk_candidates
+-- The jobs a bulk action would change: carrying every label, in a state the action applies to.
+SELECT job_id FROM jobs
+WHERE owner = $1 AND parent_id IS NULL AND spec->'labels' @> $2::jsonb AND state = ANY($3::text[])
+ORDER BY job_id
+LIMIT $4;
+
+-- name: lock_jobs_of_owner
+-- A bulk batch under lock, in job id order (as lock_for_completion locks), so two batches that
+-- overlap, or a batch and a completion, never wait on each other in a cycle.
+SELECT * FROM jobs
+WHERE job_id = ANY($1::uuid[]) AND owner = $2 AND parent_id IS NULL
+ORDER BY job_id
+FOR UPDATE;
+
+-- name: bulk_write_state
+-- What pause ($4 revoke: true), resume (false) and cancel (true) write for each row, as
+-- write_job does for one: the new state, a cancel's next run and triggers cleared, the
+-- overlap split point recomputed, and a claimed row's lease given back when revoking.
+UPDATE jobs j SET
+    state = $2,
+    next_run_at = CASE WHEN $2 = 'cancelled' THEN NULL ELSE j.next_run_at END,
+    pending_triggers = CASE WHEN $2 = 'cancelled' THEN '{}'::timestamptz[] ELSE j.pending_triggers END,
+    split_at = u.split_at,
+    phase = CASE WHEN $4::bool AND j.phase = 'claimed' THEN 'idle' ELSE j.phase END,
+    claimed_by = CASE WHEN $4::bool AND j.phase = 'claimed' THEN NULL ELSE j.claimed_by END,
+    leased_until = CASE WHEN $4::bool AND j.phase = 'claimed' THEN NULL ELSE j.leased_until END,
+    updated_at = now()
+FROM unnest($1::uuid[], $3::timestamptz[]) AS u(job_id, split_at)
+WHERE j.job_id = u.job_id AND j.owner = $5 AND j.job_id = ANY($1::uuid[]);
+
+-- name: bulk_cascade_state
+-- cascade_state for a batch of jobs: their occurrence rows follow, a claimed one gives its lease back.
+UPDATE jobs SET
+    state = $2,
+    phase = CASE WHEN phase = 'claimed' THEN 'idle' ELSE phase END,
+    claimed_by = CASE WHEN phase = 'claimed' THEN NULL ELSE claimed_by END,
+    leased_until = CASE WHEN phase = 'claimed' THEN NULL ELSE leased_until END,
+    updated_at = now()
+WHERE parent_id = ANY($1::uuid[]) AND state <> 'cancelled';
+
+-- name: bulk_drop_idle_occurrences
+DELETE FROM jobs WHERE parent_id = ANY($1::uuid[]) AND phase = 'idle';
