@@ -26,6 +26,7 @@ from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import SpecLimits
 from duetime.engine.leases import LeaseKeeper
 from duetime.engine.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
+from duetime.engine.retention import RetentionConfig, RetentionService
 from duetime.engine.runqueue import InProcessRunQueue
 from duetime.engine.service import Engine, EngineConfig
 from duetime.settings import Settings
@@ -41,6 +42,16 @@ log = logging.getLogger("duetime")
 def address_policy(settings: Settings) -> AddressPolicy:
     return AddressPolicy(
         allow_private=settings.webhook_allow_private, allow_cidrs=tuple(settings.webhook_allow_cidrs)
+    )
+
+
+def retention_config(settings: Settings) -> RetentionConfig:
+    return RetentionConfig(
+        run_retention_s=settings.run_retention_s,
+        finished_job_retention_s=settings.finished_job_retention_s,
+        batch=settings.retention_batch,
+        interval_s=settings.retention_interval_s,
+        pause_s=settings.retention_pause_s,
     )
 
 
@@ -92,6 +103,7 @@ class Node:
     _publisher: NatsRunPublisher | None = None
     _published: PublishedLeaseKeeper | None = None
     _remote: RemoteWorker | None = None
+    _retention: RetentionService | None = None
 
     async def start(self) -> None:
         tune_gc()
@@ -149,6 +161,9 @@ class Node:
         if server is not None and server.sockets:
             port = server.sockets[0].getsockname()[1]
         self.url = f"http://{host}:{port}"
+        if self.engine:
+            self._retention = RetentionService(self.store, retention_config(s))
+            self._retention.start()
 
     async def _start_nats_parts(self, policy: AddressPolicy) -> None:
         """DUETIME_RUN_QUEUE=nats: the engine publishes fenced runs (and keeps their leases until a
@@ -205,6 +220,8 @@ class Node:
         s = self.settings
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._retention is not None:
+            await self._retention.stop()
         if self._engine is not None:
             await self._engine.stop()
         if self._publisher is not None:
