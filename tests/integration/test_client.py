@@ -368,7 +368,7 @@ async def test_cli_jobs_lifecycle(served: Served) -> None:
         served,
         "create",
         "--name",
-        "from flags",
+        "from-flags",
         "--url",
         served.receiver.url + "/cli",
         "--cron",
@@ -380,7 +380,7 @@ async def test_cli_jobs_lifecycle(served: Served) -> None:
     )
     assert code == 0, err
     assert (job["name"], job["payload"], job["schedule"]["timezone"]) == (
-        "from flags",
+        "from-flags",
         {"a": 1},
         "Europe/Berlin",
     )
