@@ -39,6 +39,13 @@ _APPLIES: Final[dict[str, frozenset[JobState]]] = {
 _TARGET: Final = {"pause": JobState.PAUSED, "resume": JobState.SCHEDULED, "cancel": JobState.CANCELLED}
 
 
+def _driver(labels: Mapping[str, str]) -> tuple[str, str]:
+    """The pair whose job_labels range drives the scan; the others are checked on the row. The
+    first in key order, so one selector always reads the same range (and plan)."""
+    key = min(labels)
+    return key, labels[key]
+
+
 class SelectionPart(RegistryPart):
     """Label filters for the list, and bulk actions."""
 
@@ -60,12 +67,15 @@ class SelectionPart(RegistryPart):
         async with translated():
             for pool in self.pools():
                 if labels:
+                    key, value = _driver(labels)
                     rows.extend(
                         await pool.fetch(
                             Q["list_jobs_by_labels"],
                             owner,
-                            dict(labels),
+                            key,
+                            value,
                             after,
+                            dict(labels),
                             state_value,
                             name_prefix,
                             limit + 1,
@@ -96,20 +106,23 @@ class SelectionPart(RegistryPart):
             return BulkResult(matched=0, changed=0, more=False)
         wanted = sorted(s.value for s in states)
         selector = dict(labels)
+        driver = _driver(labels)
         matched = changed = 0
         more = False
         remaining = max_jobs
         async with translated():
             for pool in self.pools():
                 if remaining == 0:
-                    rest = await pool.fetch(Q["bulk_candidates"], owner, selector, wanted, 1)
+                    rest = await pool.fetch(Q["bulk_candidates"], owner, *driver, selector, wanted, 1)
                     if rest:
                         more = True
                         break
                     continue
                 ids = [
                     r["job_id"]
-                    for r in await pool.fetch(Q["bulk_candidates"], owner, selector, wanted, remaining + 1)
+                    for r in await pool.fetch(
+                        Q["bulk_candidates"], owner, *driver, selector, wanted, remaining + 1
+                    )
                 ]
                 if len(ids) > remaining:
                     more = True

@@ -1,15 +1,17 @@
 -- Jobs selected by label or name prefix (0006): the filtered list and bulk actions.
--- Labels are matched by containment (spec->'labels' @> '{"k": "v", ...}': every pair must be
--- there), which the GIN index jobs_labels answers; the planner may instead walk jobs_owner in id
--- order when most of the owner's jobs match (docs/performance.md has the figures).
+-- One pair of the selector ($2 = $3) drives: a range scan of job_labels' primary key (owner,
+-- key, value, job_id) in job id order, so a page reads about as many rows as it lists; the job
+-- row must carry every pair ($5, containment), be a job (not an occurrence row) and pass the
+-- other filters.
 
 -- name: list_jobs_by_labels
-SELECT * FROM jobs
-WHERE owner = $1 AND parent_id IS NULL AND spec->'labels' @> $2::jsonb AND job_id > $3
-  AND ($4::text IS NULL OR state = $4)
-  AND ($5::text IS NULL OR starts_with(spec->>'name', $5))
-ORDER BY job_id
-LIMIT $6;
+SELECT j.* FROM job_labels l JOIN jobs j ON j.job_id = l.job_id
+WHERE l.owner = $1 AND l.key = $2 AND l.value = $3 AND l.job_id > $4
+  AND j.owner = $1 AND j.parent_id IS NULL AND j.spec->'labels' @> $5::jsonb
+  AND ($6::text IS NULL OR j.state = $6)
+  AND ($7::text IS NULL OR starts_with(j.spec->>'name', $7))
+ORDER BY l.job_id
+LIMIT $8;
 
 -- name: list_jobs_by_name_prefix
 SELECT * FROM jobs
@@ -20,10 +22,11 @@ LIMIT $5;
 
 -- name: bulk_candidates
 -- The jobs a bulk action would change: carrying every label, in a state the action applies to.
-SELECT job_id FROM jobs
-WHERE owner = $1 AND parent_id IS NULL AND spec->'labels' @> $2::jsonb AND state = ANY($3::text[])
-ORDER BY job_id
-LIMIT $4;
+SELECT l.job_id FROM job_labels l JOIN jobs j ON j.job_id = l.job_id
+WHERE l.owner = $1 AND l.key = $2 AND l.value = $3
+  AND j.owner = $1 AND j.parent_id IS NULL AND j.spec->'labels' @> $4::jsonb AND j.state = ANY($5::text[])
+ORDER BY l.job_id
+LIMIT $6;
 
 -- name: lock_jobs_of_owner
 -- A bulk batch under lock, in job id order (as lock_for_completion locks), so two batches that

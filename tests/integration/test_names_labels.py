@@ -7,6 +7,7 @@ States the API cannot reach on its own (completed, dead) and rows as an engine w
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -457,3 +458,46 @@ async def test_a_deadline_in_the_past_is_kept_by_put(
         client, headers, "bounded", spec(schedule={"cron": "*/5 * * * *", "end_at": past_end})
     )
     assert status == 200, again
+
+
+async def test_the_label_table_follows_every_write(
+    client: Client, store: PostgresStore, db: asyncpg.Connection
+) -> None:
+    """job_labels is kept by triggers: after creates (batched and single), PATCH, PUT, bulk
+    cancel and a delete it holds exactly the pairs the owner's job rows carry."""
+    headers = await new_owner(store)
+    made = await asyncio.gather(
+        *(
+            client.post("/v1/jobs", json=spec(labels={"a": str(i % 3), "b": "x"}), headers=headers)
+            for i in range(30)
+        )
+    )
+    ids = [uuid.UUID((await r.json())["id"]) for r in made]
+    owner = (await made[0].json())["owner"]
+    await client.patch(f"/v1/jobs/{ids[0]}", json={"labels": {"c": "new"}}, headers=headers)
+    await client.patch(f"/v1/jobs/{ids[1]}", json={"jitter_s": 2}, headers=headers)
+    await put(client, headers, "named", spec(labels={"a": "0"}))
+    await put(client, headers, "named", spec(labels={"a": "1", "d": ""}))
+    await client.post("/v1/jobs/bulk/cancel", json={"labels": {"a": "2"}}, headers=headers)
+    await db.execute("DELETE FROM jobs WHERE job_id = $1", ids[3])
+
+    async def pairs() -> tuple[set[tuple[str, str, str]], set[tuple[str, str, str]]]:
+        want = {
+            (str(r["job_id"]), k, v)
+            for r in await db.fetch(
+                "SELECT job_id, spec FROM jobs WHERE owner = $1 AND parent_id IS NULL", owner
+            )
+            for k, v in (r["spec"] if isinstance(r["spec"], dict) else json.loads(r["spec"]))[
+                "labels"
+            ].items()
+        }
+        have = {
+            (str(r["job_id"]), r["key"], r["value"])
+            for r in await db.fetch("SELECT job_id, key, value FROM job_labels WHERE owner = $1", owner)
+        }
+        return want, have
+
+    want, have = await pairs()
+    assert want == have
+    assert (str(ids[0]), "c", "new") in have and (str(ids[0]), "a", "0") not in have
+    assert not any(j == str(ids[3]) for j, _, _ in have)
