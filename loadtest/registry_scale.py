@@ -188,7 +188,9 @@ async def api_latency(dsn: str, requests: int, clients: int) -> dict[str, dict[s
         for name, method, make in (
             ("GET /v1/jobs/{id}", "GET", lambda i: (f"/v1/jobs/{ids[i % len(ids)]}", None, 200)),
             ("POST /v1/jobs", "POST", lambda i: ("/v1/jobs", body, 201)),
-            # List by label, first page of 100, selectors from common to rare.
+            # List by label, first page of 100, selectors from common to rare; the plain list of
+            # 100 first, as the baseline of what rendering a page costs.
+            ("list (no filter)", "GET", lambda i: ("/v1/jobs", None, 200)),
             ("list label all=1", "GET", lambda i: ("/v1/jobs?label=all%3D1", None, 200)),
             ("list label env (1/3)", "GET", lambda i: (f"/v1/jobs?label=env%3D{ENVS[i % 3]}", None, 200)),
             ("list label team (1/50)", "GET", lambda i: (f"/v1/jobs?label=team%3Dteam-{i % 50}", None, 200)),
@@ -203,6 +205,35 @@ async def api_latency(dsn: str, requests: int, clients: int) -> dict[str, dict[s
                 await timed(method, *make(i))
             latencies = await _run_clients(timed, method, make, requests, clients)
             out[name] = {k: round(v, 2) for k, v in quantiles(latencies).items()}
+    return out
+
+
+SELECTORS: dict[str, dict[str, str]] = {
+    "all=1": {"all": "1"},
+    "env (1/3)": {"env": "prod"},
+    "team (1/50)": {"team": "team-7"},
+    "team+env (1/150)": {"team": "team-7", "env": "staging"},
+    "tier=gold (1/1000)": {"tier": "gold"},
+}
+
+
+async def store_label_latency(dsn: str, requests: int) -> dict[str, dict[str, float]]:
+    """The list by label in storage alone (query and decoding, no HTTP, one caller): the first
+    page of 100 and a page deep in the listing (after a cursor in the middle), p50/p99 in ms."""
+    store = await PostgresStore.open(ShardMap.single(dsn), pool_size=2)
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for name, labels in SELECTORS.items():
+            first = await store.list_jobs(OWNERS[0], state=None, limit=100, cursor=None, labels=labels)
+            cursors: list[str | None] = [None, first.next_cursor]
+            spent: list[float] = []
+            for i in range(requests):
+                started = time.perf_counter()
+                await store.list_jobs(OWNERS[0], state=None, limit=100, cursor=cursors[i % 2], labels=labels)
+                spent.append((time.perf_counter() - started) * 1000)
+            out[name] = {k: round(v, 2) for k, v in quantiles(spent).items()}
+    finally:
+        await store.close()
     return out
 
 
@@ -248,6 +279,7 @@ async def measure(dsn: str, label: str, due: int, requests: int, clients: int) -
     rate = await claim_rate(dsn, due)
     api = await api_latency(dsn, requests, clients)
     bulk = await bulk_pause(dsn, OWNERS[1] if label == "small" else OWNERS[2])
+    in_store = await store_label_latency(dsn, min(requests, 500))
     conn = await asyncpg.connect(dsn)
     try:
         count = await conn.fetchval("SELECT count(*) FROM jobs")
@@ -259,7 +291,14 @@ async def measure(dsn: str, label: str, due: int, requests: int, clients: int) -
         file=sys.stderr,
         flush=True,
     )
-    return {"rows": count, "jobs_bytes": size, "claims_per_s": round(rate), "api_ms": api, "bulk_pause": bulk}
+    return {
+        "rows": count,
+        "jobs_bytes": size,
+        "claims_per_s": round(rate),
+        "api_ms": api,
+        "bulk_pause": bulk,
+        "store_label_list_ms": in_store,
+    }
 
 
 async def bench(small: int, large: int, *, due: int, requests: int, clients: int, keep: bool) -> None:
@@ -324,6 +363,14 @@ async def bench(small: int, large: int, *, due: int, requests: int, clients: int
                 f"{ep} p50 / p99",
                 f"{s['p50']:.1f} / {s['p99']:.1f} ms → {lg['p50']:.1f} / {lg['p99']:.1f} ms "
                 f"(ratios {ratios[ep + ' p50']} / {ratios[ep + ' p99']})",
+            )
+        )
+    for sel in SELECTORS:
+        s_, lg = at_small["store_label_list_ms"][sel], at_large["store_label_list_ms"][sel]
+        rows.append(
+            (
+                f"store list label {sel} p50 / p99",
+                f"{s_['p50']:.1f} / {s_['p99']:.1f} ms → {lg['p50']:.1f} / {lg['p99']:.1f} ms",
             )
         )
     for size in ("small", "large"):
