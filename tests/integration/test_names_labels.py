@@ -20,6 +20,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from duetime.api.app import create_app
+from duetime.core.ids import shard_of
 from duetime.core.ssrf import AddressPolicy
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
@@ -501,3 +502,50 @@ async def test_the_label_table_follows_every_write(
     assert want == have
     assert (str(ids[0]), "c", "new") in have and (str(ids[0]), "a", "0") not in have
     assert not any(j == str(ids[3]) for j, _, _ in have)
+
+
+async def test_labels_and_names_move_with_their_shard(pg_dsn_pair: tuple[str, str]) -> None:
+    """A shard move copies job rows with COPY: the target's triggers build their label rows, the
+    source's delete theirs, and the moved jobs are found by label and by name on the target."""
+    from duetime.core.codec import spec_from_json
+    from duetime.storage.postgres import move_shard
+
+    a, b = pg_dsn_pair
+    owner = f"owner-{uuid.uuid4().hex[:8]}"
+    before = await PostgresStore.open(ShardMap.single(a))
+    try:
+        made = [
+            (
+                await before.create_job(
+                    owner, spec_from_json(_stored(spec(name=f"m{i}", labels={"move": "me"})))
+                )
+            )[0]
+            for i in range(40)
+        ]
+    finally:
+        await before.close()
+    # A shard the other two-database test keeps on the first database (it maps 0-7 there).
+    moving = min(shard_of(uuid.UUID(j.id)) for j in made)
+    assert moving < 8
+    report = await move_shard(moving, a, b)
+    assert report.jobs == sum(1 for j in made if shard_of(uuid.UUID(j.id)) == moving)
+    after = await PostgresStore.open(ShardMap.from_dsns([b if s == moving else a for s in range(16)]))
+    try:
+        listed = await after.list_jobs(owner, state=None, limit=1000, cursor=None, labels={"move": "me"})
+        assert sorted(j.id for j in listed.items) == sorted(j.id for j in made)
+        mover = next(j for j in made if shard_of(uuid.UUID(j.id)) == moving)
+        assert (await after.get_job_by_name(owner, mover.spec.name or "")).id == mover.id
+    finally:
+        await after.close()
+    src, dst = await asyncpg.connect(a), await asyncpg.connect(b)
+    try:
+        moved = [uuid.UUID(j.id) for j in made if shard_of(uuid.UUID(j.id)) == moving]
+        assert (
+            await src.fetchval("SELECT count(*) FROM job_labels WHERE job_id = ANY($1::uuid[])", moved) == 0
+        )
+        assert await dst.fetchval(
+            "SELECT count(*) FROM job_labels WHERE job_id = ANY($1::uuid[])", moved
+        ) == len(moved)
+    finally:
+        await src.close()
+        await dst.close()
