@@ -18,25 +18,31 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import REGISTRY, generate_latest
+from prometheus_client import REGISTRY, Gauge, generate_latest
 
 from duetime._version import __version__
 from duetime.api.app import create_app
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import SpecLimits
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
 from duetime.engine.retention import RetentionConfig, RetentionService
-from duetime.engine.runqueue import InProcessRunQueue
 from duetime.engine.service import Engine, EngineConfig
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
+from duetime.runqueue.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
 from duetime.settings import Settings
-from duetime.storage.postgres import PostgresStore, expire_published_of
+from duetime.storage.ports import Registry
+from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from duetime.workers.dispatch import Dispatcher
 from duetime.workers.pool import WorkerPool
 from duetime.workers.remote import RemoteWorker
 
 log = logging.getLogger("duetime")
+
+# `duetime_build_info{version="…"} 1` on every process's /metrics (API, engine, worker, `run`): a
+# dashboard joins on it to see which release each process runs, e.g. halfway through an upgrade.
+BUILD_INFO = Gauge("duetime_build_info", "The Duetime release this process runs (always 1)", ["version"])
+BUILD_INFO.labels(__version__).set(1)
 
 
 def address_policy(settings: Settings) -> AddressPolicy:
@@ -179,7 +185,17 @@ class Node:
                 host_rate_per_s=s.target_rate,
             )
             await self._dispatcher.start()
-            self._remote = RemoteWorker(self.store, self._dispatcher, s)
+            self._remote = RemoteWorker(
+                self.store,
+                self._dispatcher,
+                nats_url=s.nats_url,
+                subject_prefix=s.nats_run_subject,
+                lease_s=s.lease_s,
+                heartbeat_s=s.heartbeat_s,
+                ack_wait_s=s.nats_ack_wait_s,
+                concurrency=s.worker_concurrency,
+                shutdown_grace_s=s.shutdown_grace_s,
+            )
             await self._remote.start()
         if self.engine:
             self._publisher = NatsRunPublisher(
@@ -200,7 +216,7 @@ class Node:
             self._published.start()
             # Before Engine.start: its own restart step selects without locking, and could finish a
             # run a worker is taking at that moment (then called twice); this one cannot.
-            expired = await expire_published_of(self.store, s.engine_id, sorted(s.shards))
+            expired = await self.store.expire_published_of(s.engine_id, sorted(s.shards))
             if expired:
                 log.info("finished %d runs published by a previous life of this engine", expired)
             self._engine = Engine(self.store, self._publisher, self._published, engine_config(s))
@@ -243,7 +259,7 @@ class Node:
             await self.store.close()
 
 
-def _ops_app(store: PostgresStore, not_ready: Callable[[], str | None] = lambda: None) -> web.Application:
+def _ops_app(store: Registry, not_ready: Callable[[], str | None] = lambda: None) -> web.Application:
     """/healthz, /readyz and /metrics for a process that does not serve the API."""
 
     async def healthz(_: web.Request) -> web.Response:

@@ -10,6 +10,11 @@ ends the process at once (an embedded database left running is restarted by the 
 
 Failures a user can fix (a bad setting, a database that does not answer, a port in use) print
 one line to stderr and exit 2; a traceback means a bug in Duetime.
+
+The server's libraries (asyncpg, aiohttp, NATS, Redis, ...) come with the ``server`` extra, so
+this module imports none of them at the top: ``duetime --version`` and ``duetime jobs …`` work
+after a plain ``pip install duetime``, and a server command without the extra says which install
+command is missing instead of failing with a traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import contextvars
+import importlib.util
 import json
 import logging
 import os
@@ -27,7 +33,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from duetime import apply as apply_file
 from duetime._version import __version__
@@ -45,9 +51,10 @@ from duetime.settings import (
     unknown_variables,
 )
 from duetime.storage.base import Registry
-from duetime.storage.migrate import migrate
-from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
+
+if TYPE_CHECKING:
+    from duetime.storage.postgres import PostgresStore
 
 log = logging.getLogger("duetime")
 
@@ -56,6 +63,20 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 DEV_OWNER = "dev"
 OWNER_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+SERVER_INSTALL = "pip install 'duetime[server]'"
+# What the server commands import, as import names: the `server` extra of pyproject.toml (a test
+# keeps the two equal). Looked up with find_spec, so a check costs no import.
+SERVER_MODULES = (
+    "aiohttp",
+    "asyncpg",
+    "hiredis",
+    "msgpack",
+    "nats",
+    "prometheus_client",
+    "redis",
+    "tzdata",
+    "uvloop",
+)
 
 
 # --- argument parsing ---------------------------------------------------------------------------
@@ -132,6 +153,8 @@ def database_settings(settings: Settings) -> Settings:
 
 async def migrate_all(settings: Settings, out: Callable[[str], None]) -> None:
     """Bring every distinct database of the shard map to the current schema."""
+    from duetime.storage.migrate import migrate
+
     for dsn, shards in ShardMap.from_dsns(settings.shard_dsns()).databases().items():
         async with _about(dsn):
             applied = await migrate(dsn)
@@ -140,6 +163,8 @@ async def migrate_all(settings: Settings, out: Callable[[str], None]) -> None:
 
 
 async def _open_store(settings: Settings) -> PostgresStore:
+    from duetime.storage.postgres import PostgresStore
+
     shard_map = ShardMap.from_dsns(settings.shard_dsns())
     async with _about(shard_map.home):
         return await PostgresStore.open(shard_map, pool_size=2)
@@ -302,6 +327,7 @@ def _add_shards_parser(sub: Any) -> None:
 
 
 async def cmd_shards(settings: Settings, args: argparse.Namespace) -> int:
+    from duetime.storage.migrate import migrate
     from duetime.storage.postgres import move_shard
 
     settings = database_settings(settings)
@@ -680,6 +706,18 @@ async def _supervise(
     return await command(settings, args)
 
 
+def missing_server_module() -> str | None:
+    """The first library of the server extra that is not installed, or None."""
+    for name in SERVER_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a finder that refuses it, or a module left half-imported
+            found = False
+        if not found:
+            return name
+    return None
+
+
 def _new_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
@@ -722,6 +760,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     environ = dict(os.environ)
     if args.command == "jobs":
         return run_jobs(args, environ)
+    missing = missing_server_module()
+    if missing is not None:
+        print(
+            f"duetime: '{args.command}' needs the server's libraries ({missing} is not installed): "
+            f"{SERVER_INSTALL}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     if getattr(args, "shards", None):
         environ["DUETIME_SHARDS"] = args.shards
     try:

@@ -3,7 +3,7 @@
 Delivery is at least once, so a receiver has three jobs, and each helper here does one:
 
 1. **Is it from Duetime?** ``verify_webhook`` checks the Standard Webhooks signature. It is
-   ``workers.signing.verify_signature``, the very code the sender's signature is defined next to,
+   ``duetime.core.signing.verify_signature``, the very code the sender's signature is defined next to,
    so the two sides cannot disagree about the signed bytes.
 2. **Have I done this occurrence already?** ``Deduplicator`` keeps the ``Idempotency-Key`` (the
    same on every attempt and redelivery of one occurrence) in a pluggable ``IdempotencyStore``:
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Final, Protocol
 
-from duetime.workers.signing import (
+from duetime.core.signing import (
     ATTEMPT,
     FENCING_TOKEN,
     IDEMPOTENCY_KEY,

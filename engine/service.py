@@ -17,16 +17,15 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import asyncpg
-
 from duetime.core import codec
-from duetime.engine import entries, metrics
+from duetime.engine import entries
 from duetime.engine.clock import Clock, SystemClock
-from duetime.engine.leases import LeaseKeeper
 from duetime.engine.misfire import FireNow, SkipTo, decide
-from duetime.engine.runqueue import RunQueue
 from duetime.engine.wheel import TimerWheel, WheelDriver
-from duetime.storage.postgres import NOTIFY_CHANNEL, ClaimedRow, MissedSkip, PostgresStore
+from duetime.runqueue import metrics
+from duetime.runqueue.inprocess import RunQueue
+from duetime.runqueue.leases import LeaseKeeper
+from duetime.storage.ports import ClaimedRow, DueListener, FenceRequest, Lease, MissedSkip, RunStore
 
 log = logging.getLogger("duetime.engine")
 
@@ -53,7 +52,7 @@ class EngineConfig:
 class Engine:
     def __init__(
         self,
-        store: PostgresStore,
+        store: RunStore,
         queue: RunQueue,
         keeper: LeaseKeeper,
         config: EngineConfig,
@@ -87,7 +86,7 @@ class Engine:
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._fencer: asyncio.Task[None] | None = None
-        self._listeners: list[asyncpg.Connection] = []
+        self._listener: DueListener | None = None
         self.crashed: BaseException | None = None
         # Benchmarks set this to see every fire's lateness in ms, exactly (the histogram buckets).
         self.lateness_probe: Callable[[list[int]], None] | None = None
@@ -142,9 +141,9 @@ class Engine:
     async def stop(self) -> None:
         """Stop claiming, give back what has not fired, let the fencer finish its batch."""
         self._stopping.set()
-        for conn in self._listeners:
+        if self._listener is not None:
             with contextlib.suppress(Exception):
-                await conn.close()
+                await self._listener.close()
         # Claim loops and the janitor are not cancelled mid-statement: a claim that committed
         # must reach the wheel so it can be released below. They see the stop at their next
         # check; wake them all, give them a bounded time, and only then cancel.
@@ -168,7 +167,7 @@ class Engine:
         self._fired_count = 0
         metrics.WHEEL_SIZE.set(0)
         if waiting:
-            items = [(e.job_id, e.shard, e.lease_token) for e in map(entries.unpack, waiting)]
+            items = [Lease(e.job_id, e.shard, e.lease_token) for e in map(entries.unpack, waiting)]
             released = 0
             for i in range(0, len(items), 1000):
                 released += await asyncio.shield(self._store.release_claims(items[i : i + 1000]))
@@ -180,21 +179,10 @@ class Engine:
     async def _listen(self) -> None:
         """LISTEN on every database holding our shards: a job due inside the lookahead reaches
         the wheel within milliseconds of its commit, not at the next poll."""
-        for dsn, shards in self._store.shard_map.databases().items():
-            if not set(shards) & set(self.config.shards):
-                continue
-            try:
-                conn = await asyncpg.connect(dsn)
-                await conn.add_listener(NOTIFY_CHANNEL, self._on_notify)
-                self._listeners.append(conn)
-            except (OSError, asyncpg.PostgresError):
-                log.warning("LISTEN on %s failed; relying on polling", dsn.split("@")[-1])
+        self._listener = await self._store.listen_due(self.config.shards, self._on_due)
 
-    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        try:
-            event = self._wakeups.get(int(payload))
-        except ValueError:
-            return
+    def _on_due(self, shard: int) -> None:
+        event = self._wakeups.get(shard)
         if event is not None:
             event.set()
 
@@ -375,7 +363,7 @@ class Engine:
             started = time.perf_counter()
             try:
                 fenced = await self._store.fence_runs(
-                    [(e.job_id, e.shard, e.lease_token, e.scheduled_for) for e in batch],
+                    [FenceRequest(e.job_id, e.shard, e.lease_token, e.scheduled_for) for e in batch],
                     lease_s=cfg.lease_s,
                 )
             except Exception:

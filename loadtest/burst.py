@@ -235,7 +235,7 @@ def _dump_tasks(node: Any) -> None:
 def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any) -> None:
     """One all-in-one node (engine + in-process workers) that samples itself every 100 ms."""
     from duetime.app import Node
-    from duetime.engine import metrics
+    from duetime.runqueue import metrics
 
     def total(counter: Any) -> float:
         # Only this counter's samples: the registry-wide collect reads /proc and every histogram.

@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 
 from duetime.app import split_shards
-from duetime.engine.natsqueue import stream_name
+from duetime.runqueue.natsqueue import stream_name
 from duetime.settings import format_shard_set
 from tests.cluster.harness import DuetimeProcess
 

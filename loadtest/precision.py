@@ -20,10 +20,10 @@ from datetime import UTC, datetime, timedelta
 import uvloop
 
 from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
+from duetime.core.signing import idempotency_key
 from duetime.settings import Settings
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
-from duetime.workers.signing import idempotency_key
 from loadtest.common import ReceiverProcess, print_report, quantiles, scratch_database
 from loadtest.nodes import NodeProcesses
 

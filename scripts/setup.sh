@@ -31,9 +31,9 @@ fi
 
 stamp=.venv/.duetime-installed
 wanted="$(sha256sum pyproject.toml | cut -d' ' -f1)"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ] || ! .venv/bin/python -c 'import duetime.cli' 2>/dev/null; then
-    say "installing Duetime and its development tools into .venv"
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ] || ! .venv/bin/python -c 'import duetime.app' 2>/dev/null; then
+    say "installing Duetime (the server extra) and its development tools into .venv"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[server,dev]'
     echo "$wanted" >"$stamp"
 fi
 

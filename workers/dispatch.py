@@ -15,30 +15,17 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import aiohttp
 
-from duetime.core import ssrf
+from duetime.core import signing, ssrf
+from duetime.core.delivery import Delivery, Verdict
 from duetime.core.model import Broker, Outcome, QueueTarget, Target, WebhookTarget
-from duetime.workers import signing, webhook
+from duetime.workers import webhook
 from duetime.workers.limits import HostLimiter
 from duetime.workers.queues import QueuePublisher
-from duetime.workers.webhook import Verdict
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    job_id: str  # uuid string
-    scheduled_for: datetime  # nominal occurrence (before jitter), aware UTC
-    attempt: int  # 1-based
-    fencing_token: int
-    owner: str
-    signing_secret: str  # the owner's secret, "whsec_<base64>"
-    payload: Any  # JSON value (None → body "null")
-    target: Target  # WebhookTarget | QueueTarget
 
 
 @dataclass(frozen=True, slots=True)

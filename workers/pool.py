@@ -16,14 +16,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from duetime.core import codec
+from duetime.core.delivery import Delivery, Verdict
 from duetime.core.errors import StorageUnavailable
 from duetime.core.model import JobSpec, Outcome, WebhookTarget
-from duetime.engine import metrics
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.runqueue import RunQueue
-from duetime.storage.postgres import AttemptReport, FencedRow, PostgresStore
-from duetime.workers.dispatch import CallResult, Delivery, Dispatcher
-from duetime.workers.webhook import Verdict
+from duetime.runqueue import metrics
+from duetime.runqueue.inprocess import RunQueue
+from duetime.runqueue.leases import LeaseKeeper
+from duetime.storage.ports import AttemptReport, FencedRow, RunStore
+from duetime.workers.dispatch import CallResult, Dispatcher
 
 log = logging.getLogger("duetime.workers")
 
@@ -33,7 +33,7 @@ WATCHDOG_S = 300
 class SecretCache:
     """Owners' signing secrets, read once a minute at most: a burst must not query per run."""
 
-    def __init__(self, store: PostgresStore, ttl_s: float = 60.0) -> None:
+    def __init__(self, store: RunStore, ttl_s: float = 60.0) -> None:
         self._store = store
         self._ttl = ttl_s
         self._cache: dict[str, tuple[float, str]] = {}
@@ -78,7 +78,7 @@ class Completer:
 
     def __init__(
         self,
-        store: PostgresStore,
+        store: RunStore,
         keeper: LeaseKeeper,
         *,
         batch: int = 500,
@@ -171,7 +171,7 @@ class Completer:
 class WorkerPool:
     def __init__(
         self,
-        store: PostgresStore,
+        store: RunStore,
         queue: RunQueue,
         dispatcher: Dispatcher,
         keeper: LeaseKeeper,

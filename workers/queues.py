@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import nats
 import nats.errors
@@ -26,12 +26,9 @@ import redis.exceptions as redis_errors
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from duetime.core import signing
+from duetime.core.delivery import Delivery, Verdict
 from duetime.core.model import Broker, Outcome, QueueTarget
-from duetime.workers import signing
-from duetime.workers.webhook import Verdict
-
-if TYPE_CHECKING:
-    from duetime.workers.dispatch import Delivery
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,9 @@ import os
 import secrets
 import socket
 
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.natsqueue import NatsRunConsumer
-from duetime.settings import Settings
-from duetime.storage.postgres import PostgresStore
+from duetime.runqueue.leases import LeaseKeeper
+from duetime.runqueue.natsqueue import NatsRunConsumer
+from duetime.storage.ports import RunStore
 from duetime.workers.dispatch import Dispatcher
 from duetime.workers.pool import WorkerPool
 
@@ -29,28 +28,41 @@ def worker_id() -> str:
 
 
 class RemoteWorker:
-    def __init__(self, store: PostgresStore, dispatcher: Dispatcher, settings: Settings) -> None:
-        s = settings
-        assert s.nats_url is not None, "DUETIME_RUN_QUEUE=nats needs DUETIME_NATS_URL (checked by Settings)"
+    """Takes its figures as arguments, not the settings: the composition root (duetime/app.py)
+    reads DUETIME_* and passes them on, so the workers do not depend on it."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        dispatcher: Dispatcher,
+        *,
+        nats_url: str,
+        subject_prefix: str,
+        lease_s: float,
+        heartbeat_s: float,
+        ack_wait_s: float,
+        concurrency: int,
+        shutdown_grace_s: float,
+    ) -> None:
         self.id = worker_id()
-        self._grace = s.shutdown_grace_s
-        self.keeper = LeaseKeeper(store, lease_s=s.lease_s, heartbeat_s=s.heartbeat_s)
+        self._grace = shutdown_grace_s
+        self.keeper = LeaseKeeper(store, lease_s=lease_s, heartbeat_s=heartbeat_s)
         self.queue = NatsRunConsumer(
             store,
             self.keeper,
-            url=s.nats_url,
-            prefix=s.nats_run_subject,
+            url=nats_url,
+            prefix=subject_prefix,
             holder=self.id,
-            lease_s=s.lease_s,
-            ack_wait_s=s.nats_ack_wait_s,
-            concurrency=s.worker_concurrency,
+            lease_s=lease_s,
+            ack_wait_s=ack_wait_s,
+            concurrency=concurrency,
         )
         self.pool = WorkerPool(
             store,
             self.queue,
             dispatcher,
             self.keeper,
-            concurrency=s.worker_concurrency,
+            concurrency=concurrency,
             on_recorded=self.queue.recorded,
         )
 

@@ -20,7 +20,6 @@ import ipaddress
 import re
 import socket
 import ssl
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -28,15 +27,13 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.helpers import is_ip_address
 from yarl import URL
 
-from duetime.core import ssrf
+from duetime.core import signing, ssrf
+from duetime.core.delivery import Delivery, Verdict
 from duetime.core.errors import InvalidRequest, TargetNotAllowed
 from duetime.core.model import Outcome, WebhookTarget
-from duetime.workers import signing
 
 if TYPE_CHECKING:
     from datetime import datetime
-
-    from duetime.workers.dispatch import Delivery
 
 MAX_RESPONSE_READ = 64 * 1024
 USER_AGENT = "Duetime-Webhook/1"
@@ -53,16 +50,6 @@ _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What one call came to, before the dispatcher adds its timestamps (shared with queues)."""
-
-    outcome: Outcome
-    retryable: bool
-    status_code: int | None
-    error: str | None
-
-
 def classify_status(status: int) -> Verdict:
     """The contract's table: 2xx succeeds; 408, 429, 5xx are retried; anything else is final."""
     if 200 <= status < 300:
@@ -72,6 +59,22 @@ def classify_status(status: int) -> Verdict:
     if status in (408, 429) or status >= 500:
         return Verdict(Outcome.FAILED, True, status, f"HTTP {status}")
     return Verdict(Outcome.FAILED, False, status, f"HTTP {status}")
+
+
+def contract_headers(d: Delivery, body: bytes, now: datetime) -> dict[str, str]:
+    """Every header the contract promises a webhook target, signature included."""
+    key = signing.idempotency_key(d.job_id, d.scheduled_for)
+    timestamp = int(now.timestamp())
+    return {
+        signing.IDEMPOTENCY_KEY: key,
+        signing.JOB_ID: d.job_id,
+        signing.SCHEDULED_FOR: signing.format_occurrence(d.scheduled_for),
+        signing.ATTEMPT: str(d.attempt),
+        signing.FENCING_TOKEN: str(d.fencing_token),
+        signing.WEBHOOK_ID: key,
+        signing.WEBHOOK_TIMESTAMP: str(timestamp),
+        signing.WEBHOOK_SIGNATURE: signing.sign(d.signing_secret, key, timestamp, body),
+    }
 
 
 def request_headers(target: WebhookTarget, contract: dict[str, str]) -> dict[str, str]:
@@ -210,7 +213,7 @@ async def call(
     bad = invalid_header(target.headers)
     if bad is not None:
         return Verdict(Outcome.FAILED, False, None, f"job header {bad[:100]!r} is not a valid HTTP header")
-    headers = request_headers(target, signing.contract_headers(d, body, now))
+    headers = request_headers(target, contract_headers(d, body, now))
     timeout = aiohttp.ClientTimeout(total=target.timeout_s)
     try:
         async with session.request(

@@ -14,16 +14,11 @@
 Their SQL lives in ``storage/sql/<concept>.sql``.
 """
 
-from duetime.storage.postgres.completion import (
-    AttemptReport,
-    CompletionStats,
-    MissedSkip,
-    _locked_spec,
-)
+# The run-path records now live in storage.ports; re-exported here for importers of the old place.
+from duetime.storage.ports import AttemptReport, ClaimedRow, CompletionStats, FencedRow, MissedSkip
+from duetime.storage.postgres.completion import _locked_spec
 from duetime.storage.postgres.hints import NOTIFY_CHANNEL
-from duetime.storage.postgres.queue_leases import expire_published_of, extend_published, take_runs
 from duetime.storage.postgres.rows import job_from_row
-from duetime.storage.postgres.runpath import ClaimedRow, FencedRow
 from duetime.storage.postgres.shards import ShardMoveReport, move_shard
 from duetime.storage.postgres.store import PostgresStore
 
@@ -37,9 +32,6 @@ __all__ = [
     "PostgresStore",
     "ShardMoveReport",
     "_locked_spec",
-    "expire_published_of",
-    "extend_published",
     "job_from_row",
     "move_shard",
-    "take_runs",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -22,54 +22,13 @@ from duetime.core.lifecycle import (
     split_point,
 )
 from duetime.core.model import JobSpec, JobState, Outcome, Run
+from duetime.storage.ports import AttemptReport, CompletionStats, MissedSkip
 from duetime.storage.postgres.pools import StoreBase, translated, utcnow
 from duetime.storage.postgres.rows import plan_of
 from duetime.storage.queries import Q
 
-
-@dataclass(frozen=True, slots=True)
-class AttemptReport:
-    """What a worker saw: one attempt's outcome, to be finished under the lease it ran with."""
-
-    job_id: uuid.UUID
-    shard: int
-    lease_token: int
-    spec_version: int
-    attempt: int
-    scheduled_for: datetime
-    due_at: datetime
-    started_at: datetime | None
-    finished_at: datetime
-    outcome: Outcome
-    retryable: bool
-    status_code: int | None = None
-    error: str | None = None
-    # The spec the attempt ran with, parsed, and its text as the fence read it: the completion
-    # reuses it when the row's spec text is still the same, instead of decoding the JSON again.
-    spec: JobSpec | None = None
-    spec_text: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class MissedSkip:
-    """A claimed row whose missed occurrences the policy skips: record them, move on to ``next``."""
-
-    job_id: uuid.UUID
-    shard: int
-    lease_token: int
-    skipped: tuple[datetime, ...]
-    next_scheduled_for: datetime | None
-
-
 # What a fenced write is about: an attempt to finish, or missed occurrences to skip.
 _Leased = TypeVar("_Leased", AttemptReport, MissedSkip)
-
-
-@dataclass(slots=True)
-class CompletionStats:
-    applied: int = 0
-    stale: int = 0
-    history: int = 0
 
 
 class CompletionPart(StoreBase):
@@ -81,15 +40,11 @@ class CompletionPart(StoreBase):
         A report whose token no longer matches (the lease lapsed and was taken over, or the
         owner revoked it) changes nothing and is counted as stale.
         """
-        return await self._under_lease(
-            reports, lambda phase: phase != "idle", lambda w, row, rep, now: w.finish(row, rep, now)
-        )
+        return await self._under_lease(reports, finishable, BatchWriter.finish)
 
     async def skip_missed(self, items: Sequence[MissedSkip]) -> CompletionStats:
         """Record skipped occurrences and move claimed rows on to their next occurrence."""
-        return await self._under_lease(
-            items, lambda phase: phase == "claimed", lambda w, row, item, now: w.skip(row, item, now)
-        )
+        return await self._under_lease(items, skippable, BatchWriter.skip)
 
     async def _under_lease(
         self,
@@ -99,10 +54,10 @@ class CompletionPart(StoreBase):
     ) -> CompletionStats:
         """The fenced write shared by completions and skips: lock the rows, drop the items whose
         lease no longer holds (counted stale), let ``apply`` decide the rest, write in one go."""
-        stats = CompletionStats()
+        applied = stale = history = 0
         now = utcnow()
         async with translated():
-            for dsn, group in self.by_db((i.shard, i) for i in items).items():
+            for dsn, group in self.by_db(items).items():
                 async with self.pool_for_dsn(dsn).acquire() as conn:
                     writer = BatchWriter()
                     async with conn.transaction():
@@ -110,33 +65,76 @@ class CompletionPart(StoreBase):
                             r["job_id"]: r
                             for r in await conn.fetch(Q["lock_for_completion"], [g.job_id for g in group])
                         }
-                        for item in group:
-                            row = rows.get(item.job_id)
-                            if (
-                                row is None
-                                or row["lease_token"] != item.lease_token
-                                or not phase_ok(row["phase"])
-                                or item.job_id in writer.seen
-                            ):
-                                stats.stale += 1
-                                continue
-                            apply(writer, row, item, now)
+                        stale += apply_leased(writer, rows, group, phase_ok=phase_ok, apply=apply, now=now)
                         await writer.flush(conn)
-                    stats.applied += len(writer.seen)
-                    stats.history += writer.history_count
+                    applied += len(writer.seen)
+                    history += writer.history_count
                     self._hints.wake(await writer.after_commit(conn))
-        return stats
+        return CompletionStats(applied=applied, stale=stale, history=history)
 
 
-async def expire_locked(
-    conn: asyncpg.Connection, ids: list[uuid.UUID]
-) -> tuple[CompletionStats, BatchWriter]:
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """What ``expire_locked`` wrote, and the writer whose ``after_commit`` is still to run."""
+
+    stats: CompletionStats
+    writer: BatchWriter
+
+
+async def expire_locked(conn: asyncpg.Connection, ids: list[uuid.UUID]) -> Expired:
     """Rows whose holder is gone, locked here in ``conn``'s transaction: a claimed one is given back
     as it was; a running one had an attempt nobody recorded, finished as ``lease_expired``. The
     caller commits, then runs the writer's ``after_commit``."""
-    now = utcnow()
     writer = BatchWriter()
-    for row in await conn.fetch(Q["lock_for_completion"], ids):
+    expire_rows(writer, await conn.fetch(Q["lock_for_completion"], ids), utcnow())
+    await writer.flush(conn)
+    return Expired(CompletionStats(applied=len(writer.seen), history=writer.history_count), writer)
+
+
+# The decisions of a fenced write, apart from reading and writing the rows: shared with the
+# in-memory store (storage/memory.py), so both compute what a row becomes the same way.
+
+
+def finishable(phase: str) -> bool:
+    """An attempt can be finished from a claimed row (a stale report) or a running one."""
+    return phase != "idle"
+
+
+def skippable(phase: str) -> bool:
+    """Missed occurrences are skipped only on a row still claimed (not fired yet)."""
+    return phase == "claimed"
+
+
+def apply_leased(
+    writer: BatchWriter,
+    rows: Mapping[uuid.UUID, Any],
+    items: Sequence[_Leased],
+    *,
+    phase_ok: Callable[[str], bool],
+    apply: Callable[[BatchWriter, Any, _Leased, datetime], None],
+    now: datetime,
+) -> int:
+    """``apply`` each item whose row (as ``lock_for_completion`` reads it) still holds its lease;
+    returns how many did not (stale: nothing is written for them)."""
+    stale = 0
+    for item in items:
+        row = rows.get(item.job_id)
+        if (
+            row is None
+            or row["lease_token"] != item.lease_token
+            or not phase_ok(row["phase"])
+            or item.job_id in writer.seen
+        ):
+            stale += 1
+            continue
+        apply(writer, row, item, now)
+    return stale
+
+
+def expire_rows(writer: BatchWriter, rows: Iterable[Any], now: datetime) -> None:
+    """Rows whose lease lapsed or whose holder died: a claimed one is released as it was, a
+    running one is finished as ``lease_expired`` (its outcome is unknown) and retried by policy."""
+    for row in rows:
         if row["phase"] == "claimed":
             writer.release(row)
             continue
@@ -157,8 +155,6 @@ async def expire_locked(
             error="the lease lapsed before an outcome was recorded (worker or engine died or stalled)",
         )
         writer.finish(row, rep, now)
-    await writer.flush(conn)
-    return CompletionStats(applied=len(writer.seen), history=writer.history_count), writer
 
 
 def _hold(spec: JobSpec, plan: RowPlan) -> bool:

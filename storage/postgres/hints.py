@@ -7,8 +7,9 @@ that became due-soon since the last one. A lost hint costs at most one poll inte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -73,3 +74,42 @@ class Hints:
         """Wait for the hints already taken to be sent."""
         if self._notify_task is not None:
             await self._notify_task
+
+
+class DueConnections:
+    """The LISTEN connections of one engine, one per database holding its shards."""
+
+    def __init__(self, conns: list[asyncpg.Connection]) -> None:
+        self._conns = conns
+
+    async def close(self) -> None:
+        for conn in self._conns:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+
+async def listen_due(
+    shard_map: ShardMap, shards: Sequence[int], wake: Callable[[int], None]
+) -> DueConnections:
+    """LISTEN on every database holding one of ``shards``: a job due inside the lookahead reaches
+    the wheel within milliseconds of its commit, not at the next poll. A database that cannot be
+    listened on is logged and left to polling."""
+
+    def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            shard = int(payload)
+        except ValueError:
+            return
+        wake(shard)
+
+    conns: list[asyncpg.Connection] = []
+    for dsn, held in shard_map.databases().items():
+        if not set(held) & set(shards):
+            continue
+        try:
+            conn = await asyncpg.connect(dsn)
+            await conn.add_listener(NOTIFY_CHANNEL, on_notify)
+            conns.append(conn)
+        except (OSError, asyncpg.PostgresError):
+            log.warning("LISTEN on %s failed; relying on polling", dsn.split("@")[-1])
+    return DueConnections(conns)

@@ -10,7 +10,8 @@ from datetime import datetime
 from duetime.core import codec, jitter
 from duetime.core.ids import new_job_id
 from duetime.core.schedule import next_occurrence
-from duetime.storage.postgres.completion import CompletionStats, expire_locked
+from duetime.storage.ports import CompletionStats
+from duetime.storage.postgres.completion import expire_locked
 from duetime.storage.postgres.pools import StoreBase, translated
 from duetime.storage.queries import Q
 
@@ -27,9 +28,9 @@ class MaintenancePart(StoreBase):
                 ids = [r["job_id"] for r in await conn.fetch(Q["expired_leases"], shard, limit)]
                 if not ids:
                     return CompletionStats()
-                stats, writer = await expire_locked(conn, ids)
-            self._hints.wake(await writer.after_commit(conn))
-            return stats
+                expired = await expire_locked(conn, ids)
+            self._hints.wake(await expired.writer.after_commit(conn))
+            return expired.stats
 
     async def expire_running_of(self, engine_id: str, shards: Sequence[int]) -> CompletionStats:
         """On restart: calls this engine had in flight when it died have unknown outcomes."""
@@ -44,10 +45,9 @@ class MaintenancePart(StoreBase):
                         ids = [r["job_id"] for r in await conn.fetch(Q["running_of_engine"], engine_id, mine)]
                         if not ids:
                             continue
-                        stats, writer = await expire_locked(conn, ids)
-                        total.applied += stats.applied
-                        total.history += stats.history
-                    self._hints.wake(await writer.after_commit(conn))
+                        expired = await expire_locked(conn, ids)
+                        total += expired.stats  # expire_locked counts nothing stale
+                    self._hints.wake(await expired.writer.after_commit(conn))
         return total
 
     async def split_overlapping(self, shard: int, *, horizon_s: float, limit: int = 500) -> int:

@@ -27,15 +27,16 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from duetime.core import codec
-from duetime.core.errors import Conflict, InvalidRequest, NotFound
+from duetime.core.errors import InvalidRequest, NotFound
 from duetime.core.ids import SHARDS, new_job_id, shard_of
 from duetime.core.lifecycle import initial_plan, split_point
 from duetime.core.model import Job, JobSpec, JobState
-from duetime.storage.base import IdempotencyRequest, NameHolderChanged
+from duetime.storage.ports import IdempotencyRequest, NameHolderChanged
 from duetime.storage.postgres.pools import translated, utcnow
 from duetime.storage.postgres.registry import RegistryPart, _Action
 from duetime.storage.postgres.rows import job_from_row
 from duetime.storage.queries import Q
+from duetime.storage.registry_rules import name_taken, refuse_apply
 
 if TYPE_CHECKING:
     from duetime.core.lifecycle import RowPlan
@@ -50,15 +51,6 @@ def _lock_key(owner: str, name: str) -> int:
     serialised needlessly, never wrongly."""
     value = zlib.crc32(f"{owner}\x00{name}".encode())
     return value - (1 << 32) if value >= 1 << 31 else value
-
-
-def name_taken(name: str, holder: uuid.UUID | str) -> Conflict:
-    return Conflict(
-        f"the name {name!r} is held by job {holder}; names are unique per owner among jobs that are "
-        "not cancelled. Use another name, rename or cancel that job, or PUT /v1/jobs/by-name/"
-        f"{name} to update it",
-        code="name_taken",
-    )
 
 
 @dataclass(slots=True)
@@ -220,17 +212,7 @@ class NamesPart(RegistryPart):
             new_json = codec.spec_to_json(spec)
             if codec.spec_to_json(codec.spec_from_json(row["spec"])) == new_json:
                 return job_from_row(row), False  # nothing to change: nothing is written
-            state = JobState(row["state"])
-            if state in (JobState.COMPLETED, JobState.DEAD):
-                raise Conflict(
-                    f"cannot change job {row['job_id']} ({name!r}): it is {state.value}"
-                    + (
-                        "; replay it first (POST /v1/jobs/{id}/replay), then PUT again"
-                        if state is JobState.DEAD
-                        else "; a completed job stays completed: cancel it and PUT again to make a new one"
-                    ),
-                    code=f"job_{state.value}",
-                )
+            refuse_apply(JobState(row["state"]), row["job_id"], name)
             job = await self._update_locked(action, row["job_id"], spec)
             if action.wake is not None:
                 guard.wake.append((row["shard"], action.wake))

@@ -11,7 +11,7 @@ import json
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Protocol, TypeVar
 
 import asyncpg
 
@@ -86,6 +86,14 @@ async def open_pools(shard_map: ShardMap, *, pool_size: int) -> dict[str, asyncp
     return pools
 
 
+class _OnShard(Protocol):
+    @property
+    def shard(self) -> int: ...
+
+
+_Item = TypeVar("_Item", bound=_OnShard)
+
+
 class StoreBase:
     """What the parts of the store share: the shard map, a pool per database, the hints."""
 
@@ -103,10 +111,11 @@ class StoreBase:
     def home_pool(self) -> asyncpg.Pool:
         return self._pools[self.shard_map.home]
 
-    def by_db(self, shards_ids: Iterable[tuple[int, Any]]) -> dict[str, list[Any]]:
-        grouped: dict[str, list[Any]] = {}
-        for shard, item in shards_ids:
-            grouped.setdefault(self.shard_map.dsn_for(shard), []).append(item)
+    def by_db(self, items: Iterable[_Item]) -> dict[str, list[_Item]]:
+        """A batch split by the database that holds each item's shard (one statement each)."""
+        grouped: dict[str, list[_Item]] = {}
+        for item in items:
+            grouped.setdefault(self.shard_map.dsn_for(item.shard), []).append(item)
         return grouped
 
     def pools(self) -> Iterable[asyncpg.Pool]:

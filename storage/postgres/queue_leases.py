@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
+from duetime.storage.ports import Lease, PublishedRun
 from duetime.storage.postgres.completion import expire_locked
 from duetime.storage.postgres.pools import StoreBase, translated
 from duetime.storage.queries import Q
@@ -14,42 +15,37 @@ from duetime.storage.queries import Q
 class QueueLeasePart(StoreBase):
     """The run-queue leases of ``PostgresStore``."""
 
-    async def take_runs(
-        self,
-        items: Sequence[tuple[uuid.UUID, int, int, str]],
-        *,
-        holder: str,
-        lease_s: float,
-    ) -> set[tuple[uuid.UUID, int]]:
-        """items: (job_id, shard, lease_token, publishing engine). The worker ``holder`` takes the
-        leases of those still running under that token and engine; returns the (id, token) pairs it
-        now holds — by pair, since a stale message may carry the same id with an older token."""
-        taken: set[tuple[uuid.UUID, int]] = set()
+    async def take_runs(self, items: Sequence[PublishedRun], *, holder: str, lease_s: float) -> set[Lease]:
+        """The worker ``holder`` takes the leases of published runs still running under their token
+        and publishing engine; returns the leases it now holds — by token, since a stale message
+        may carry the same id with an older one."""
+        taken: set[Lease] = set()
         async with translated():
-            for dsn, group in self.by_db((s, (j, t, p)) for j, s, t, p in items).items():
+            for dsn, group in self.by_db(items).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
                     Q["take_runs"],
-                    [g[0] for g in group],
-                    [g[1] for g in group],
-                    [g[2] for g in group],
+                    [g.job_id for g in group],
+                    [g.lease_token for g in group],
+                    [g.publisher for g in group],
                     holder,
                     float(lease_s),
                 )
-                taken.update((r["job_id"], r["lease_token"]) for r in rows)
+                shard = {g.job_id: g.shard for g in group}
+                taken.update(Lease(r["job_id"], shard[r["job_id"]], r["lease_token"]) for r in rows)
         return taken
 
     async def extend_published(
-        self, items: Sequence[tuple[uuid.UUID, int, int]], *, holder: str, lease_s: float
+        self, leases: Sequence[Lease], *, holder: str, lease_s: float
     ) -> set[uuid.UUID]:
-        """items: (job_id, shard, lease_token). Extends the leases ``holder`` (an engine) still holds on
+        """Extends the leases ``holder`` (an engine) still holds on
         runs it published; returns their ids. A run a worker took, or that finished, is not among them."""
         held: set[uuid.UUID] = set()
         async with translated():
-            for dsn, group in self.by_db((s, (j, t)) for j, s, t in items).items():
+            for dsn, group in self.by_db(leases).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
                     Q["extend_published"],
-                    [g[0] for g in group],
-                    [g[1] for g in group],
+                    [g.job_id for g in group],
+                    [g.lease_token for g in group],
                     holder,
                     float(lease_s),
                 )
@@ -73,34 +69,7 @@ class QueueLeasePart(StoreBase):
                         ]
                         if not ids:
                             continue
-                        stats, writer = await expire_locked(conn, ids)
-                        applied += stats.applied
-                    self._hints.wake(await writer.after_commit(conn))
+                        expired = await expire_locked(conn, ids)
+                        applied += expired.stats.applied
+                    self._hints.wake(await expired.writer.after_commit(conn))
         return applied
-
-
-# The module-level spellings callers used before these were methods of the store; they only
-# delegate (the store's internals stay its own).
-
-
-async def take_runs(
-    store: QueueLeasePart,
-    items: Sequence[tuple[uuid.UUID, int, int, str]],
-    *,
-    holder: str,
-    lease_s: float,
-) -> set[tuple[uuid.UUID, int]]:
-    """See ``QueueLeasePart.take_runs``."""
-    return await store.take_runs(items, holder=holder, lease_s=lease_s)
-
-
-async def extend_published(
-    store: QueueLeasePart, items: Sequence[tuple[uuid.UUID, int, int]], *, holder: str, lease_s: float
-) -> set[uuid.UUID]:
-    """See ``QueueLeasePart.extend_published``."""
-    return await store.extend_published(items, holder=holder, lease_s=lease_s)
-
-
-async def expire_published_of(store: QueueLeasePart, engine_id: str, shards: Sequence[int]) -> int:
-    """See ``QueueLeasePart.expire_published_of``."""
-    return await store.expire_published_of(engine_id, shards)

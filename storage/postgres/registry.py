@@ -3,9 +3,6 @@ history, owners and API keys, and idempotency keys. Every call is scoped by owne
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import secrets
 import uuid
 import zlib
@@ -21,42 +18,14 @@ from duetime.core import codec
 from duetime.core.backfill import plan_backfill
 from duetime.core.errors import Conflict, InvalidRequest, NotFound
 from duetime.core.ids import SHARDS, new_job_id, shard_of
-from duetime.core.lifecycle import OWNER_TRANSITIONS, RowPlan, initial_plan, split_point, start_manual
+from duetime.core.lifecycle import RowPlan, initial_plan, split_point, start_manual
 from duetime.core.model import Job, JobSpec, JobState, Overlap, Run
 from duetime.storage.base import Backfill, IdempotencyRequest, Page
 from duetime.storage.postgres.inserts import InsertBatcher
 from duetime.storage.postgres.pools import StoreBase, translated, utcnow
 from duetime.storage.postgres.rows import job_from_row, plan_of, run_from_row
 from duetime.storage.queries import Q
-
-_NIL_UUID = uuid.UUID(int=0)
-_MAX_RUN_ID = (1 << 63) - 1
-
-
-def _hash_key(api_key: str) -> bytes:
-    return hashlib.sha256(api_key.encode()).digest()
-
-
-def _encode_cursor(value: bytes) -> str:
-    return base64.urlsafe_b64encode(value).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str, size: int) -> bytes:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidRequest(
-            "cursor is not one this server issued; pass next_cursor from the previous page unchanged",
-            code="invalid_cursor",
-            field="cursor",
-        ) from exc
-    if len(raw) != size:
-        raise InvalidRequest(
-            "cursor is not one this server issued; pass next_cursor from the previous page unchanged",
-            code="invalid_cursor",
-            field="cursor",
-        )
-    return raw
+from duetime.storage.registry_rules import encode_cursor, hash_key, job_cursor, require, run_cursor
 
 
 @dataclass(slots=True)
@@ -144,7 +113,7 @@ class RegistryPart(StoreBase):
     async def list_jobs(
         self, owner: str, *, state: JobState | None, limit: int, cursor: str | None
     ) -> Page[Job]:
-        after = uuid.UUID(bytes=_decode_cursor(cursor, 16)) if cursor else _NIL_UUID
+        after = job_cursor(cursor)
         rows: list[asyncpg.Record] = []
         async with translated():
             for pool in self.pools():
@@ -156,7 +125,7 @@ class RegistryPart(StoreBase):
                     )
         rows.sort(key=lambda r: r["job_id"])
         page = rows[:limit]
-        next_cursor = _encode_cursor(page[-1]["job_id"].bytes) if len(rows) > limit else None
+        next_cursor = encode_cursor(page[-1]["job_id"].bytes) if len(rows) > limit else None
         return Page([job_from_row(r) for r in page], next_cursor)
 
     @asynccontextmanager
@@ -171,22 +140,6 @@ class RegistryPart(StoreBase):
                 yield action
             if action.wake is not None:
                 self._hints.due_soon(row["shard"], action.wake, utcnow())
-
-    @staticmethod
-    def _require(action: str, row: asyncpg.Record) -> None:
-        state = JobState(row["state"])
-        if state not in OWNER_TRANSITIONS[action]:
-            raise Conflict(
-                f"cannot {action} a job that is {state.value}"
-                + {
-                    "completed": "; a completed job stays completed, create a new one",
-                    "cancelled": "; a cancelled job stays cancelled, create a new one",
-                    "dead": "; replay it first (POST /v1/jobs/{id}/replay)",
-                    "paused": "; resume it first (POST /v1/jobs/{id}/resume)",
-                    "scheduled": "",
-                }[state.value],
-                code=f"job_{state.value}",
-            )
 
     async def _write(
         self,
@@ -227,7 +180,7 @@ class RegistryPart(StoreBase):
         it under the name's lock)."""
         new_json = codec.spec_to_json(spec)
         row = action.row
-        self._require("update", row)
+        require("update", JobState(row["state"]))
         old = row["spec"]
         timing_changed = old["schedule"] != new_json["schedule"] or old["jitter_s"] != new_json["jitter_s"]
         plan = plan_of(row)
@@ -260,7 +213,7 @@ class RegistryPart(StoreBase):
     async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job:
         async with self._locked(owner, job_id) as action:
             row = action.row
-            self._require("pause", row)
+            require("pause", JobState(row["state"]))
             if row["state"] == JobState.PAUSED.value:
                 return job_from_row(row)
             plan = replace(plan_of(row), state=JobState.PAUSED)
@@ -270,7 +223,7 @@ class RegistryPart(StoreBase):
     async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job:
         async with self._locked(owner, job_id) as action:
             row = action.row
-            self._require("resume", row)
+            require("resume", JobState(row["state"]))
             if row["state"] == JobState.SCHEDULED.value:
                 return job_from_row(row)
             # Occurrences missed while paused are left overdue on purpose: the claim applies the
@@ -283,7 +236,7 @@ class RegistryPart(StoreBase):
         now = utcnow()
         async with self._locked(owner, job_id) as action:
             row = action.row
-            self._require("trigger", row)
+            require("trigger", JobState(row["state"]))
             plan = plan_of(row)
             if row["phase"] == "idle" and plan.attempt == 0 and plan.run_kind == "scheduled":
                 plan = start_manual(plan, now)
@@ -299,7 +252,7 @@ class RegistryPart(StoreBase):
         now = utcnow()
         async with self._locked(owner, job_id) as action:
             row = action.row
-            self._require("replay", row)
+            require("replay", JobState(row["state"]))
             plan = replace(
                 plan_of(row), state=JobState.SCHEDULED, attempt=0, next_run_at=now, run_kind="scheduled"
             )
@@ -318,7 +271,7 @@ class RegistryPart(StoreBase):
         now = utcnow()
         async with self._locked(owner, job_id) as action:
             row, conn = action.row, action.conn
-            self._require("backfill", row)
+            require("backfill", JobState(row["state"]))
             spec = codec.spec_from_json(row["spec"])
             waiting = await conn.fetchrow(Q["occurrences_of"], job_id)
             pending = int(waiting["pending"])
@@ -362,20 +315,14 @@ class RegistryPart(StoreBase):
         )
 
     async def list_runs(self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None) -> Page[Run]:
-        before = int.from_bytes(_decode_cursor(cursor, 8), "big") if cursor else _MAX_RUN_ID
-        if before > _MAX_RUN_ID:
-            raise InvalidRequest(
-                "cursor is not one this server issued; pass next_cursor from the previous page unchanged",
-                code="invalid_cursor",
-                field="cursor",
-            )
+        before = run_cursor(cursor)
         pool = self.pool_for_shard(shard_of(job_id))
         async with translated():
             if await pool.fetchval(Q["job_exists"], job_id, owner) is None:
                 raise NotFound(f"no job {job_id}", ident=str(job_id))
             rows = await pool.fetch(Q["list_runs"], job_id, before, limit + 1)
         page = rows[:limit]
-        next_cursor = _encode_cursor(page[-1]["run_id"].to_bytes(8, "big")) if len(rows) > limit else None
+        next_cursor = encode_cursor(page[-1]["run_id"].to_bytes(8, "big")) if len(rows) > limit else None
         return Page([run_from_row(r) for r in page], next_cursor)
 
     async def count_active_jobs(self, owner: str) -> int:
@@ -387,23 +334,23 @@ class RegistryPart(StoreBase):
 
     async def owner_for_key(self, api_key: str) -> str | None:
         async with translated():
-            owner: str | None = await self.home_pool.fetchval(Q["owner_for_key"], _hash_key(api_key))
+            owner: str | None = await self.home_pool.fetchval(Q["owner_for_key"], hash_key(api_key))
         return owner
 
     async def create_api_key(self, owner: str) -> tuple[str, str]:
-        from duetime.workers.signing import new_signing_secret
+        from duetime.core.signing import new_signing_secret
 
         api_key = "dt_" + secrets.token_urlsafe(24)  # 192 random bits
         async with translated(), self.home_pool.acquire() as conn, conn.transaction():
             await conn.execute(Q["insert_owner"], owner, new_signing_secret())
-            await conn.execute(Q["insert_api_key"], _hash_key(api_key), api_key[:10], owner)
+            await conn.execute(Q["insert_api_key"], hash_key(api_key), api_key[:10], owner)
             secret: str = await conn.fetchval(Q["signing_secret"], owner)
         return api_key, secret
 
     async def revoke_api_key(self, api_key_or_prefix: str) -> int:
         async with translated():
             status: str = await self.home_pool.execute(
-                Q["revoke_api_key"], _hash_key(api_key_or_prefix), api_key_or_prefix
+                Q["revoke_api_key"], hash_key(api_key_or_prefix), api_key_or_prefix
             )
         return int(status.rsplit(maxsplit=1)[-1])
 

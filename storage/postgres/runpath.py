@@ -6,55 +6,12 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
 
 import asyncpg
 
+from duetime.storage.ports import ClaimedRow, FencedRow, FenceRequest, Lease
 from duetime.storage.postgres.pools import StoreBase, translated
 from duetime.storage.queries import Q
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimedRow:
-    """A row leased into an engine's wheel. ``misfire_spec`` is set only when it is overdue past
-    its grace, so the engine can apply the misfire policy."""
-
-    job_id: uuid.UUID
-    shard: int
-    lease_token: int
-    due_at: datetime
-    scheduled_for: datetime
-    attempt: int
-    run_kind: str
-    misfire_spec: dict[str, Any] | None
-    db_now: datetime
-    owner: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class FencedRow:
-    """A run that passed the fence: it may be called, as attempt ``attempt``."""
-
-    job_id: uuid.UUID
-    shard: int
-    owner: str
-    lease_token: int
-    scheduled_for: datetime
-    due_at: datetime
-    attempt: int
-    spec: dict[str, Any]
-    spec_version: int
-    run_kind: str
-    spec_text: str = ""  # the spec as the fence read it (jsonb's text), when it came from the fence
-    # Set on an occurrence row (overlap=allow, backfill): the job it runs an occurrence of. The
-    # target sees this id (Duetime-Job-Id, Idempotency-Key); the lease is the row's own.
-    parent_id: uuid.UUID | None = None
-
-    @property
-    def public_id(self) -> uuid.UUID:
-        return self.parent_id or self.job_id
 
 
 class RunPathPart(StoreBase):
@@ -83,19 +40,17 @@ class RunPathPart(StoreBase):
                     out.extend(_claimed(r) for r in rows)
         return out
 
-    async def fence_runs(
-        self, items: Sequence[tuple[uuid.UUID, int, int, datetime]], *, lease_s: float
-    ) -> list[FencedRow]:
-        """items: (job_id, shard, lease_token, scheduled_for). Returns those that may be called."""
+    async def fence_runs(self, items: Sequence[FenceRequest], *, lease_s: float) -> list[FencedRow]:
+        """Returns the runs that may be called."""
         out: list[FencedRow] = []
         async with translated():
-            for dsn, group in self.by_db((s, (j, t, sf)) for j, s, t, sf in items).items():
+            for dsn, group in self.by_db(items).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
                     Q["fence_runs"],
-                    [g[0] for g in group],
-                    [g[1] for g in group],
+                    [g.job_id for g in group],
+                    [g.lease_token for g in group],
                     float(lease_s),
-                    [g[2] for g in group],
+                    [g.scheduled_for for g in group],
                 )
                 out.extend(
                     FencedRow(
@@ -116,15 +71,16 @@ class RunPathPart(StoreBase):
                 )
         return out
 
-    async def extend_leases(
-        self, items: Sequence[tuple[uuid.UUID, int, int]], *, lease_s: float
-    ) -> set[uuid.UUID]:
-        """items: (job_id, shard, lease_token). Returns the ids whose lease still holds."""
+    async def extend_leases(self, leases: Sequence[Lease], *, lease_s: float) -> set[uuid.UUID]:
+        """Returns the ids whose lease still holds."""
         held: set[uuid.UUID] = set()
         async with translated():
-            for dsn, group in self.by_db((s, (j, t)) for j, s, t in items).items():
+            for dsn, group in self.by_db(leases).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
-                    Q["extend_leases"], [g[0] for g in group], [g[1] for g in group], float(lease_s)
+                    Q["extend_leases"],
+                    [g.job_id for g in group],
+                    [g.lease_token for g in group],
+                    float(lease_s),
                 )
                 held.update(r["job_id"] for r in rows)
         return held
@@ -140,12 +96,12 @@ class RunPathPart(StoreBase):
             )
         return int(status.rsplit(" ", 1)[-1])
 
-    async def release_claims(self, items: Sequence[tuple[uuid.UUID, int, int]]) -> int:
+    async def release_claims(self, leases: Sequence[Lease]) -> int:
         released = 0
         async with translated():
-            for dsn, group in self.by_db((s, (j, t)) for j, s, t in items).items():
+            for dsn, group in self.by_db(leases).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
-                    Q["release_claims"], [g[0] for g in group], [g[1] for g in group]
+                    Q["release_claims"], [g.job_id for g in group], [g.lease_token for g in group]
                 )
                 released += len(rows)
         return released

@@ -21,22 +21,15 @@ import asyncpg
 from duetime.core import codec
 from duetime.core.lifecycle import RowPlan, split_point
 from duetime.core.model import Job, JobState
-from duetime.storage.base import BulkAction, BulkResult, Page
+from duetime.storage.ports import BulkAction, BulkResult, Page
 from duetime.storage.postgres.pools import translated, utcnow
-from duetime.storage.postgres.registry import _NIL_UUID, RegistryPart, _decode_cursor, _encode_cursor
+from duetime.storage.postgres.registry import RegistryPart
 from duetime.storage.postgres.rows import job_from_row, plan_of
 from duetime.storage.queries import Q
+from duetime.storage.registry_rules import BULK_APPLIES, BULK_TARGET, bulk_states, encode_cursor, job_cursor
 
 # Rows locked and written per transaction by a bulk action.
 BULK_BATCH: Final = 500
-
-# The states each action changes (the single call answers other states with 409 or is a no-op).
-_APPLIES: Final[dict[str, frozenset[JobState]]] = {
-    "pause": frozenset({JobState.SCHEDULED}),
-    "resume": frozenset({JobState.PAUSED}),
-    "cancel": frozenset({JobState.SCHEDULED, JobState.PAUSED, JobState.COMPLETED, JobState.DEAD}),
-}
-_TARGET: Final = {"pause": JobState.PAUSED, "resume": JobState.SCHEDULED, "cancel": JobState.CANCELLED}
 
 
 def _driver(labels: Mapping[str, str]) -> tuple[str, str]:
@@ -61,7 +54,7 @@ class SelectionPart(RegistryPart):
     ) -> Page[Job]:
         if not labels and name_prefix is None:
             return await super().list_jobs(owner, state=state, limit=limit, cursor=cursor)
-        after = uuid.UUID(bytes=_decode_cursor(cursor, 16)) if cursor else _NIL_UUID
+        after = job_cursor(cursor)
         state_value = None if state is None else state.value
         rows: list[asyncpg.Record] = []
         async with translated():
@@ -89,7 +82,7 @@ class SelectionPart(RegistryPart):
                     )
         rows.sort(key=lambda r: r["job_id"])
         page = rows[:limit]
-        next_cursor = _encode_cursor(page[-1]["job_id"].bytes) if len(rows) > limit else None
+        next_cursor = encode_cursor(page[-1]["job_id"].bytes) if len(rows) > limit else None
         return Page([job_from_row(r) for r in page], next_cursor)
 
     async def bulk_action(
@@ -101,7 +94,7 @@ class SelectionPart(RegistryPart):
         state: JobState | None,
         max_jobs: int,
     ) -> BulkResult:
-        states = _APPLIES[action] if state is None else _APPLIES[action] & {state}
+        states = bulk_states(action, state)
         if not states:
             return BulkResult(matched=0, changed=0, more=False)
         wanted = sorted(s.value for s in states)
@@ -138,8 +131,8 @@ class SelectionPart(RegistryPart):
     ) -> int:
         """One transaction: lock the rows, keep those the action still applies to (a row may have
         changed since it was selected), write their new state in one statement."""
-        target = _TARGET[action]
-        applies = _APPLIES[action]
+        target = BULK_TARGET[action]
+        applies = BULK_APPLIES[action]
         now = utcnow()
         wake: list[tuple[int, RowPlan]] = []
         async with pool.acquire() as conn, conn.transaction():

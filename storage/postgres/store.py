@@ -8,10 +8,12 @@ the same transaction as the write.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import asyncpg
 
 from duetime.storage.postgres.completion import CompletionPart
-from duetime.storage.postgres.hints import Hints
+from duetime.storage.postgres.hints import DueConnections, Hints, listen_due
 from duetime.storage.postgres.inserts import InsertBatcher
 from duetime.storage.postgres.maintenance import MaintenancePart
 from duetime.storage.postgres.names import NamesPart
@@ -39,6 +41,9 @@ class PostgresStore(
         cls, shard_map: ShardMap, *, pool_size: int = 10, notify_horizon_s: float = 300.0
     ) -> PostgresStore:
         return cls(shard_map, await open_pools(shard_map, pool_size=pool_size), notify_horizon_s)
+
+    async def listen_due(self, shards: Sequence[int], wake: Callable[[int], None]) -> DueConnections:
+        return await listen_due(self.shard_map, shards, wake)
 
     async def close(self) -> None:
         await self._hints.close()

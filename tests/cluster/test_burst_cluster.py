@@ -11,7 +11,7 @@ import nats
 import pytest
 from nats.js.errors import NotFoundError
 
-from duetime.engine.natsqueue import stream_name
+from duetime.runqueue.natsqueue import stream_name
 from loadtest.burst import NATS_URL, BurstArgs, report, run_burst
 
 JOBS = 400

@@ -12,8 +12,8 @@ import pytest
 
 from duetime.core import codec
 from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.natsqueue import (
+from duetime.runqueue.leases import LeaseKeeper
+from duetime.runqueue.natsqueue import (
     CONSUMER,
     NatsRunConsumer,
     connect,

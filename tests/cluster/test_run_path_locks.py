@@ -24,7 +24,8 @@ import asyncpg
 import pytest
 
 from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
-from duetime.storage.postgres import PostgresStore, extend_published, take_runs
+from duetime.storage.ports import Lease, PublishedRun
+from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from tests.cluster.harness import utcnow
 
@@ -102,7 +103,9 @@ async def test_take_runs_locks_in_job_id_order(store: PostgresStore, pg_dsn: str
     ids = await _running_jobs(store, 3)
 
     async def take(batch: list[uuid.UUID]) -> object:
-        return await take_runs(store, [(j, 0, TOKEN, ENGINE) for j in batch], holder="w", lease_s=30)
+        return await store.take_runs(
+            [PublishedRun(j, 0, TOKEN, ENGINE) for j in batch], holder="w", lease_s=30
+        )
 
     assert await _locks_in_id_order(pg_dsn, ids, take) == []
 
@@ -111,7 +114,7 @@ async def test_extend_published_locks_in_job_id_order(store: PostgresStore, pg_d
     ids = await _running_jobs(store, 3)
 
     async def extend(batch: list[uuid.UUID]) -> object:
-        return await extend_published(store, [(j, 0, TOKEN) for j in batch], holder=ENGINE, lease_s=30)
+        return await store.extend_published([Lease(j, 0, TOKEN) for j in batch], holder=ENGINE, lease_s=30)
 
     assert await _locks_in_id_order(pg_dsn, ids, extend) == []
 
@@ -120,6 +123,6 @@ async def test_extend_leases_locks_in_job_id_order(store: PostgresStore, pg_dsn:
     ids = await _running_jobs(store, 3)
 
     async def extend(batch: list[uuid.UUID]) -> object:
-        return await store.extend_leases([(j, 0, TOKEN) for j in batch], lease_s=30)
+        return await store.extend_leases([Lease(j, 0, TOKEN) for j in batch], lease_s=30)
 
     assert await _locks_in_id_order(pg_dsn, ids, extend) == []

@@ -13,7 +13,7 @@ import nats
 import redis.asyncio as aioredis
 
 from duetime.app import Node
-from duetime.workers.signing import verify_signature
+from duetime.core.signing import verify_signature
 from tests.e2e.harness import Owner, Receiver, at, fast_settings, parse
 
 

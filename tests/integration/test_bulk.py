@@ -27,6 +27,7 @@ from duetime.core.model import (
 )
 from duetime.storage.bulk import BulkJob, analyze_jobs, outcome_counts, seed_jobs, table_writes
 from duetime.storage.migrate import migrate
+from duetime.storage.ports import FenceRequest, Lease
 from duetime.storage.postgres import AttemptReport, ClaimedRow, PostgresStore, job_from_row
 from duetime.storage.queries import Q
 from duetime.storage.shardmap import ShardMap
@@ -178,7 +179,7 @@ async def test_a_burst_keeps_fences_heartbeats_and_releases_on_the_primary_key(f
             await conn.close()
         # and the statements still do their work
         fenced = await store.fence_runs(
-            [(r.job_id, r.shard, r.lease_token, r.scheduled_for) for r in batch], lease_s=30
+            [FenceRequest(r.job_id, r.shard, r.lease_token, r.scheduled_for) for r in batch], lease_s=30
         )
         assert len(fenced) == 500
         # The NATS run path's take and an engine's heartbeat of what it published, on running rows
@@ -195,7 +196,10 @@ async def test_a_burst_keeps_fences_heartbeats_and_releases_on_the_primary_key(f
             )
         finally:
             await conn.close()
-        assert await store.release_claims([(r.job_id, r.shard, r.lease_token) for r in claimed[500:]]) == 3500
+        assert (
+            await store.release_claims([Lease(r.job_id, r.shard, r.lease_token) for r in claimed[500:]])
+            == 3500
+        )
     finally:
         await store.close()
     for name, plan in plans.items():
@@ -215,7 +219,7 @@ async def test_table_writes_and_outcomes_count_a_run(fresh_dsns: list[str]) -> N
     try:
         claimed = await _claim_everything(store)
         fenced = await store.fence_runs(
-            [(r.job_id, r.shard, r.lease_token, r.scheduled_for) for r in claimed], lease_s=30
+            [FenceRequest(r.job_id, r.shard, r.lease_token, r.scheduled_for) for r in claimed], lease_s=30
         )
         now = datetime.now(UTC)
         reports = [

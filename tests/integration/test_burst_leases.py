@@ -21,11 +21,12 @@ import asyncpg
 import pytest
 
 from duetime.core.model import Broker, JobSpec, OneOffSchedule, QueueTarget
-from duetime.engine import metrics
-from duetime.engine.leases import LeaseKeeper
 from duetime.engine.service import Engine, EngineConfig
+from duetime.runqueue import metrics
+from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.bulk import BulkJob, analyze_jobs, seed_jobs
 from duetime.storage.migrate import migrate
+from duetime.storage.ports import FenceRequest
 from duetime.storage.postgres import FencedRow, PostgresStore
 from duetime.storage.shardmap import ShardMap
 from tests.conftest import ADMIN_DSN
@@ -179,7 +180,7 @@ async def test_keep_waiting_claims_touches_only_the_engines_own_claims_near_laps
         later = await store.claim_due(shard, "me", lookahead_s=60, lease_s=600, limit=10)
         fenced = await store.claim_due(shard, "me", lookahead_s=60, lease_s=1, limit=10)
         await store.fence_runs(
-            [(r.job_id, r.shard, r.lease_token, r.scheduled_for) for r in fenced], lease_s=1
+            [FenceRequest(r.job_id, r.shard, r.lease_token, r.scheduled_for) for r in fenced], lease_s=1
         )
         kept = await store.keep_waiting_claims(shard, "me", within_s=30, extend_s=300, limit=5000)
         rows = {

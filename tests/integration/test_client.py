@@ -36,8 +36,8 @@ from duetime.client import (
     NotFoundError,
     ValidationError,
 )
+from duetime.core.signing import sign
 from duetime.receiver import Deduplicator, DeliveryHeaders, FencingGuard, MemoryIdempotencyStore
-from duetime.workers.signing import sign
 from tests.e2e.harness import Receiver, at, fast_settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -26,10 +26,11 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from duetime.core import ssrf
+from duetime.core.delivery import Delivery
 from duetime.core.errors import TargetNotAllowed
 from duetime.core.model import Broker, Outcome, QueueTarget, WebhookMethod, WebhookTarget
-from duetime.workers.dispatch import CallResult, Delivery, Dispatcher
-from duetime.workers.signing import encode_body, new_signing_secret, verify_signature
+from duetime.core.signing import encode_body, new_signing_secret, verify_signature
+from duetime.workers.dispatch import CallResult, Dispatcher
 from duetime.workers.webhook import CheckedResolver
 
 REDIS_URL = os.environ.get("DUETIME_TEST_REDIS", "redis://127.0.0.1:6379/0")

@@ -504,13 +504,25 @@ async def test_the_label_table_follows_every_write(
     assert not any(j == str(ids[3]) for j, _, _ in have)
 
 
-async def test_labels_and_names_move_with_their_shard(pg_dsn_pair: tuple[str, str]) -> None:
+@pytest.fixture
+async def own_pair(run_tag: str) -> AsyncIterator[tuple[str, str]]:
+    """Two fresh databases: a shard move needs a target that holds nothing of the shard."""
+    from tests.conftest import _create_db, _drop_db
+
+    names = [f"duetime_test_{run_tag}_mv{i}_{uuid.uuid4().hex[:4]}" for i in range(2)]
+    dsns = [await _create_db(n) for n in names]
+    yield dsns[0], dsns[1]
+    for n in names:
+        await _drop_db(n)
+
+
+async def test_labels_and_names_move_with_their_shard(own_pair: tuple[str, str]) -> None:
     """A shard move copies job rows with COPY: the target's triggers build their label rows, the
     source's delete theirs, and the moved jobs are found by label and by name on the target."""
     from duetime.core.codec import spec_from_json
     from duetime.storage.postgres import move_shard
 
-    a, b = pg_dsn_pair
+    a, b = own_pair
     owner = f"owner-{uuid.uuid4().hex[:8]}"
     before = await PostgresStore.open(ShardMap.single(a))
     try:
@@ -524,9 +536,7 @@ async def test_labels_and_names_move_with_their_shard(pg_dsn_pair: tuple[str, st
         ]
     finally:
         await before.close()
-    # A shard the other two-database test keeps on the first database (it maps 0-7 there).
-    moving = min(shard_of(uuid.UUID(j.id)) for j in made)
-    assert moving < 8
+    moving = shard_of(uuid.UUID(made[0].id))
     report = await move_shard(moving, a, b)
     assert report.jobs == sum(1 for j in made if shard_of(uuid.UUID(j.id)) == moving)
     after = await PostgresStore.open(ShardMap.from_dsns([b if s == moving else a for s in range(16)]))

@@ -14,7 +14,7 @@ import pytest
 from duetime.core.errors import Conflict, NotFound
 from duetime.core.ids import shard_of
 from duetime.core.model import JobState, Outcome, Overlap
-from duetime.engine.natsqueue import decode_run, encode_run
+from duetime.runqueue.natsqueue import decode_run, encode_run
 from duetime.storage.postgres import AttemptReport, ClaimedRow, PostgresStore
 from duetime.storage.queries import Q
 from tests.integration.test_storage import ENGINE, claim_all, cron, fence, now, owner, report, store

@@ -16,13 +16,13 @@ from datetime import UTC, datetime
 import redis.asyncio as aioredis
 
 from duetime.core import codec, ssrf
+from duetime.core.delivery import Delivery, Verdict
 from duetime.core.model import Broker, JobSpec, OneOffSchedule, Outcome, QueueTarget, WebhookTarget
-from duetime.engine.runqueue import InProcessRunQueue
+from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.storage.postgres import AttemptReport, FencedRow
-from duetime.workers.dispatch import Delivery, Dispatcher
+from duetime.workers.dispatch import Dispatcher
 from duetime.workers.pool import WorkerPool, _report
 from duetime.workers.queues import PUBLISHED
-from duetime.workers.webhook import Verdict
 
 REDIS_URL = os.environ.get("DUETIME_TEST_REDIS", "redis://127.0.0.1:6379/0")
 SCHEDULED_FOR = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)

@@ -25,6 +25,7 @@ from duetime.core.model import (
     WebhookTarget,
 )
 from duetime.storage.base import IdempotencyRequest
+from duetime.storage.ports import FenceRequest
 from duetime.storage.postgres import AttemptReport, ClaimedRow, FencedRow, PostgresStore
 from duetime.storage.queries import Q
 from duetime.storage.shardmap import ShardMap
@@ -77,7 +78,7 @@ async def claim_all(store: PostgresStore, job_id: uuid.UUID, lease_s: float = 30
 
 async def fence(store: PostgresStore, claimed: list[ClaimedRow], lease_s: float = 30.0) -> list[FencedRow]:
     return await store.fence_runs(
-        [(c.job_id, c.shard, c.lease_token, c.scheduled_for) for c in claimed], lease_s=lease_s
+        [FenceRequest(c.job_id, c.shard, c.lease_token, c.scheduled_for) for c in claimed], lease_s=lease_s
     )
 
 

@@ -11,13 +11,14 @@ from datetime import UTC, datetime
 import pytest
 
 from duetime.core import codec
+from duetime.core.delivery import Delivery
 from duetime.core.model import JobSpec, OneOffSchedule, Outcome, WebhookTarget
 from duetime.core.ssrf import AddressPolicy
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.runqueue import InProcessRunQueue
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.postgres import FencedRow, PostgresStore
 from duetime.storage.shardmap import ShardMap
-from duetime.workers.dispatch import CallResult, Delivery, Dispatcher
+from duetime.workers.dispatch import CallResult, Dispatcher
 from duetime.workers.pool import WorkerPool
 
 

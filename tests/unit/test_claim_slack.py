@@ -7,15 +7,19 @@ from datetime import UTC, datetime
 
 from duetime.engine import entries
 from duetime.engine.clock import FakeClock
-from duetime.engine.runqueue import InProcessRunQueue
 from duetime.engine.service import Engine, EngineConfig
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
+from duetime.storage.memory import MemoryStore
 
 T = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def _engine(held: int) -> Engine:
     config = EngineConfig(engine_id="t", lease_s=30)
-    engine = Engine(None, InProcessRunQueue(), None, config, clock=FakeClock(0))  # type: ignore[arg-type]
+    store = MemoryStore()
+    keeper = LeaseKeeper(store, lease_s=30, heartbeat_s=10)
+    engine = Engine(store, InProcessRunQueue(), keeper, config, clock=FakeClock(0))
     engine._queue_fired([entries.pack(0, uuid.uuid4(), 1, T, 0) for _ in range(held)])
     return engine
 

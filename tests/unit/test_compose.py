@@ -16,8 +16,8 @@ import yaml
 from prometheus_client import REGISTRY
 
 import duetime.api.metrics
-import duetime.engine.metrics
-import duetime.engine.natsqueue
+import duetime.runqueue.metrics
+import duetime.runqueue.natsqueue
 from duetime.cli import COMMANDS, build_parser
 from duetime.settings import Settings, unknown_variables
 
@@ -129,7 +129,7 @@ def test_prometheus_scrapes_every_duetime_process_on_its_port() -> None:
 
 def _metric_names() -> set[str]:
     assert (
-        duetime.engine.metrics and duetime.api.metrics and duetime.engine.natsqueue
+        duetime.runqueue.metrics and duetime.api.metrics and duetime.runqueue.natsqueue
     )  # imported for their registrations
     names: set[str] = set()
     for family in REGISTRY.collect():

@@ -7,8 +7,10 @@ import uuid
 from datetime import UTC, datetime
 
 from duetime.engine import entries
-from duetime.engine.runqueue import InProcessRunQueue
-from duetime.storage.postgres import FencedRow
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
+from duetime.storage.memory import MemoryStore
+from duetime.storage.ports import FencedRow
 
 T = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -77,7 +79,9 @@ async def test_the_fencer_takes_fired_entries_in_owner_turns() -> None:
     from duetime.engine.clock import FakeClock
     from duetime.engine.service import Engine, EngineConfig
 
-    engine = Engine(None, InProcessRunQueue(), None, EngineConfig(engine_id="t"), clock=FakeClock(0))  # type: ignore[arg-type]
+    store = MemoryStore()
+    keeper = LeaseKeeper(store, lease_s=30, heartbeat_s=10)
+    engine = Engine(store, InProcessRunQueue(), keeper, EngineConfig(engine_id="t"), clock=FakeClock(0))
     lane_a, lane_b = entries.owner_lane("a"), entries.owner_lane("b")
     fired = [entries.pack(0, uuid.uuid4(), 1, T, 0, lane_a) for _ in range(10_000)]
     fired += [entries.pack(0, uuid.uuid4(), 1, T, 0, lane_b) for _ in range(300)]

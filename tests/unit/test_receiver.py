@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import redis.asyncio as aioredis
 
+from duetime.core.signing import new_signing_secret, sign
 from duetime.receiver import (
     Claim,
     Deduplicator,
@@ -23,7 +24,6 @@ from duetime.receiver import (
     RedisIdempotencyStore,
     verify_webhook,
 )
-from duetime.workers.signing import new_signing_secret, sign
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 

@@ -7,16 +7,16 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from duetime.core.delivery import Delivery
 from duetime.core.model import WebhookTarget
-from duetime.workers.dispatch import Delivery
-from duetime.workers.signing import (
-    contract_headers,
+from duetime.core.signing import (
     encode_body,
     idempotency_key,
     new_signing_secret,
     sign,
     verify_signature,
 )
+from duetime.workers.webhook import contract_headers
 
 JOB = "0b5c3c1e-8d1f-4c7e-9a51-7f0e2a4b9d10"
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -44,10 +44,10 @@ from nats.js.client import JetStreamContext
 from prometheus_client import Counter, Gauge, Histogram
 
 from duetime.core.errors import StorageUnavailable
-from duetime.engine import metrics
-from duetime.engine.leases import LeaseKeeper
-from duetime.engine.runqueue import InProcessRunQueue
-from duetime.storage.postgres import AttemptReport, FencedRow, PostgresStore, extend_published, take_runs
+from duetime.runqueue import metrics
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
+from duetime.storage.ports import AttemptReport, FencedRow, Lease, PublishedRun, RunStore
 
 log = logging.getLogger("duetime.natsqueue")
 
@@ -331,7 +331,7 @@ class PublishedLeaseKeeper(LeaseKeeper):
     ``max_wait_s``: a message the broker lost must not keep its run's lease alive forever."""
 
     def __init__(
-        self, store: PostgresStore, *, holder: str, lease_s: float, heartbeat_s: float, max_wait_s: float
+        self, store: RunStore, *, holder: str, lease_s: float, heartbeat_s: float, max_wait_s: float
     ) -> None:
         super().__init__(store, lease_s=lease_s, heartbeat_s=heartbeat_s)
         self._holder = holder
@@ -356,14 +356,14 @@ class PublishedLeaseKeeper(LeaseKeeper):
         if overdue:
             QUEUE_WAIT_ABANDONED.inc(len(overdue))
             log.warning("%d published runs waited longer than the queue wait limit", len(overdue))
-        items = [(j, s, t) for j, (s, t) in self._held.items()]
+        items = [Lease(j, s, t) for j, (s, t) in self._held.items()]
         for i in range(0, len(items), 1000):
             chunk = items[i : i + 1000]
-            kept = await extend_published(self._store, chunk, holder=self._holder, lease_s=self._lease_s)
+            kept = await self._store.extend_published(chunk, holder=self._holder, lease_s=self._lease_s)
             metrics.LEASE_EXTENSIONS.inc(len(kept))
-            for job_id, _, token in chunk:
-                if job_id not in kept:
-                    self._forget(job_id, token)
+            for lease in chunk:
+                if lease.job_id not in kept:
+                    self._forget(lease.job_id, lease.lease_token)
 
     async def drain(self, within_s: float) -> int:
         """Shutdown: keep beating until workers took everything published (or the time is up);
@@ -401,7 +401,7 @@ class NatsRunConsumer(InProcessRunQueue):
 
     def __init__(
         self,
-        store: PostgresStore,
+        store: RunStore,
         keeper: LeaseKeeper,
         *,
         url: str,
@@ -578,9 +578,8 @@ class NatsRunConsumer(InProcessRunQueue):
             return
         try:
             with TAKE_SECONDS.time():
-                taken = await take_runs(
-                    self._store,
-                    [(r.job_id, r.shard, r.lease_token, p) for r, p, _ in runs],
+                taken = await self._store.take_runs(
+                    [PublishedRun(r.job_id, r.shard, r.lease_token, p) for r, p, _ in runs],
                     holder=self.holder,
                     lease_s=self._lease_s,
                 )
@@ -593,7 +592,7 @@ class NatsRunConsumer(InProcessRunQueue):
             return
         now = time.monotonic()
         for run, _, msg in runs:
-            if (run.job_id, run.lease_token) not in taken:
+            if Lease(run.job_id, run.shard, run.lease_token) not in taken:
                 await self._term(msg)
                 continue
             self._keeper.track(run.job_id, run.shard, run.lease_token)

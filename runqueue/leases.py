@@ -11,8 +11,8 @@ import asyncio
 import logging
 import uuid
 
-from duetime.engine import metrics
-from duetime.storage.postgres import PostgresStore
+from duetime.runqueue import metrics
+from duetime.storage.ports import Lease, RunStore
 
 log = logging.getLogger("duetime.leases")
 
@@ -20,7 +20,7 @@ _CHUNK = 1000
 
 
 class LeaseKeeper:
-    def __init__(self, store: PostgresStore, *, lease_s: float, heartbeat_s: float) -> None:
+    def __init__(self, store: RunStore, *, lease_s: float, heartbeat_s: float) -> None:
         self._store = store
         self._lease_s = lease_s
         self._heartbeat_s = heartbeat_s
@@ -56,15 +56,17 @@ class LeaseKeeper:
 
     async def beat(self) -> None:
         """Extend every held lease once; forget the ones that were taken over."""
-        items = [(j, s, t) for j, (s, t) in self._held.items()]
+        items = [Lease(j, s, t) for j, (s, t) in self._held.items()]
         for i in range(0, len(items), _CHUNK):
             chunk = items[i : i + _CHUNK]
             kept = await self._store.extend_leases(chunk, lease_s=self._lease_s)
             metrics.LEASE_EXTENSIONS.inc(len(kept))
             lost = [
-                j
-                for j, _, t in chunk
-                if j not in kept and j not in self._settling and self._held.get(j, (0, -1))[1] == t
+                x.job_id
+                for x in chunk
+                if x.job_id not in kept
+                and x.job_id not in self._settling
+                and self._held.get(x.job_id, (0, -1))[1] == x.lease_token
             ]
             if lost:
                 metrics.LEASES_LOST.inc(len(lost))

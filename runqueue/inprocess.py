@@ -12,8 +12,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from duetime.engine import metrics
-from duetime.storage.postgres import FencedRow
+from duetime.runqueue import metrics
+from duetime.storage.ports import FencedRow
 
 
 class RunQueue(Protocol):

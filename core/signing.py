@@ -1,7 +1,8 @@
 """The contract headers a target receives, and the Standard Webhooks signature over them.
 
-Kept apart from the HTTP client so the exact bytes we sign are defined in one place, and so a
-receiver (and our own tests) can use ``verify_signature`` without pulling in aiohttp. The signing
+Kept apart from the HTTP client, in the pure core, so the exact bytes we sign are defined in one
+place and a receiver (``duetime.receiver``, and our own tests) can use ``verify_signature`` with
+the standard library alone: a client-only install of Duetime has no aiohttp. The signing
 scheme is Standard Webhooks v1 (https://www.standardwebhooks.com): an HMAC-SHA256 over
 ``"{webhook-id}.{webhook-timestamp}.{body}"`` keyed with the base64-decoded secret after
 ``whsec_``. ``webhook-id`` is the Idempotency-Key, so it is stable across retries and
@@ -18,12 +19,9 @@ import json
 import secrets
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from duetime.core.codec import format_time
-
-if TYPE_CHECKING:
-    from duetime.workers.dispatch import Delivery
 
 SECRET_PREFIX = "whsec_"
 SIGNATURE_VERSION = "v1"
@@ -89,22 +87,6 @@ def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     """The ``webhook-signature`` value: ``v1,<base64 HMAC-SHA256>``."""
     mac = hmac.new(_secret_key(secret), f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256)
     return f"{SIGNATURE_VERSION},{base64.b64encode(mac.digest()).decode('ascii')}"
-
-
-def contract_headers(d: Delivery, body: bytes, now: datetime) -> dict[str, str]:
-    """Every header the contract promises a webhook target, signature included."""
-    key = idempotency_key(d.job_id, d.scheduled_for)
-    timestamp = int(now.timestamp())
-    return {
-        IDEMPOTENCY_KEY: key,
-        JOB_ID: d.job_id,
-        SCHEDULED_FOR: format_occurrence(d.scheduled_for),
-        ATTEMPT: str(d.attempt),
-        FENCING_TOKEN: str(d.fencing_token),
-        WEBHOOK_ID: key,
-        WEBHOOK_TIMESTAMP: str(timestamp),
-        WEBHOOK_SIGNATURE: sign(d.signing_secret, key, timestamp, body),
-    }
 
 
 def verify_signature(

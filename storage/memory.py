@@ -1,0 +1,1067 @@
+"""``MemoryStore``: the ``Registry`` and ``RunStore`` ports in memory, for tests of what sits on
+top of storage (engine, workers, API) without a database.
+
+Faithful, not approximate: it keeps the same rows PostgreSQL keeps (state, phase, lease token,
+holder, lease expiry, occurrence rows, history), answers with the same records and errors, and
+decides what a row becomes with the very code the PostgreSQL store uses (``core.lifecycle`` via
+the completion writer's ``BatchWriter``, and ``storage.registry_rules``). What SQL does in a
+statement is done here between two awaits, which on one event loop is what a row lock and
+``SKIP LOCKED`` give: no two claimers hold a row, a stale token changes nothing. Time is the
+injected ``clock`` (database time and the store's own, as one), so a test lapses leases by
+moving it. The contract suite in tests/contract/ runs the same cases against this store and
+PostgreSQL; a difference is a bug in this file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import uuid
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from duetime.core import codec, jitter
+from duetime.core.backfill import plan_backfill
+from duetime.core.errors import Conflict, InvalidRequest, NotFound, StorageUnavailable
+from duetime.core.ids import SHARDS, new_job_id, shard_of
+from duetime.core.lifecycle import RowPlan, initial_plan, split_point, start_manual
+from duetime.core.model import Job, JobSpec, JobState, Outcome, Overlap, Run
+from duetime.core.schedule import next_occurrence
+from duetime.storage.ports import (
+    AttemptReport,
+    Backfill,
+    BulkAction,
+    BulkResult,
+    ClaimedRow,
+    CompletionStats,
+    FencedRow,
+    FenceRequest,
+    IdempotencyRequest,
+    Lease,
+    MissedSkip,
+    NameHolderChanged,
+    Page,
+    PublishedRun,
+)
+from duetime.storage.postgres.completion import (
+    BatchWriter,
+    apply_leased,
+    expire_rows,
+    finishable,
+    skippable,
+)
+from duetime.storage.registry_rules import (
+    BULK_TARGET,
+    bulk_states,
+    encode_cursor,
+    hash_key,
+    job_cursor,
+    name_taken,
+    refuse_apply,
+    require,
+    run_cursor,
+)
+
+
+def _system_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(slots=True)
+class _Row:
+    """One row of ``jobs``, column for column (see storage/migrations/)."""
+
+    job_id: uuid.UUID
+    shard: int
+    owner: str
+    spec: dict[str, Any]
+    state: str
+    next_run_at: datetime | None
+    scheduled_for: datetime | None
+    attempt: int
+    created_at: datetime
+    updated_at: datetime
+    spec_version: int = 1
+    phase: str = "idle"
+    run_kind: str = "scheduled"
+    resume_at: datetime | None = None
+    pending_triggers: list[datetime] = field(default_factory=list)
+    lease_token: int = 0
+    claimed_by: str | None = None
+    leased_until: datetime | None = None
+    last_run: dict[str, Any] | None = None
+    parent_id: uuid.UUID | None = None
+    split_at: datetime | None = None
+    handed_upto: datetime | None = None
+    backfill_seq: int | None = None
+
+    def locked(self) -> dict[str, Any]:
+        """The row as ``lock_for_completion`` reads it (the spec as its text)."""
+        return {
+            "job_id": self.job_id,
+            "shard": self.shard,
+            "owner": self.owner,
+            "spec": _spec_text(self.spec),
+            "spec_version": self.spec_version,
+            "state": self.state,
+            "phase": self.phase,
+            "lease_token": self.lease_token,
+            "scheduled_for": self.scheduled_for,
+            "next_run_at": self.next_run_at,
+            "attempt": self.attempt,
+            "run_kind": self.run_kind,
+            "resume_at": self.resume_at,
+            "pending_triggers": list(self.pending_triggers),
+            "parent_id": self.parent_id,
+            "handed_upto": self.handed_upto,
+            "split_at": self.split_at,
+            "backfill_seq": self.backfill_seq,
+        }
+
+    def plan(self) -> RowPlan:
+        return RowPlan(
+            state=JobState(self.state),
+            next_run_at=self.next_run_at,
+            scheduled_for=self.scheduled_for,
+            attempt=self.attempt,
+            run_kind=self.run_kind,
+            resume_at=self.resume_at,
+            pending_triggers=tuple(sorted(self.pending_triggers)),
+            handed_upto=self.handed_upto,
+        )
+
+    def job(self) -> Job:
+        return Job(
+            id=str(self.job_id),
+            owner=self.owner,
+            spec=codec.spec_from_json(self.spec),
+            state=JobState(self.state),
+            next_run_at=self.next_run_at if self.state in ("scheduled", "paused") else None,
+            attempt=self.attempt,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            last_run=codec.run_from_json(self.last_run) if self.last_run else None,
+        )
+
+    def give_back_claim(self) -> None:
+        """A claimed row's lease is revoked (owner action): it is idle again, unleased."""
+        if self.phase == "claimed":
+            self.phase, self.claimed_by, self.leased_until = "idle", None, None
+
+
+@dataclass(frozen=True, slots=True)
+class _HistoryRow:
+    run_id: int
+    job_id: uuid.UUID
+    shard: int
+    run: Run
+    fencing_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class _IdempotencyKey:
+    body_hash: bytes
+    job_id: uuid.UUID
+    created_at: datetime
+
+
+@dataclass(slots=True)
+class _ApiKey:
+    prefix: str
+    owner: str
+    revoked: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class _Listener:
+    """A ``listen_due`` subscription; closing it stops its wake-ups."""
+
+    store: MemoryStore
+    shards: frozenset[int]
+    wake: Callable[[int], None]
+
+    async def close(self) -> None:
+        self.store._listeners.discard(self)
+
+
+def _spec_text(spec: dict[str, Any]) -> str:
+    return json.dumps(spec, separators=(",", ":"), sort_keys=True)
+
+
+def _copy(spec: dict[str, Any]) -> dict[str, Any]:
+    """What a jsonb column gives back: a copy, never the caller's object."""
+    out: dict[str, Any] = json.loads(json.dumps(spec))
+    return out
+
+
+def _finished(run: dict[str, Any]) -> datetime:
+    """A history entry's ``finished_at`` (a completion always sets it)."""
+    return codec.parse_time(run["finished_at"])
+
+
+def _is_cron(spec: dict[str, Any]) -> bool:
+    return "cron" in spec["schedule"]
+
+
+class MemoryStore:
+    """Registry + run store in memory. ``clock`` is both the database's ``now()`` and the
+    store's own clock; ``notify_horizon_s`` is how far ahead a due row wakes ``listen_due``."""
+
+    def __init__(
+        self, *, clock: Callable[[], datetime] = _system_clock, notify_horizon_s: float = 300.0
+    ) -> None:
+        self._now = clock
+        self._notify_horizon = timedelta(seconds=notify_horizon_s)
+        self._jobs: dict[uuid.UUID, _Row] = {}
+        self._runs: list[_HistoryRow] = []
+        self._next_run_id = 1
+        self._idempotency: dict[tuple[str, str], _IdempotencyKey] = {}
+        self._owners: dict[str, str] = {}
+        self._keys: dict[bytes, _ApiKey] = {}
+        self._listeners: set[_Listener] = set()
+        self.available = True  # False: every call raises StorageUnavailable (an outage)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _check(self) -> None:
+        if not self.available:
+            raise StorageUnavailable(
+                "the job database is unavailable right now; nothing was changed, try again"
+            )
+
+    def _children(self, parent: uuid.UUID) -> list[_Row]:
+        return [r for r in self._jobs.values() if r.parent_id == parent]
+
+    def _wake(self, shards: Iterable[int]) -> None:
+        """After the change is "committed": listeners of these shards hear of it soon, not now."""
+        wanted = set(shards)
+        if not wanted:
+            return
+        loop = asyncio.get_running_loop()
+        for listener in list(self._listeners):
+            for shard in sorted(wanted & listener.shards):
+                loop.call_soon(listener.wake, shard)
+
+    def _due_soon(self, shard: int, plan: RowPlan, now: datetime) -> None:
+        if (
+            plan.state == JobState.SCHEDULED
+            and plan.next_run_at is not None
+            and plan.next_run_at <= now + self._notify_horizon
+        ):
+            self._wake([shard])
+
+    def _owned(self, owner: str, job_id: uuid.UUID) -> _Row:
+        row = self._jobs.get(job_id)
+        if row is None or row.owner != owner or row.parent_id is not None:
+            raise NotFound(f"no job {job_id}", ident=str(job_id))
+        return row
+
+    def _history(self, job_id: uuid.UUID, shard: int, run: Run, token: int) -> None:
+        self._runs.append(_HistoryRow(self._next_run_id, job_id, shard, run, token))
+        self._next_run_id += 1
+
+    # ------------------------------------------------------------------ registry
+
+    async def create_job(
+        self, owner: str, spec: JobSpec, *, idempotency: IdempotencyRequest | None = None
+    ) -> tuple[Job, bool]:
+        self._check()
+        now = self._now()
+        if spec.name is not None:
+            holder = self._holder(owner, spec.name)
+            replay = idempotency is not None and (owner, idempotency.key) in self._idempotency
+            if holder is not None and not replay:
+                raise name_taken(spec.name, holder.job_id)
+        if idempotency is not None:
+            shard = zlib.crc32(f"{owner}\x00{idempotency.key}".encode()) % SHARDS
+            job_id = new_job_id(shard)
+            existing = self._idempotency.get((owner, idempotency.key))
+            if existing is not None:
+                if existing.body_hash != idempotency.body_hash:
+                    raise InvalidRequest(
+                        "this Idempotency-Key was already used with a different body; use a new key "
+                        "for a different job, or resend the original body",
+                        code="idempotency_key_reused",
+                        field="Idempotency-Key",
+                    )
+                return self._owned(owner, existing.job_id).job(), False
+            self._idempotency[(owner, idempotency.key)] = _IdempotencyKey(idempotency.body_hash, job_id, now)
+        else:
+            job_id = new_job_id()
+            shard = shard_of(job_id)
+        plan = initial_plan(job_id, spec, now)
+        row = _Row(
+            job_id=job_id,
+            shard=shard,
+            owner=owner,
+            spec=codec.spec_to_json(spec),
+            state=plan.state.value,
+            next_run_at=plan.next_run_at,
+            scheduled_for=plan.scheduled_for,
+            attempt=plan.attempt,
+            created_at=now,
+            updated_at=now,
+            split_at=split_point(spec, plan),
+        )
+        self._jobs[job_id] = row
+        self._due_soon(shard, plan, now)
+        if idempotency is None:
+            # As the PostgreSQL store answers a batched insert: the spec as given.
+            return replace(row.job(), spec=spec), True
+        return row.job(), True
+
+    async def get_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        self._check()
+        return self._owned(owner, job_id).job()
+
+    def _holder(self, owner: str, name: str) -> _Row | None:
+        """The job (not cancelled) that holds a name: the oldest, as the PostgreSQL store picks."""
+        holders = [
+            r
+            for r in self._jobs.values()
+            if r.owner == owner
+            and r.parent_id is None
+            and r.state != JobState.CANCELLED.value
+            and r.spec.get("name") == name
+        ]
+        return min(holders, key=lambda r: (r.created_at, r.job_id)) if holders else None
+
+    @staticmethod
+    def _carries(row: _Row, labels: Mapping[str, str] | None, name_prefix: str | None) -> bool:
+        have = row.spec.get("labels") or {}
+        if labels and any(have.get(k) != v for k, v in labels.items()):
+            return False
+        name = row.spec.get("name")
+        return name_prefix is None or (name is not None and name.startswith(name_prefix))
+
+    async def list_jobs(
+        self,
+        owner: str,
+        *,
+        state: JobState | None,
+        limit: int,
+        cursor: str | None,
+        labels: Mapping[str, str] | None = None,
+        name_prefix: str | None = None,
+    ) -> Page[Job]:
+        self._check()
+        after = job_cursor(cursor)
+        rows = sorted(
+            (
+                r
+                for r in self._jobs.values()
+                if r.owner == owner
+                and r.parent_id is None
+                and r.job_id > after
+                and (state is None or r.state == state.value)
+                and self._carries(r, labels, name_prefix)
+            ),
+            key=lambda r: r.job_id,
+        )
+        page = rows[:limit]
+        next_cursor = encode_cursor(page[-1].job_id.bytes) if len(rows) > limit else None
+        return Page([r.job() for r in page], next_cursor)
+
+    def _write(
+        self,
+        row: _Row,
+        *,
+        plan: RowPlan,
+        revoke: bool,
+        spec: dict[str, Any] | None = None,
+        spec_version: int | None = None,
+    ) -> Job:
+        if spec is not None:
+            row.spec = spec
+        if spec_version is not None:
+            row.spec_version = spec_version
+        row.state = plan.state.value
+        row.next_run_at = plan.next_run_at
+        row.scheduled_for = plan.scheduled_for
+        row.attempt = plan.attempt
+        row.run_kind = plan.run_kind
+        row.resume_at = plan.resume_at
+        row.pending_triggers = list(plan.pending_triggers)
+        row.split_at = split_point(codec.spec_from_json(row.spec), plan)
+        row.handed_upto = plan.handed_upto
+        if revoke:
+            row.give_back_claim()
+        row.updated_at = self._now()
+        self._due_soon(row.shard, plan, self._now())
+        return row.job()
+
+    def _cascade_state(self, job_id: uuid.UUID, state: JobState) -> None:
+        for child in self._children(job_id):
+            if child.state != JobState.CANCELLED.value:
+                child.state = state.value
+                child.give_back_claim()
+                child.updated_at = self._now()
+
+    async def get_job_by_name(self, owner: str, name: str) -> Job:
+        self._check()
+        holder = self._holder(owner, name)
+        if holder is None:
+            raise NotFound(f"no job named {name!r}", ident=name)
+        return holder.job()
+
+    async def apply_job(self, owner: str, spec: JobSpec, *, expected_id: str | None) -> tuple[Job, bool]:
+        self._check()
+        name = spec.name
+        if name is None:
+            raise ValueError("apply_job needs a named spec")
+        holder = self._holder(owner, name)
+        if (None if holder is None else str(holder.job_id)) != expected_id:
+            raise NameHolderChanged(name)
+        if holder is None:
+            return (await self.create_job(owner, spec))[0], True
+        if codec.spec_to_json(codec.spec_from_json(holder.spec)) == codec.spec_to_json(spec):
+            return holder.job(), False  # nothing to change: nothing is written
+        refuse_apply(JobState(holder.state), holder.job_id, name)
+        return await self.update_job(owner, holder.job_id, spec), False
+
+    async def bulk_action(
+        self,
+        owner: str,
+        action: BulkAction,
+        labels: Mapping[str, str],
+        *,
+        state: JobState | None,
+        max_jobs: int,
+    ) -> BulkResult:
+        self._check()
+        states = {s.value for s in bulk_states(action, state)}
+        found = sorted(
+            (
+                r
+                for r in self._jobs.values()
+                if r.owner == owner
+                and r.parent_id is None
+                and r.state in states
+                and self._carries(r, labels, None)
+            ),
+            key=lambda r: r.job_id,
+        )
+        chosen = found[:max_jobs]
+        target = BULK_TARGET[action]
+        for row in chosen:
+            if target is JobState.CANCELLED:
+                await self.cancel_job(owner, row.job_id)
+            elif target is JobState.PAUSED:
+                await self.pause_job(owner, row.job_id)
+            else:
+                await self.resume_job(owner, row.job_id)
+        return BulkResult(matched=len(chosen), changed=len(chosen), more=len(found) > max_jobs)
+
+    async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
+        self._check()
+        new_json = codec.spec_to_json(spec)
+        row = self._owned(owner, job_id)
+        if spec.name is not None and spec.name != row.spec.get("name"):
+            holder = self._holder(owner, spec.name)
+            if holder is not None and holder.job_id != job_id:
+                raise name_taken(spec.name, holder.job_id)
+        require("update", JobState(row.state))
+        old = row.spec
+        timing_changed = old["schedule"] != new_json["schedule"] or old["jitter_s"] != new_json["jitter_s"]
+        plan = row.plan()
+        version = row.spec_version
+        if timing_changed:
+            version += 1
+            fresh = initial_plan(job_id, spec, self._now())
+            keep_state = JobState(row.state)
+            plan = replace(fresh, pending_triggers=plan.pending_triggers)
+            if keep_state in (JobState.PAUSED, JobState.DEAD) and plan.state == JobState.SCHEDULED:
+                plan = replace(plan, state=keep_state)
+        if new_json != old:
+            for child in self._children(job_id):
+                child.spec = {**_copy(new_json), "schedule": child.spec["schedule"]}
+                child.updated_at = self._now()
+        if timing_changed:
+            for child in self._children(job_id):
+                if child.backfill_seq is None and child.phase != "running":
+                    del self._jobs[child.job_id]
+        return self._write(row, spec=_copy(new_json), spec_version=version, plan=plan, revoke=timing_changed)
+
+    async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        self._check()
+        row = self._owned(owner, job_id)
+        if row.state == JobState.CANCELLED.value:
+            return row.job()
+        plan = replace(row.plan(), state=JobState.CANCELLED, next_run_at=None, pending_triggers=())
+        self._cascade_state(job_id, JobState.CANCELLED)
+        for child in self._children(job_id):
+            if child.phase == "idle":
+                del self._jobs[child.job_id]
+        return self._write(row, plan=plan, revoke=True)
+
+    async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        self._check()
+        row = self._owned(owner, job_id)
+        require("pause", JobState(row.state))
+        if row.state == JobState.PAUSED.value:
+            return row.job()
+        self._cascade_state(job_id, JobState.PAUSED)
+        return self._write(row, plan=replace(row.plan(), state=JobState.PAUSED), revoke=True)
+
+    async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        self._check()
+        row = self._owned(owner, job_id)
+        require("resume", JobState(row.state))
+        if row.state == JobState.SCHEDULED.value:
+            return row.job()
+        self._cascade_state(job_id, JobState.SCHEDULED)
+        return self._write(row, plan=replace(row.plan(), state=JobState.SCHEDULED), revoke=False)
+
+    async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        self._check()
+        now = self._now()
+        row = self._owned(owner, job_id)
+        require("trigger", JobState(row.state))
+        plan = row.plan()
+        if row.phase == "idle" and plan.attempt == 0 and plan.run_kind == "scheduled":
+            plan = start_manual(plan, now)
+        else:
+            plan = replace(plan, pending_triggers=(*plan.pending_triggers, now))
+        return self._write(row, plan=plan, revoke=False)
+
+    async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        self._check()
+        row = self._owned(owner, job_id)
+        require("replay", JobState(row.state))
+        plan = replace(
+            row.plan(), state=JobState.SCHEDULED, attempt=0, next_run_at=self._now(), run_kind="scheduled"
+        )
+        return self._write(row, plan=plan, revoke=False)
+
+    async def backfill_job(
+        self,
+        owner: str,
+        job_id: uuid.UUID,
+        start: datetime,
+        end: datetime,
+        *,
+        max_occurrences: int,
+        pace_per_s: float,
+    ) -> Backfill:
+        self._check()
+        now = self._now()
+        row = self._owned(owner, job_id)
+        require("backfill", JobState(row.state))
+        spec = codec.spec_from_json(row.spec)
+        children = self._children(job_id)
+        pending = len(children)
+        runs = plan_backfill(
+            spec,
+            start,
+            end,
+            now,
+            max_occurrences=max_occurrences,
+            pace_per_s=pace_per_s,
+            chain_busy=spec.overlap is not Overlap.ALLOW and pending > 0,
+        )
+        if pending + len(runs) > max_occurrences:
+            raise Conflict(
+                f"this job has {pending} backfilled or overlapping runs not finished yet and at "
+                f"most {max_occurrences} may wait at a time; wait for them, or ask for at most "
+                f"{max(max_occurrences - pending, 0)} occurrences",
+                code="backfill_in_progress",
+            )
+        if runs:
+            seq = max((c.backfill_seq or 0 for c in children), default=0)
+            for i, r in enumerate(runs, start=1):
+                self._insert_occurrence(row, r.due_at, r.scheduled_for, seq=seq + i, now=now)
+            self._wake([row.shard])
+        return Backfill(
+            queued=len(runs),
+            first=runs[0].scheduled_for if runs else None,
+            last=runs[-1].scheduled_for if runs else None,
+        )
+
+    def _insert_occurrence(
+        self, parent: _Row, due: datetime | None, scheduled_for: datetime, *, seq: int | None, now: datetime
+    ) -> None:
+        occ_id = new_job_id(parent.shard)
+        self._jobs[occ_id] = _Row(
+            job_id=occ_id,
+            shard=parent.shard,
+            owner=parent.owner,
+            spec=_copy(parent.spec),
+            state="scheduled",
+            next_run_at=due,
+            scheduled_for=scheduled_for,
+            attempt=0,
+            created_at=now,
+            updated_at=now,
+            parent_id=parent.job_id,
+            backfill_seq=seq,
+        )
+
+    async def list_runs(self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None) -> Page[Run]:
+        self._check()
+        before = run_cursor(cursor)
+        self._owned(owner, job_id)
+        rows = sorted(
+            (h for h in self._runs if h.job_id == job_id and h.run_id < before),
+            key=lambda h: h.run_id,
+            reverse=True,
+        )[: limit + 1]
+        page = rows[:limit]
+        next_cursor = encode_cursor(page[-1].run_id.to_bytes(8, "big")) if len(rows) > limit else None
+        return Page([h.run for h in page], next_cursor)
+
+    async def count_active_jobs(self, owner: str) -> int:
+        self._check()
+        return sum(
+            1
+            for r in self._jobs.values()
+            if r.owner == owner and r.parent_id is None and r.state in ("scheduled", "paused")
+        )
+
+    async def owner_for_key(self, api_key: str) -> str | None:
+        self._check()
+        key = self._keys.get(hash_key(api_key))
+        return None if key is None or key.revoked else key.owner
+
+    async def create_api_key(self, owner: str) -> tuple[str, str]:
+        self._check()
+        from duetime.core.signing import new_signing_secret
+
+        api_key = "dt_" + secrets.token_urlsafe(24)
+        self._owners.setdefault(owner, new_signing_secret())
+        self._keys[hash_key(api_key)] = _ApiKey(api_key[:10], owner)
+        return api_key, self._owners[owner]
+
+    async def revoke_api_key(self, api_key_or_prefix: str) -> int:
+        self._check()
+        hashed = hash_key(api_key_or_prefix)
+        revoked = 0
+        for key_hash, key in self._keys.items():
+            if not key.revoked and (key_hash == hashed or key.prefix == api_key_or_prefix):
+                key.revoked = True
+                revoked += 1
+        return revoked
+
+    async def signing_secret(self, owner: str) -> str | None:
+        self._check()
+        return self._owners.get(owner)
+
+    async def ping(self) -> None:
+        self._check()
+
+    # ------------------------------------------------------------------ run path
+
+    def _claimed(self, row: _Row, now: datetime) -> ClaimedRow:
+        assert row.next_run_at is not None and row.scheduled_for is not None
+        misfired = (
+            row.run_kind == "scheduled"
+            and row.attempt == 0
+            and row.parent_id is None
+            and row.next_run_at < now - timedelta(seconds=int(row.spec["misfire_grace_s"]))
+        )
+        return ClaimedRow(
+            job_id=row.job_id,
+            shard=row.shard,
+            lease_token=row.lease_token,
+            due_at=row.next_run_at,
+            scheduled_for=row.scheduled_for,
+            attempt=row.attempt,
+            run_kind=row.run_kind,
+            misfire_spec=_copy(row.spec) if misfired else None,
+            db_now=now,
+            owner=row.owner,
+        )
+
+    def _lease_claim(self, row: _Row, engine_id: str, lease_s: float, now: datetime) -> None:
+        assert row.next_run_at is not None
+        row.phase = "claimed"
+        row.lease_token += 1
+        row.claimed_by = engine_id
+        row.leased_until = max(row.next_run_at, now) + timedelta(seconds=lease_s)
+
+    async def claim_due(
+        self, shard: int, engine_id: str, *, lookahead_s: float, lease_s: float, limit: int
+    ) -> list[ClaimedRow]:
+        self._check()
+        now = self._now()
+        horizon = now + timedelta(seconds=lookahead_s)
+        due = sorted(
+            (
+                r
+                for r in self._jobs.values()
+                if r.shard == shard
+                and r.state == "scheduled"
+                and r.phase == "idle"
+                and r.next_run_at is not None
+                and r.next_run_at <= horizon
+            ),
+            key=lambda r: r.next_run_at or now,
+        )[:limit]
+        for row in due:
+            self._lease_claim(row, engine_id, lease_s, now)
+        return [self._claimed(r, now) for r in due]
+
+    async def retake_claims(
+        self, engine_id: str, shards: Sequence[int], *, lease_s: float
+    ) -> list[ClaimedRow]:
+        self._check()
+        now = self._now()
+        mine = [
+            r
+            for r in self._jobs.values()
+            if r.claimed_by == engine_id and r.phase == "claimed" and r.shard in shards
+        ]
+        for row in mine:
+            assert row.next_run_at is not None
+            row.lease_token += 1
+            row.leased_until = max(row.next_run_at, now) + timedelta(seconds=lease_s)
+        return [self._claimed(r, now) for r in mine]
+
+    async def fence_runs(self, items: Sequence[FenceRequest], *, lease_s: float) -> list[FencedRow]:
+        self._check()
+        now = self._now()
+        out: list[FencedRow] = []
+        for item in items:
+            row = self._jobs.get(item.job_id)
+            if (
+                row is None
+                or row.lease_token != item.lease_token
+                or row.phase != "claimed"
+                or row.state != "scheduled"
+            ):
+                continue
+            row.phase = "running"
+            row.scheduled_for = item.scheduled_for
+            row.leased_until = now + timedelta(seconds=lease_s)
+            assert row.next_run_at is not None
+            text = _spec_text(row.spec)
+            out.append(
+                FencedRow(
+                    job_id=row.job_id,
+                    shard=row.shard,
+                    owner=row.owner,
+                    lease_token=row.lease_token,
+                    scheduled_for=item.scheduled_for,
+                    due_at=row.next_run_at,
+                    attempt=row.attempt + 1,
+                    spec=json.loads(text),
+                    spec_version=row.spec_version,
+                    spec_text=text,
+                    run_kind=row.run_kind,
+                    parent_id=row.parent_id,
+                )
+            )
+        return out
+
+    def _held(self, lease: Lease, phase_ok: Callable[[str], bool]) -> _Row | None:
+        row = self._jobs.get(lease.job_id)
+        if row is None or row.lease_token != lease.lease_token or not phase_ok(row.phase):
+            return None
+        return row
+
+    async def extend_leases(self, leases: Sequence[Lease], *, lease_s: float) -> set[uuid.UUID]:
+        self._check()
+        until = self._now() + timedelta(seconds=lease_s)
+        held: set[uuid.UUID] = set()
+        for lease in leases:
+            row = self._held(lease, finishable)
+            if row is not None:
+                row.leased_until = until
+                held.add(row.job_id)
+        return held
+
+    async def keep_waiting_claims(
+        self, shard: int, engine_id: str, *, within_s: float, extend_s: float, limit: int
+    ) -> int:
+        self._check()
+        now = self._now()
+        soon = now + timedelta(seconds=within_s)
+        rows = sorted(
+            (
+                r
+                for r in self._jobs.values()
+                if r.shard == shard
+                and r.leased_until is not None
+                and r.leased_until < soon
+                and r.phase == "claimed"
+                and r.claimed_by == engine_id
+            ),
+            key=lambda r: r.leased_until or now,
+        )[:limit]
+        for row in rows:
+            row.leased_until = now + timedelta(seconds=extend_s)
+        return len(rows)
+
+    async def release_claims(self, leases: Sequence[Lease]) -> int:
+        self._check()
+        released = 0
+        for lease in leases:
+            row = self._held(lease, skippable)
+            if row is not None:
+                row.give_back_claim()
+                released += 1
+        return released
+
+    # ------------------------------------------------------------------ completion
+
+    def _locked_rows(self, ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, dict[str, Any]]:
+        return {i: self._jobs[i].locked() for i in sorted(set(ids)) if i in self._jobs}
+
+    def _flush(self, writer: BatchWriter) -> set[int]:
+        """What ``BatchWriter.flush`` and ``after_commit`` write, statement for statement
+        (apply_plans, insert_runs, delete_occurrences; then release_next_backfill,
+        parent_last_run, complete_drained_jobs). Returns the shards to wake."""
+        now = self._now()
+        for job_id, plan, consumed, last_run, split_at, hold in writer.plans:
+            row = self._jobs[job_id]
+            if not (hold and self._children(job_id)):
+                row.state = plan.state.value
+            row.next_run_at = plan.next_run_at
+            row.scheduled_for = plan.scheduled_for
+            row.attempt = plan.attempt
+            row.run_kind = plan.run_kind
+            row.resume_at = plan.resume_at
+            if consumed is not None:
+                row.pending_triggers = sorted(t for t in row.pending_triggers if t > consumed)
+            row.split_at = split_at
+            row.handed_upto = plan.handed_upto
+            row.phase, row.claimed_by, row.leased_until = "idle", None, None
+            if last_run is not None:
+                row.last_run = last_run
+            row.updated_at = now
+        for (
+            job_id,
+            shard,
+            scheduled_for,
+            attempt,
+            started,
+            finished,
+            outcome,
+            status,
+            error,
+            late,
+            token,
+        ) in writer.runs:
+            run = Run(
+                scheduled_for=scheduled_for,
+                attempt=attempt,
+                started_at=started,
+                finished_at=finished,
+                outcome=Outcome(outcome),
+                status_code=status,
+                error=error,
+                lateness_ms=late,
+            )
+            self._history(job_id, shard, run, token)
+        for job_id in writer.finished_occurrences:
+            occurrence = self._jobs.get(job_id)
+            if occurrence is not None and occurrence.parent_id is not None:
+                del self._jobs[job_id]
+        # after the commit
+        shards = self._release_next_backfill(writer.backfill_parents, now)
+        for parent, last in writer.parent_last.items():
+            job = self._jobs.get(parent)
+            if job is not None and (job.last_run is None or _finished(job.last_run) <= _finished(last)):
+                job.last_run = last
+                job.updated_at = now
+        self._complete_drained(r for r in (self._jobs.get(p) for p in writer.parent_last) if r is not None)
+        return shards
+
+    def _release_next_backfill(self, parents: Iterable[uuid.UUID], now: datetime) -> set[int]:
+        shards: set[int] = set()
+        for parent in parents:
+            children = self._children(parent)
+            if any(c.next_run_at is not None for c in children):
+                continue
+            waiting = [c for c in children if c.next_run_at is None and c.state != "cancelled"]
+            if waiting:
+                nxt = min(waiting, key=lambda c: (c.backfill_seq is None, c.backfill_seq or 0))
+                nxt.next_run_at = now
+                shards.add(nxt.shard)
+        return shards
+
+    def _complete_drained(self, rows: Iterable[_Row]) -> int:
+        done = 0
+        for p in list(rows):
+            if (
+                p.state == "scheduled"
+                and p.next_run_at is None
+                and p.phase == "idle"
+                and p.parent_id is None
+                and _is_cron(p.spec)
+                and not self._children(p.job_id)
+            ):
+                p.state = "completed"
+                p.updated_at = self._now()
+                done += 1
+        return done
+
+    async def complete_runs(self, reports: Sequence[AttemptReport]) -> CompletionStats:
+        self._check()
+        return self._under_lease(reports, finishable, BatchWriter.finish)
+
+    async def skip_missed(self, items: Sequence[MissedSkip]) -> CompletionStats:
+        self._check()
+        return self._under_lease(items, skippable, BatchWriter.skip)
+
+    def _under_lease(
+        self,
+        items: Sequence[Any],
+        phase_ok: Callable[[str], bool],
+        apply: Callable[[BatchWriter, Any, Any, datetime], None],
+    ) -> CompletionStats:
+        writer = BatchWriter()
+        rows = self._locked_rows(i.job_id for i in items)
+        stale = apply_leased(writer, rows, items, phase_ok=phase_ok, apply=apply, now=self._now())
+        self._wake(self._flush(writer))
+        return CompletionStats(applied=len(writer.seen), stale=stale, history=writer.history_count)
+
+    def _expire(self, rows: Iterable[_Row]) -> CompletionStats:
+        writer = BatchWriter()
+        expire_rows(writer, self._locked_rows(r.job_id for r in rows).values(), self._now())
+        self._wake(self._flush(writer))
+        return CompletionStats(applied=len(writer.seen), history=writer.history_count)
+
+    # ------------------------------------------------------------------ janitor
+
+    async def rescue_expired(self, shard: int, *, limit: int) -> CompletionStats:
+        self._check()
+        now = self._now()
+        lapsed = sorted(
+            (
+                r
+                for r in self._jobs.values()
+                if r.shard == shard
+                and r.phase != "idle"
+                and r.leased_until is not None
+                and r.leased_until < now
+            ),
+            key=lambda r: r.leased_until or now,
+        )[:limit]
+        return self._expire(lapsed) if lapsed else CompletionStats()
+
+    async def expire_running_of(self, engine_id: str, shards: Sequence[int]) -> CompletionStats:
+        self._check()
+        return self._expire(self._running_of(engine_id, shards))
+
+    def _running_of(self, engine_id: str, shards: Sequence[int]) -> list[_Row]:
+        return [
+            r
+            for r in self._jobs.values()
+            if r.claimed_by == engine_id and r.phase == "running" and r.shard in shards
+        ]
+
+    async def split_overlapping(self, shard: int, *, horizon_s: float, limit: int = 500) -> int:
+        self._check()
+        now = self._now()
+        horizon = now + timedelta(seconds=horizon_s)
+        rows = sorted(
+            (
+                r
+                for r in self._jobs.values()
+                if r.shard == shard
+                and r.split_at is not None
+                and (r.phase == "running" or r.attempt > 0)
+                and r.split_at <= horizon
+                and r.state == "scheduled"
+                and r.run_kind == "scheduled"
+                and r.parent_id is None
+            ),
+            key=lambda r: r.split_at or now,
+        )[:limit]
+        for row in rows:
+            spec = codec.spec_from_json(row.spec)
+            occ = row.split_at
+            assert occ is not None
+            self._insert_occurrence(
+                row, jitter.due_at(row.job_id, occ, spec.jitter_s), occ, seq=None, now=now
+            )
+            row.handed_upto = occ
+            row.split_at = next_occurrence(spec.schedule, occ)
+        return len(rows)
+
+    async def complete_drained_jobs(self, shard: int) -> int:
+        self._check()
+        return self._complete_drained(r for r in self._jobs.values() if r.shard == shard)
+
+    async def release_stalled_backfills(self, shard: int) -> int:
+        self._check()
+        parents = {
+            r.parent_id
+            for r in self._jobs.values()
+            if r.shard == shard
+            and r.parent_id is not None
+            and r.next_run_at is None
+            and r.state == "scheduled"
+        }
+        released = 0
+        now = self._now()
+        for parent in parents:
+            children = self._children(parent)
+            if any(c.next_run_at is not None for c in children):
+                continue
+            waiting = [
+                c for c in children if c.next_run_at is None and c.state == "scheduled" and c.shard == shard
+            ]
+            nxt = min(waiting, key=lambda c: (c.backfill_seq is None, c.backfill_seq or 0))
+            nxt.next_run_at = now
+            released += 1
+        return released
+
+    async def purge_idempotency_keys(self, older_than_s: float) -> None:
+        self._check()
+        cutoff = self._now() - timedelta(seconds=older_than_s)
+        for key, record in list(self._idempotency.items()):
+            if record.created_at < cutoff:
+                del self._idempotency[key]
+
+    async def db_now(self, shard: int = 0) -> datetime:
+        self._check()
+        return self._now()
+
+    async def listen_due(self, shards: Sequence[int], wake: Callable[[int], None]) -> _Listener:
+        listener = _Listener(self, frozenset(shards), wake)
+        self._listeners.add(listener)
+        return listener
+
+    # ------------------------------------------------------------------ NATS run-queue leases
+
+    async def take_runs(self, items: Sequence[PublishedRun], *, holder: str, lease_s: float) -> set[Lease]:
+        self._check()
+        until = self._now() + timedelta(seconds=lease_s)
+        taken: set[Lease] = set()
+        for item in sorted(items, key=lambda i: i.job_id):
+            row = self._jobs.get(item.job_id)
+            if (
+                row is None
+                or row.lease_token != item.lease_token
+                or row.phase != "running"
+                or row.claimed_by != item.publisher
+            ):
+                continue
+            row.claimed_by, row.leased_until = holder, until
+            taken.add(Lease(row.job_id, item.shard, row.lease_token))
+        return taken
+
+    async def extend_published(
+        self, leases: Sequence[Lease], *, holder: str, lease_s: float
+    ) -> set[uuid.UUID]:
+        self._check()
+        until = self._now() + timedelta(seconds=lease_s)
+        held: set[uuid.UUID] = set()
+        for lease in leases:
+            row = self._held(lease, lambda phase: phase == "running")
+            if row is not None and row.claimed_by == holder:
+                row.leased_until = until
+                held.add(row.job_id)
+        return held
+
+    async def expire_published_of(self, engine_id: str, shards: Sequence[int]) -> int:
+        self._check()
+        return self._expire(self._running_of(engine_id, shards)).applied
+
+    async def close(self) -> None:
+        self._listeners.clear()

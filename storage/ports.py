@@ -1,0 +1,406 @@
+"""The storage ports: what the API, the engine and the workers may ask of storage, as Protocols,
+and the typed records that cross them.
+
+The API talks to a ``Registry``; the engine and workers talk to a ``RunStore``. Both are
+implemented by ``storage.postgres.PostgresStore`` (the real thing, built only by the composition
+root) and by ``storage.memory.MemoryStore`` (a faithful in-memory fake for tests); the contract
+suite in tests/contract/ runs the same cases against both, so the fake cannot drift. Methods are
+verb-named; each names its shard where one shard is meant. Database errors reach callers as
+``core.errors`` (``StorageUnavailable``, ``NotFound``, ``Conflict``, ``InvalidRequest``), never as
+a driver's exceptions.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+from duetime.core.model import Job, JobSpec, JobState, Outcome, Run
+
+# ---------------------------------------------------------------------- the registry (API side)
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyRequest:
+    key: str
+    body_hash: bytes
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    items: list[T]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Backfill:
+    """What a backfill queued: how many occurrences, the oldest and the newest."""
+
+    queued: int
+    first: datetime | None
+    last: datetime | None
+
+
+BulkAction = Literal["pause", "resume", "cancel"]
+
+
+@dataclass(frozen=True, slots=True)
+class BulkResult:
+    """What one bulk call did: jobs it found that the action applies to (at most the bound), how
+    many of them it changed, and whether more such jobs are left for the next call."""
+
+    matched: int
+    changed: int
+    more: bool
+
+
+class NameHolderChanged(Exception):
+    """``apply_job``: the job holding the name is not the one the caller built its spec against
+    (a concurrent PUT created or cancelled it). The caller reads the holder again and retries."""
+
+
+class Registry(Protocol):
+    """What the API needs. Every call is scoped by owner: another owner's job is NotFound."""
+
+    async def create_job(
+        self, owner: str, spec: JobSpec, *, idempotency: IdempotencyRequest | None = None
+    ) -> tuple[Job, bool]:
+        """Returns (job, created). Same key + same body: the original job and False.
+        Same key + different body: ``InvalidRequest(code="idempotency_key_reused")``."""
+        ...
+
+    async def get_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
+
+    async def list_jobs(
+        self,
+        owner: str,
+        *,
+        state: JobState | None,
+        limit: int,
+        cursor: str | None,
+        labels: Mapping[str, str] | None = None,
+        name_prefix: str | None = None,
+    ) -> Page[Job]:
+        """Stable order (by id); following next_cursor to the end lists every job once. With
+        ``labels``, only jobs carrying every pair; with ``name_prefix``, only names starting so.
+        A cursor we did not issue raises ``InvalidRequest(code="invalid_cursor", field="cursor")``."""
+        ...
+
+    async def get_job_by_name(self, owner: str, name: str) -> Job:
+        """The job (not cancelled) that holds this name; NotFound when none does."""
+        ...
+
+    async def apply_job(self, owner: str, spec: JobSpec, *, expected_id: str | None) -> tuple[Job, bool]:
+        """PUT by name (``spec.name`` is set): create the job when no job holds the name (True),
+        else make the holder match ``spec`` as a PATCH of every field would (False); a spec equal
+        to the holder's writes nothing. ``expected_id`` is the holder the caller built ``spec``
+        against (None: none); another one raises ``NameHolderChanged``. A name another job holds
+        makes a create or a rename answer ``Conflict(code="name_taken")``."""
+        ...
+
+    async def bulk_action(
+        self,
+        owner: str,
+        action: BulkAction,
+        labels: Mapping[str, str],
+        *,
+        state: JobState | None,
+        max_jobs: int,
+    ) -> BulkResult:
+        """Pause, resume or cancel up to ``max_jobs`` of the owner's jobs that carry every label
+        (and are in ``state``, if given) and that the action would change, each under the same
+        rules as the single-job call."""
+        ...
+
+    async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
+        """Replace the spec (the API merged the PATCH); recompute next_run_at on a schedule change.
+        Conflict on a cancelled or completed job."""
+        ...
+
+    async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
+
+    async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
+
+    async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
+
+    async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        """Queue one extra run now, besides the schedule. Conflict unless the job is scheduled."""
+        ...
+
+    async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
+
+    async def backfill_job(
+        self,
+        owner: str,
+        job_id: uuid.UUID,
+        start: datetime,
+        end: datetime,
+        *,
+        max_occurrences: int,
+        pace_per_s: float,
+    ) -> Backfill:
+        """Queue a run of every occurrence of a recurring job in [start, end) (see core.backfill)."""
+        ...
+
+    async def list_runs(
+        self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None
+    ) -> Page[Run]: ...
+
+    async def count_active_jobs(self, owner: str) -> int:
+        """Scheduled and paused jobs of this owner (for the per-owner cap)."""
+        ...
+
+    async def owner_for_key(self, api_key: str) -> str | None: ...
+
+    async def create_api_key(self, owner: str) -> tuple[str, str]:
+        """Returns (api_key, signing_secret); makes the owner and its secret when new."""
+        ...
+
+    async def revoke_api_key(self, api_key_or_prefix: str) -> int: ...
+
+    async def signing_secret(self, owner: str) -> str | None: ...
+
+    async def ping(self) -> None:
+        """Raises StorageUnavailable when any database in the shard map cannot be reached."""
+        ...
+
+
+# ---------------------------------------------------------------------- the run store (engine, workers)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A row's lease as its holder knows it: the row, its shard and the fencing token it holds."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class FenceRequest:
+    """A fired wheel entry asking to become a call: the lease it was claimed under and the
+    occurrence it fires (which the fence writes, so a misfire's skip-ahead is recorded)."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    scheduled_for: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedRun:
+    """DUETIME_RUN_QUEUE=nats: a run as a message carries it, with the engine that published it."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    publisher: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRow:
+    """A row leased into an engine's wheel. ``misfire_spec`` is set only when it is overdue past
+    its grace, so the engine can apply the misfire policy."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    due_at: datetime
+    scheduled_for: datetime
+    attempt: int
+    run_kind: str
+    misfire_spec: dict[str, Any] | None
+    db_now: datetime
+    owner: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FencedRow:
+    """A run that passed the fence: it may be called, as attempt ``attempt``."""
+
+    job_id: uuid.UUID
+    shard: int
+    owner: str
+    lease_token: int
+    scheduled_for: datetime
+    due_at: datetime
+    attempt: int
+    spec: dict[str, Any]
+    spec_version: int
+    run_kind: str
+    spec_text: str = ""  # the spec as the fence read it (jsonb's text), when it came from the fence
+    # Set on an occurrence row (overlap=allow, backfill): the job it runs an occurrence of. The
+    # target sees this id (Duetime-Job-Id, Idempotency-Key); the lease is the row's own.
+    parent_id: uuid.UUID | None = None
+
+    @property
+    def public_id(self) -> uuid.UUID:
+        return self.parent_id or self.job_id
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptReport:
+    """What a worker saw: one attempt's outcome, to be finished under the lease it ran with."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    spec_version: int
+    attempt: int
+    scheduled_for: datetime
+    due_at: datetime
+    started_at: datetime | None
+    finished_at: datetime
+    outcome: Outcome
+    retryable: bool
+    status_code: int | None = None
+    error: str | None = None
+    # The spec the attempt ran with, parsed, and its text as the fence read it: the completion
+    # reuses it when the row's spec text is still the same, instead of decoding the JSON again.
+    spec: JobSpec | None = None
+    spec_text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MissedSkip:
+    """A claimed row whose missed occurrences the policy skips: record them, move on to ``next``."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    skipped: tuple[datetime, ...]
+    next_scheduled_for: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionStats:
+    """What a fenced write did: rows finished (``applied``), items whose lease no longer held
+    (``stale``, nothing written for them) and history rows recorded."""
+
+    applied: int = 0
+    stale: int = 0
+    history: int = 0
+
+    def __add__(self, other: CompletionStats) -> CompletionStats:
+        return CompletionStats(
+            self.applied + other.applied, self.stale + other.stale, self.history + other.history
+        )
+
+
+class DueListener(Protocol):
+    """A subscription to "a row of these shards became due soon" (see ``RunStore.listen_due``)."""
+
+    async def close(self) -> None: ...
+
+
+class RunStore(Protocol):
+    """What the engine and the workers need: the run path from claim to completion, the janitor,
+    and the leases of runs on the NATS run queue. Every method works on a batch and costs a few
+    statements whatever its size; a lease token that no longer matches makes an item a no-op."""
+
+    # -- claims, fence, heartbeats (storage/postgres/runpath.py)
+
+    async def claim_due(
+        self, shard: int, engine_id: str, *, lookahead_s: float, lease_s: float, limit: int
+    ) -> list[ClaimedRow]:
+        """Lease up to ``limit`` idle scheduled rows of ``shard`` due within ``lookahead_s``,
+        skipping rows another claimer holds; each gets a new (larger) token and a lease until
+        its due time plus ``lease_s``."""
+        ...
+
+    async def retake_claims(
+        self, engine_id: str, shards: Sequence[int], *, lease_s: float
+    ) -> list[ClaimedRow]:
+        """A restarted engine takes back what its previous life claimed on ``shards``, under new
+        tokens (which fence whatever the old process may still hold)."""
+        ...
+
+    async def fence_runs(self, items: Sequence[FenceRequest], *, lease_s: float) -> list[FencedRow]:
+        """claimed → running where the token still matches and the job is still scheduled; what
+        is returned may be called, what is not must not be."""
+        ...
+
+    async def extend_leases(self, leases: Sequence[Lease], *, lease_s: float) -> set[uuid.UUID]:
+        """Heartbeat: the ids whose lease still holds, extended by ``lease_s`` from now."""
+        ...
+
+    async def keep_waiting_claims(
+        self, shard: int, engine_id: str, *, within_s: float, extend_s: float, limit: int
+    ) -> int:
+        """Extend ``engine_id``'s claims on ``shard`` that would lapse within ``within_s``."""
+        ...
+
+    async def release_claims(self, leases: Sequence[Lease]) -> int:
+        """Give back claims that were not fired (shutdown); they are claimable at once."""
+        ...
+
+    # -- the completion writer (storage/postgres/completion.py)
+
+    async def complete_runs(self, reports: Sequence[AttemptReport]) -> CompletionStats:
+        """Finish attempts under their leases (``core.lifecycle`` decides what each row becomes)."""
+        ...
+
+    async def skip_missed(self, items: Sequence[MissedSkip]) -> CompletionStats:
+        """Record missed occurrences as skipped and move claimed rows on to their next one."""
+        ...
+
+    # -- the janitor (storage/postgres/maintenance.py)
+
+    async def rescue_expired(self, shard: int, *, limit: int) -> CompletionStats:
+        """Lapsed leases on ``shard``: a claimed row is given back, a running one is finished as
+        ``lease_expired`` and retried under the job's policy."""
+        ...
+
+    async def expire_running_of(self, engine_id: str, shards: Sequence[int]) -> CompletionStats:
+        """On restart: the calls ``engine_id`` had in flight on ``shards`` have unknown outcomes."""
+        ...
+
+    async def split_overlapping(self, shard: int, *, horizon_s: float, limit: int = 500) -> int:
+        """overlap=allow: hand occurrences due beside a run in flight to rows of their own."""
+        ...
+
+    async def complete_drained_jobs(self, shard: int) -> int: ...
+
+    async def release_stalled_backfills(self, shard: int) -> int: ...
+
+    async def purge_idempotency_keys(self, older_than_s: float) -> None: ...
+
+    async def db_now(self, shard: int = 0) -> datetime:
+        """The store's clock (leases are in its time, not the caller's)."""
+        ...
+
+    # -- wake-ups
+
+    async def listen_due(self, shards: Sequence[int], wake: Callable[[int], None]) -> DueListener:
+        """Call ``wake(shard)`` soon after a row of one of ``shards`` becomes due within the
+        engines' lookahead (a hint: a lost one costs a poll interval). Failing to listen is not
+        an error: the engine polls."""
+        ...
+
+    # -- the NATS run queue's leases (storage/postgres/queue_leases.py)
+
+    async def take_runs(self, items: Sequence[PublishedRun], *, holder: str, lease_s: float) -> set[Lease]:
+        """A worker ``holder`` takes the leases of published runs still running under their token
+        and publisher; returns those it now holds (by token: a stale message may carry an old one)."""
+        ...
+
+    async def extend_published(
+        self, leases: Sequence[Lease], *, holder: str, lease_s: float
+    ) -> set[uuid.UUID]:
+        """The publishing engine ``holder`` keeps the leases of runs no worker took yet."""
+        ...
+
+    async def expire_published_of(self, engine_id: str, shards: Sequence[int]) -> int:
+        """A restarted engine finishes what its previous life published and nobody took."""
+        ...
+
+    # -- what workers read besides the run path
+
+    async def signing_secret(self, owner: str) -> str | None: ...

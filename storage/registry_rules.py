@@ -1,0 +1,116 @@
+"""Rules every implementation of the ``Registry`` port applies the same way (PostgreSQL and the
+in-memory store): how an API key is stored, what a page cursor is, and which owner action a job's
+state allows, with what the refusal says. One copy, so the stores cannot answer differently.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import uuid
+
+from duetime.core.errors import Conflict, InvalidRequest
+from duetime.core.lifecycle import OWNER_TRANSITIONS
+from duetime.core.model import JobState
+
+#: The cursor of a first page of jobs (ids are listed in ascending order, after the cursor).
+FIRST_JOB = uuid.UUID(int=0)
+#: The cursor of a first page of runs (run ids are listed in descending order, before the cursor).
+MAX_RUN_ID = (1 << 63) - 1
+
+_BAD_CURSOR = "cursor is not one this server issued; pass next_cursor from the previous page unchanged"
+
+
+def hash_key(api_key: str) -> bytes:
+    """API keys are stored as their SHA-256 only: a leaked table gives no usable key."""
+    return hashlib.sha256(api_key.encode()).digest()
+
+
+def encode_cursor(value: bytes) -> str:
+    return base64.urlsafe_b64encode(value).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, size: int) -> bytes:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor") from exc
+    if len(raw) != size:
+        raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor")
+    return raw
+
+
+def job_cursor(cursor: str | None) -> uuid.UUID:
+    """The id a page of jobs starts after."""
+    return uuid.UUID(bytes=decode_cursor(cursor, 16)) if cursor else FIRST_JOB
+
+
+def run_cursor(cursor: str | None) -> int:
+    """The run id a page of runs starts before."""
+    before = int.from_bytes(decode_cursor(cursor, 8), "big") if cursor else MAX_RUN_ID
+    if before > MAX_RUN_ID:
+        raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor")
+    return before
+
+
+def require(action: str, state: JobState) -> None:
+    """Conflict unless ``core.lifecycle.OWNER_TRANSITIONS`` allows ``action`` from ``state``."""
+    if state not in OWNER_TRANSITIONS[action]:
+        raise Conflict(
+            f"cannot {action} a job that is {state.value}"
+            + {
+                "completed": "; a completed job stays completed, create a new one",
+                "cancelled": "; a cancelled job stays cancelled, create a new one",
+                "dead": "; replay it first (POST /v1/jobs/{id}/replay)",
+                "paused": "; resume it first (POST /v1/jobs/{id}/resume)",
+                "scheduled": "",
+            }[state.value],
+            code=f"job_{state.value}",
+        )
+
+
+def name_taken(name: str, holder: uuid.UUID | str) -> Conflict:
+    """A create or rename that would take a name another job (not cancelled) holds."""
+    return Conflict(
+        f"the name {name!r} is held by job {holder}; names are unique per owner among jobs that are "
+        "not cancelled. Use another name, rename or cancel that job, or PUT /v1/jobs/by-name/"
+        f"{name} to update it",
+        code="name_taken",
+    )
+
+
+def refuse_apply(state: JobState, job_id: uuid.UUID | str, name: str) -> None:
+    """A PUT by name that would change a completed or dead job answers 409, as PATCH does."""
+    if state is JobState.DEAD:
+        raise Conflict(
+            f"cannot change job {job_id} ({name!r}): it is dead; replay it first "
+            "(POST /v1/jobs/{id}/replay), then PUT again",
+            code="job_dead",
+        )
+    if state is JobState.COMPLETED:
+        raise Conflict(
+            f"cannot change job {job_id} ({name!r}): it is completed; a completed job stays completed: "
+            "cancel it and PUT again to make a new one",
+            code="job_completed",
+        )
+
+
+#: The states each bulk action changes (the single call refuses the others or changes nothing),
+#: and the state it leaves them in.
+BULK_APPLIES: dict[str, frozenset[JobState]] = {
+    "pause": frozenset({JobState.SCHEDULED}),
+    "resume": frozenset({JobState.PAUSED}),
+    "cancel": frozenset({JobState.SCHEDULED, JobState.PAUSED, JobState.COMPLETED, JobState.DEAD}),
+}
+BULK_TARGET: dict[str, JobState] = {
+    "pause": JobState.PAUSED,
+    "resume": JobState.SCHEDULED,
+    "cancel": JobState.CANCELLED,
+}
+
+
+def bulk_states(action: str, state: JobState | None) -> frozenset[JobState]:
+    """The states a bulk ``action`` selects, narrowed to ``state`` when the caller gave one."""
+    applies = BULK_APPLIES[action]
+    return applies if state is None else applies & {state}

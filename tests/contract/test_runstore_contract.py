@@ -1,0 +1,344 @@
+"""The RunStore port's contract (what the engine and workers rely on), for every store: leases
+and their tokens, exclusive claims, the fence, fenced completion that rejects stale tokens, the
+janitor, the NATS run queue's leases, and the wake-up of a shard's engines."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterable
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from duetime.core.ids import shard_of
+from duetime.core.model import JobState, Outcome, Overlap, RetryPolicy
+from duetime.storage.memory import MemoryStore
+from duetime.storage.ports import (
+    AttemptReport,
+    ClaimedRow,
+    FencedRow,
+    FenceRequest,
+    Lease,
+    MissedSkip,
+    PublishedRun,
+)
+from tests.contract.conftest import Store, cron, engine_id, new_owner, now, one_off
+
+SOON = timedelta(seconds=1)
+
+
+async def claim(
+    store: Store, engine: str, ids: Iterable[uuid.UUID], *, lease_s: float = 30.0
+) -> dict[uuid.UUID, ClaimedRow]:
+    """Claim on the shards of ``ids``; the rows of ``ids`` that this claim got."""
+    wanted = set(ids)
+    out: dict[uuid.UUID, ClaimedRow] = {}
+    for shard in sorted({shard_of(i) for i in wanted}):
+        rows = await store.claim_due(shard, engine, lookahead_s=60, lease_s=lease_s, limit=500)
+        out.update((r.job_id, r) for r in rows if r.job_id in wanted)
+    return out
+
+
+async def fence(store: Store, rows: Iterable[ClaimedRow], *, lease_s: float = 30.0) -> list[FencedRow]:
+    return await store.fence_runs(
+        [FenceRequest(r.job_id, r.shard, r.lease_token, r.scheduled_for) for r in rows], lease_s=lease_s
+    )
+
+
+def lease(r: ClaimedRow | FencedRow) -> Lease:
+    return Lease(r.job_id, r.shard, r.lease_token)
+
+
+def report(run: FencedRow, outcome: Outcome, *, retryable: bool = False) -> AttemptReport:
+    t = now()
+    return AttemptReport(
+        job_id=run.job_id,
+        shard=run.shard,
+        lease_token=run.lease_token,
+        spec_version=run.spec_version,
+        attempt=run.attempt,
+        scheduled_for=run.scheduled_for,
+        due_at=run.due_at,
+        started_at=t,
+        finished_at=t,
+        outcome=outcome,
+        retryable=retryable,
+        status_code=200 if outcome is Outcome.SUCCEEDED else 500,
+    )
+
+
+async def due_job(store: Store, owner: str, **kw: object) -> uuid.UUID:
+    job, _ = await store.create_job(owner, one_off(now() + SOON, **kw))
+    return uuid.UUID(job.id)
+
+
+async def test_claim_fence_complete_a_one_off(store: Store) -> None:
+    o, e = new_owner(), engine_id()
+    jid = await due_job(store, o)
+    claimed = await claim(store, e, [jid])
+    row = claimed[jid]
+    assert row.attempt == 0 and row.run_kind == "scheduled" and row.owner == o and row.misfire_spec is None
+    assert row.lease_token >= 1 and row.due_at == row.scheduled_for
+    assert await claim(store, engine_id(), [jid]) == {}, "a claimed row is not claimed again"
+    [run] = await fence(store, [row])
+    assert (run.job_id, run.owner, run.attempt, run.lease_token) == (jid, o, 1, row.lease_token)
+    assert run.spec["target"]["url"] == "https://example.com/hook" and run.parent_id is None
+    assert run.public_id == jid
+    assert await fence(store, [row]) == [], "a run passes the fence once"
+    stats = await store.complete_runs([report(run, Outcome.SUCCEEDED)])
+    assert (stats.applied, stats.stale, stats.history) == (1, 0, 1)
+    job = await store.get_job(o, jid)
+    assert job.state is JobState.COMPLETED and job.next_run_at is None
+    assert job.last_run is not None and job.last_run.outcome is Outcome.SUCCEEDED
+    runs = await store.list_runs(o, jid, limit=10, cursor=None)
+    assert [(r.attempt, r.outcome, r.status_code) for r in runs.items] == [(1, Outcome.SUCCEEDED, 200)]
+    assert runs.items[0].lateness_ms is not None
+
+
+async def test_claims_are_exclusive_between_concurrent_claimers(store: Store) -> None:
+    o = new_owner()
+    ids = [await due_job(store, o) for _ in range(12)]
+    engines = [engine_id() for _ in range(3)]
+    got = await asyncio.gather(*(claim(store, e, ids) for e in engines))
+    claimed = [i for rows in got for i in rows]
+    assert sorted(claimed) == sorted(ids), "every due row claimed, none twice"
+
+
+async def test_the_claim_leaves_rows_not_due_and_paused_jobs(store: Store) -> None:
+    o, e = new_owner(), engine_id()
+    later, _ = await store.create_job(o, one_off(now() + timedelta(hours=1)))
+    paused = await due_job(store, o)
+    await store.pause_job(o, paused)
+    assert await claim(store, e, [uuid.UUID(later.id), paused]) == {}
+    await store.resume_job(o, paused)
+    assert set(await claim(store, e, [paused])) == {paused}
+
+
+async def test_every_lease_gets_a_larger_token_and_an_old_token_is_fenced_out(store: Store) -> None:
+    o, e = new_owner(), engine_id()
+    jid = await due_job(store, o)
+    first = (await claim(store, e, [jid]))[jid]
+    assert await store.release_claims([lease(first)]) == 1
+    assert await store.release_claims([lease(first)]) == 0, "released once"
+    second = (await claim(store, e, [jid]))[jid]
+    assert second.lease_token > first.lease_token
+    [retaken] = [r for r in await store.retake_claims(e, [second.shard], lease_s=30) if r.job_id == jid]
+    assert retaken.lease_token > second.lease_token
+    assert await fence(store, [second]) == [], "the token before the retake is stale"
+    assert await store.extend_leases([lease(second)], lease_s=30) == set()
+    assert [r.job_id for r in await fence(store, [retaken])] == [jid]
+
+
+async def test_owner_actions_revoke_a_claim_before_the_fence(store: Store) -> None:
+    o, e = new_owner(), engine_id()
+    paused, cancelled = await due_job(store, o), await due_job(store, o)
+    claimed = await claim(store, e, [paused, cancelled])
+    await store.pause_job(o, paused)
+    await store.cancel_job(o, cancelled)
+    assert await fence(store, claimed.values()) == []
+
+
+async def test_a_stale_completion_changes_nothing(store: Store) -> None:
+    o, e = new_owner(), engine_id()
+    jid = await due_job(store, o)
+    [run] = await fence(store, (await claim(store, e, [jid])).values())
+    forged = replace(report(run, Outcome.SUCCEEDED), lease_token=run.lease_token + 7)
+    stats = await store.complete_runs([forged])
+    assert (stats.applied, stats.stale, stats.history) == (0, 1, 0)
+    assert (await store.get_job(o, jid)).state is JobState.SCHEDULED
+    assert (await store.list_runs(o, jid, limit=10, cursor=None)).items == []
+    assert await store.extend_leases([lease(run)], lease_s=30) == {jid}, "the real lease still holds"
+    done = await store.complete_runs([report(run, Outcome.SUCCEEDED), report(run, Outcome.FAILED)])
+    assert (done.applied, done.stale) == (1, 1), "one outcome per lease"
+    assert await store.extend_leases([lease(run)], lease_s=30) == set(), "a finished run holds no lease"
+
+
+async def test_a_failure_is_retried_by_policy_then_dead_then_replayed(store: Store) -> None:
+    o, e = new_owner(), engine_id()
+    retry = RetryPolicy(max_attempts=2, backoff_initial_s=0.01, backoff_max_s=0.01)
+    jid = await due_job(store, o, retry=retry)
+    [run] = await fence(store, (await claim(store, e, [jid])).values())
+    await store.complete_runs([report(run, Outcome.FAILED, retryable=True)])
+    job = await store.get_job(o, jid)
+    assert job.state is JobState.SCHEDULED and job.attempt == 1
+    await asyncio.sleep(0.05)
+    [again] = await fence(store, (await claim(store, e, [jid])).values())
+    assert again.attempt == 2 and again.scheduled_for == run.scheduled_for
+    await store.complete_runs([report(again, Outcome.FAILED, retryable=True)])
+    assert (await store.get_job(o, jid)).state is JobState.DEAD
+    replayed = await store.replay_job(o, jid)
+    assert replayed.state is JobState.SCHEDULED and replayed.attempt == 0
+    history = (await store.list_runs(o, jid, limit=10, cursor=None)).items
+    assert [(r.attempt, r.outcome) for r in history] == [(2, Outcome.FAILED), (1, Outcome.FAILED)]
+    page = await store.list_runs(o, jid, limit=1, cursor=None)
+    assert page.next_cursor is not None
+    rest = await store.list_runs(o, jid, limit=1, cursor=page.next_cursor)
+    assert [r.attempt for r in page.items + rest.items] == [2, 1] and rest.next_cursor is None
+
+
+async def test_a_recurring_job_moves_to_its_next_occurrence(store: Store) -> None:
+    o, e = new_owner(), engine_id()
+    job, _ = await store.create_job(o, cron("* * * * * *", overlap=Overlap.SKIP))
+    jid = uuid.UUID(job.id)
+    [run] = await fence(store, (await claim(store, e, [jid])).values())
+    await store.complete_runs([report(run, Outcome.SUCCEEDED)])
+    after = await store.get_job(o, jid)
+    assert after.state is JobState.SCHEDULED and after.next_run_at is not None
+    assert after.next_run_at > run.scheduled_for and after.attempt == 0
+
+
+async def test_the_janitor_releases_lapsed_claims_and_expires_lapsed_runs(store: Store) -> None:
+    o, e = new_owner(), engine_id()
+    waiting, calling = await due_job(store, o), await due_job(store, o)
+    # The lease of a claim runs from its due time: claim rows that are due already.
+    await asyncio.sleep(SOON.total_seconds())
+    claimed = await claim(store, e, [waiting, calling], lease_s=0.2)
+    [run] = await fence(store, [claimed[calling]], lease_s=0.2)
+    await asyncio.sleep(0.5)
+    rescued = 0
+    for shard in {shard_of(waiting), shard_of(calling)}:
+        rescued += (await store.rescue_expired(shard, limit=500)).applied
+    assert rescued >= 2
+    assert (await store.list_runs(o, waiting, limit=10, cursor=None)).items == [], "a claim is no attempt"
+    [lapsed] = (await store.list_runs(o, calling, limit=10, cursor=None)).items
+    assert (lapsed.outcome, lapsed.attempt, lapsed.started_at) == (Outcome.LEASE_EXPIRED, 1, None)
+    stale = await store.complete_runs([report(run, Outcome.SUCCEEDED)])
+    assert stale.stale == 1, "the outcome that arrives after the janitor is rejected"
+    assert (await store.get_job(o, calling)).attempt == 1
+    again = await claim(store, e, [waiting])
+    assert again[waiting].lease_token > claimed[waiting].lease_token
+
+
+async def test_a_restarted_engine_expires_what_it_had_in_flight(store: Store) -> None:
+    o, e = new_owner(), engine_id()
+    jid = await due_job(store, o)
+    [run] = await fence(store, (await claim(store, e, [jid])).values())
+    stats = await store.expire_running_of(e, [run.shard])
+    assert stats.applied == 1 and stats.history == 1
+    [lapsed] = (await store.list_runs(o, jid, limit=10, cursor=None)).items
+    assert lapsed.outcome is Outcome.LEASE_EXPIRED
+    assert (await store.expire_running_of(e, [run.shard])).applied == 0
+
+
+async def test_heartbeats_extend_held_leases_and_waiting_claims(store: Store) -> None:
+    o, e = new_owner(), engine_id()
+    a, b = await due_job(store, o), await due_job(store, o)
+    claimed = await claim(store, e, [a, b], lease_s=1)
+    [run] = await fence(store, [claimed[a]])
+    assert await store.extend_leases([lease(run), lease(claimed[b])], lease_s=30) == {a, b}
+    kept = await store.keep_waiting_claims(claimed[b].shard, e, within_s=3600, extend_s=600, limit=5000)
+    assert kept >= 1
+    assert await store.keep_waiting_claims(claimed[b].shard, e, within_s=1, extend_s=600, limit=5000) == 0
+
+
+async def test_missed_occurrences_are_skipped_under_the_claim(store: Store) -> None:
+    o, e = new_owner(), engine_id()
+    job, _ = await store.create_job(o, cron("0 * * * *"))
+    jid = uuid.UUID(job.id)
+    assert job.next_run_at is not None
+    await store.trigger_job(o, jid)  # due now: the claim takes it
+    row = (await claim(store, e, [jid]))[jid]
+    missed = MissedSkip(
+        jid, row.shard, row.lease_token, (row.scheduled_for,), job.next_run_at.astimezone(UTC)
+    )
+    stats = await store.skip_missed([missed])
+    assert (stats.applied, stats.history) == (1, 1)
+    assert (await store.skip_missed([missed])).stale == 1, "the claim is gone: a second skip is stale"
+    [skipped] = (await store.list_runs(o, jid, limit=10, cursor=None)).items
+    assert skipped.outcome is Outcome.SKIPPED and skipped.attempt == 0
+    assert (await store.get_job(o, jid)).next_run_at == job.next_run_at
+
+
+async def test_the_nats_queue_leases_pass_from_engine_to_one_worker(store: Store) -> None:
+    o, e = new_owner(), engine_id()
+    taken_id, left_id = await due_job(store, o), await due_job(store, o)
+    fenced = {r.job_id: r for r in await fence(store, (await claim(store, e, [taken_id, left_id])).values())}
+    assert await store.extend_published([lease(r) for r in fenced.values()], holder=e, lease_s=30) == {
+        taken_id,
+        left_id,
+    }
+    t = fenced[taken_id]
+    message = PublishedRun(t.job_id, t.shard, t.lease_token, e)
+    forged = PublishedRun(t.job_id, t.shard, t.lease_token, "someone-else")
+    assert await store.take_runs([forged], holder="w1", lease_s=30) == set()
+    assert await store.take_runs([message], holder="w1", lease_s=30) == {lease(t)}
+    assert await store.take_runs([message], holder="w2", lease_s=30) == set(), "taken once"
+    assert await store.extend_published([lease(t)], holder=e, lease_s=30) == set()
+    assert await store.extend_leases([lease(t)], lease_s=30) == {taken_id}
+    assert await store.expire_published_of(e, sorted({r.shard for r in fenced.values()})) == 1
+    [lapsed] = (await store.list_runs(o, left_id, limit=10, cursor=None)).items
+    assert lapsed.outcome is Outcome.LEASE_EXPIRED
+    assert (await store.list_runs(o, taken_id, limit=10, cursor=None)).items == []
+
+
+async def test_overlap_allow_hands_the_next_occurrence_to_a_row_of_its_own(store: Store) -> None:
+    o, e = new_owner(), engine_id()
+    job, _ = await store.create_job(o, cron("* * * * * *"))  # overlap=allow is the default
+    jid = uuid.UUID(job.id)
+    [run] = await fence(store, (await claim(store, e, [jid])).values())
+    await asyncio.sleep(1.1)
+    assert await store.split_overlapping(run.shard, horizon_s=5) >= 1
+    occurrences = [
+        r
+        for r in await store.claim_due(run.shard, e, lookahead_s=60, lease_s=30, limit=500)
+        if r.owner == o and r.job_id != jid
+    ]
+    assert occurrences and all(r.scheduled_for > run.scheduled_for for r in occurrences)
+    [occ] = await fence(store, occurrences[:1])
+    assert occ.parent_id == jid and occ.public_id == jid
+    await store.complete_runs([report(occ, Outcome.SUCCEEDED)])
+    history = (await store.list_runs(o, jid, limit=10, cursor=None)).items
+    assert [r.scheduled_for for r in history] == [occ.scheduled_for], "history goes under the job"
+    assert (await store.get_job(o, jid)).last_run is not None
+
+
+async def test_engines_of_a_shard_are_woken_when_a_row_becomes_due(store: Store) -> None:
+    woken: asyncio.Queue[int] = asyncio.Queue()
+    shards = list(range(16))
+    listener = await store.listen_due(shards, woken.put_nowait)
+    try:
+        jid = await due_job(store, new_owner())
+        deadline = asyncio.get_running_loop().time() + 5
+        seen: set[int] = set()
+        while shard_of(jid) not in seen:
+            seen.add(await asyncio.wait_for(woken.get(), deadline - asyncio.get_running_loop().time()))
+    finally:
+        await listener.close()
+
+
+async def test_the_store_clock_is_the_lease_clock(store: Store) -> None:
+    before = now()
+    at = await store.db_now(0)
+    assert before - timedelta(seconds=5) <= at <= now() + timedelta(seconds=5)
+    await store.purge_idempotency_keys(3600)
+    for shard in (0, 15):
+        assert await store.complete_drained_jobs(shard) >= 0
+        assert await store.release_stalled_backfills(shard) >= 0
+
+
+# ---------------------------------------------------------------------- the fake's own clock
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = datetime(2030, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.t
+
+
+async def test_the_memory_store_lapses_leases_by_its_injected_clock() -> None:
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    o, e = new_owner(), engine_id()
+    job, _ = await store.create_job(o, one_off(clock.t + timedelta(seconds=120)))
+    jid = uuid.UUID(job.id)
+    assert await claim(store, e, [jid]) == {}, "due beyond the lookahead of the claim"
+    clock.t += timedelta(seconds=120)
+    [run] = await fence(store, (await claim(store, e, [jid], lease_s=30)).values())
+    clock.t += timedelta(seconds=29)
+    assert (await store.rescue_expired(run.shard, limit=10)).applied == 0, "the lease still holds"
+    clock.t += timedelta(seconds=2)
+    assert (await store.rescue_expired(run.shard, limit=10)).applied == 1
+    [lapsed] = (await store.list_runs(o, jid, limit=10, cursor=None)).items
+    assert lapsed.outcome is Outcome.LEASE_EXPIRED and lapsed.finished_at == clock.t
