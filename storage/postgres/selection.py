@@ -32,11 +32,20 @@ from duetime.storage.registry_rules import BULK_APPLIES, BULK_TARGET, bulk_state
 BULK_BATCH: Final = 500
 
 
-def _driver(labels: Mapping[str, str]) -> tuple[str, str]:
-    """The pair whose job_labels range drives the scan; the others are checked on the row. The
-    first in key order, so one selector always reads the same range (and plan)."""
-    key = min(labels)
-    return key, labels[key]
+# A selector of several pairs counts each pair's rows up to this many, to drive by the rarest.
+_DRIVER_PROBE: Final = 10_000
+
+
+async def _driver(pool: asyncpg.Pool, owner: str, labels: Mapping[str, str]) -> tuple[str, str]:
+    """The pair whose job_labels range drives the scan; the others are checked on the row. With
+    one pair, that one; with several, the one fewest of the owner's jobs carry on this database
+    (counted up to ``_DRIVER_PROBE``, ties by key), so "team=x AND env=prod" reads team=x's few
+    rows rather than env=prod's many (driven by env, that page took 102 ms at 1,000,000 jobs)."""
+    pairs = sorted(labels.items())
+    if len(pairs) == 1:
+        return pairs[0]
+    counts = [await pool.fetchval(Q["label_pair_count"], owner, k, v, _DRIVER_PROBE) for k, v in pairs]
+    return min(zip(counts, pairs, strict=True))[1]
 
 
 class SelectionPart(RegistryPart):
@@ -60,7 +69,7 @@ class SelectionPart(RegistryPart):
         async with translated():
             for pool in self.pools():
                 if labels:
-                    key, value = _driver(labels)
+                    key, value = await _driver(pool, owner, labels)
                     rows.extend(
                         await pool.fetch(
                             Q["list_jobs_by_labels"],
@@ -99,12 +108,12 @@ class SelectionPart(RegistryPart):
             return BulkResult(matched=0, changed=0, more=False)
         wanted = sorted(s.value for s in states)
         selector = dict(labels)
-        driver = _driver(labels)
         matched = changed = 0
         more = False
         remaining = max_jobs
         async with translated():
             for pool in self.pools():
+                driver = await _driver(pool, owner, labels)
                 if remaining == 0:
                     rest = await pool.fetch(Q["bulk_candidates"], owner, *driver, selector, wanted, 1)
                     if rest:

@@ -64,3 +64,10 @@ WHERE parent_id = ANY($1::uuid[]) AND state <> 'cancelled';
 
 -- name: bulk_drop_idle_occurrences
 DELETE FROM jobs WHERE parent_id = ANY($1::uuid[]) AND phase = 'idle';
+
+-- name: label_pair_count
+-- How many of the owner's jobs carry one pair, counted up to $4 (an index-only range of
+-- job_labels): a selector of several pairs is driven by its rarest one.
+SELECT count(*) FROM (
+    SELECT 1 FROM job_labels WHERE owner = $1 AND key = $2 AND value = $3 LIMIT $4
+) s;
