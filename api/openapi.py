@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 description of /v1, built in code next to the handlers it describes.
 
 Built rather than kept as a static file so the numeric limits come from the same ``SpecLimits``
-the validator enforces, and so mypy sees it. ``tests/integration/test_openapi.py`` checks that it
+the validator enforces, and so mypy sees it. ``tests/database/test_openapi.py`` checks that it
 is a valid 3.1 document and names every /v1 route of the router; the schemathesis suite checks
 that live answers conform to it, status codes included.
 """

@@ -1,36 +1,12 @@
-"""What a worker needs for one attempt (``Delivery``) and what the attempt came to (``Verdict``).
+"""``Delivery`` and ``Verdict``, by the name the workers first imported them under.
 
-Records only, shared by the webhook caller, the queue publisher, the dispatcher and the pool: kept
-in the core so those modules depend on the records and not on each other (they used to import
-one another in a circle around ``Delivery``).
+They are records of the run path and live with the others in ``core.runpath`` (one vocabulary
+from the claim to the recorded outcome); this module only names them again, so importers of this
+path keep working. New code imports ``duetime.core.runpath``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from duetime.core.runpath import Delivery, Verdict
 
-from duetime.core.model import Outcome, Target
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    job_id: str  # uuid string
-    scheduled_for: datetime  # nominal occurrence (before jitter), aware UTC
-    attempt: int  # 1-based
-    fencing_token: int
-    owner: str
-    signing_secret: str  # the owner's secret, "whsec_<base64>"
-    payload: Any  # JSON value (None → body "null")
-    target: Target  # WebhookTarget | QueueTarget
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What one call came to, before the dispatcher adds its timestamps."""
-
-    outcome: Outcome
-    retryable: bool
-    status_code: int | None
-    error: str | None
+__all__ = ["Delivery", "Verdict"]

@@ -2,7 +2,8 @@
 
 Storage reads the locked rows, calls these functions, and writes the results in the same
 transaction, so the rule for "what happens next" lives here once and is tested with a fake clock.
-The diagram and the table of transitions are in docs/state-machine.md.
+Which owner action is allowed in which state, and which run-path event may take a row in which
+phase, are the tables of ``core.states``; docs/state-machine.md draws them.
 
 Owner-facing transitions (API):            Run path (engine/workers), per row:
   scheduled ─pause→ paused ─resume→ scheduled     idle ─claim→ claimed ─fence→ running ─complete→ idle
@@ -19,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from duetime.core import jitter, retry
+from duetime.core import jitter, retry, states
 from duetime.core.model import CronSchedule, JobSpec, JobState, OneOffSchedule, Outcome, Overlap
 from duetime.core.schedule import count_between, latest_at_or_before, next_occurrence
 
@@ -27,18 +28,10 @@ from duetime.core.schedule import count_between, latest_at_or_before, next_occur
 #: by one; the last one written says how many more there were.
 OVERLAP_RECORD_CAP = 100
 
-OVERLAP_SKIP_REASON = "skipped: the previous run of this job was still in flight (overlap policy {policy})"
+#: Re-exported from the table it is drawn from (``core.states``).
+OWNER_TRANSITIONS = states.OWNER_TRANSITIONS
 
-#: Which owner actions are allowed from which state; anything else answers 409.
-OWNER_TRANSITIONS: dict[str, frozenset[JobState]] = {
-    "update": frozenset({JobState.SCHEDULED, JobState.PAUSED, JobState.DEAD}),
-    "pause": frozenset({JobState.SCHEDULED, JobState.PAUSED}),
-    "resume": frozenset({JobState.SCHEDULED, JobState.PAUSED}),
-    "trigger": frozenset({JobState.SCHEDULED}),
-    "replay": frozenset({JobState.DEAD}),
-    "backfill": frozenset({JobState.SCHEDULED}),
-    "cancel": frozenset(JobState),
-}
+OVERLAP_SKIP_REASON = "skipped: the previous run of this job was still in flight (overlap policy {policy})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,3 +285,65 @@ def after_occurrence_attempt(
     if plan.state is JobState.CANCELLED:
         return None
     return _retried(spec, plan, attempt=attempt, outcome=outcome, retryable=retryable, now=now, rng=rng)
+
+
+# ---------------------------------------------------------------------------------- owner actions
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerStep:
+    """What an owner action makes of a job's row: the plan to write, and whether a claimed run's
+    lease is given back (``revoke``: its fence then fails, so a pause, cancel or new schedule
+    stops a run already waiting in a wheel; a running call is never revoked, it finishes)."""
+
+    plan: RowPlan
+    revoke: bool
+
+
+def owner_step(action: states.OwnerAction, plan: RowPlan, *, now: datetime, idle: bool) -> OwnerStep | None:
+    """The row after pause, resume, cancel, trigger or replay, by the owner table
+    (``core.states.OWNER_TABLE``); None for a no-op. A refused action raises its 409 here.
+
+    ``plan.state`` is the job's state now; ``idle``: the row's phase is idle (no run claimed or in
+    flight), which is when a trigger can step in front of the regular occurrence at once.
+    """
+    A = states.OwnerAction
+    move = states.owner_move(action, plan.state)
+    if move.noop:
+        return None
+    to = move.to if move.to is not None else plan.state
+    if action is A.PAUSE:
+        return OwnerStep(replace(plan, state=to), revoke=True)
+    if action is A.RESUME:
+        # Occurrences missed while paused are left overdue on purpose: the claim applies the
+        # job's misfire policy to them, the same rule as after an outage.
+        return OwnerStep(replace(plan, state=to), revoke=False)
+    if action is A.CANCEL:
+        return OwnerStep(replace(plan, state=to, next_run_at=None, pending_triggers=()), revoke=True)
+    if action is A.REPLAY:
+        return OwnerStep(
+            replace(plan, state=to, attempt=0, next_run_at=now, run_kind="scheduled"), revoke=False
+        )
+    if action is A.TRIGGER:
+        if idle and plan.attempt == 0 and plan.run_kind == "scheduled":
+            return OwnerStep(start_manual(plan, now), revoke=False)
+        # A run is in the wheel, in flight, or waiting for a retry: queue the trigger; it starts
+        # as soon as that run's occurrence is over.
+        return OwnerStep(replace(plan, pending_triggers=(*plan.pending_triggers, now)), revoke=False)
+    raise ValueError(f"{action.value} is not an action on the row alone; see update_step, core.backfill")
+
+
+def update_step(
+    job_id: uuid.UUID, spec: JobSpec, plan: RowPlan, *, timing_changed: bool, now: datetime
+) -> OwnerStep:
+    """The row after a PATCH (``spec`` is the merged new spec). A new schedule or jitter starts
+    over from the new schedule (queued triggers kept) and revokes a claimed run of the old one;
+    a paused or dead job stays so. Anything else leaves the plan as it is. 409 where the owner
+    table refuses an update."""
+    states.owner_move(states.OwnerAction.UPDATE, plan.state)
+    if not timing_changed:
+        return OwnerStep(plan, revoke=False)
+    fresh = replace(initial_plan(job_id, spec, now), pending_triggers=plan.pending_triggers)
+    if plan.state in (JobState.PAUSED, JobState.DEAD) and fresh.state is JobState.SCHEDULED:
+        fresh = replace(fresh, state=plan.state)
+    return OwnerStep(fresh, revoke=True)

@@ -13,6 +13,8 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,6 +26,7 @@ from duetime._version import __version__
 from duetime.api.app import create_app
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import SpecLimits
+from duetime.engine.membership import MembershipKeeper
 from duetime.engine.retention import RetentionConfig, RetentionService
 from duetime.engine.service import Engine, EngineConfig
 from duetime.runqueue.inprocess import InProcessRunQueue
@@ -32,6 +35,7 @@ from duetime.runqueue.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
 from duetime.settings import Settings
 from duetime.storage.ports import Registry
 from duetime.storage.postgres import PostgresStore
+from duetime.storage.postgres.membership import MembershipStore, Registration
 from duetime.storage.shardmap import ShardMap
 from duetime.workers.dispatch import Dispatcher
 from duetime.workers.pool import WorkerPool
@@ -109,6 +113,7 @@ class Node:
     _publisher: NatsRunPublisher | None = None
     _published: PublishedLeaseKeeper | None = None
     _remote: RemoteWorker | None = None
+    _membership: MembershipKeeper | None = None
     _retention: RetentionService | None = None
 
     async def start(self) -> None:
@@ -139,7 +144,7 @@ class Node:
             self._pool.start()
             self._keeper.start()
             self._engine = Engine(self.store, queue, self._keeper, engine_config(s))
-            await self._engine.start()
+            await self._start_engine()
         app = (
             create_app(
                 self.store,
@@ -220,7 +225,36 @@ class Node:
             if expired:
                 log.info("finished %d runs published by a previous life of this engine", expired)
             self._engine = Engine(self.store, self._publisher, self._published, engine_config(s))
-            await self._engine.start()
+            await self._start_engine()
+
+    async def _start_engine(self) -> None:
+        """Join the membership, start serving the shards dealt to this engine, keep dealing.
+
+        Every engine joins: ``DUETIME_SHARDS``/``--shards`` only restrict what it may serve. A
+        multi-process ``duetime run`` gives each process its own share as its allowed set, so there
+        each shard stays with one process (its in-process workers are its only ones)."""
+        s = self.settings
+        assert self.store is not None and self._engine is not None
+        self._membership = MembershipKeeper(
+            MembershipStore(self.store.home_pool),
+            Registration(
+                engine_id=s.engine_id,
+                host=socket.gethostname(),
+                allowed=s.shards,
+                lease_s=s.lease_s,
+                replicas=s.shard_replicas,
+                incarnation=uuid.uuid4(),
+            ),
+            interval_s=s.heartbeat_s,
+        )
+        dealt = await self._membership.join()
+        log.info(
+            "engine %s joined the membership; shards dealt to it: %s",
+            s.engine_id,
+            ",".join(map(str, sorted(dealt))) or "none",
+        )
+        await self._engine.start(dealt)
+        await self._membership.start(self._engine)
 
     def _not_ready(self) -> str | None:
         if self._publisher is not None and not self._publisher.connected:
@@ -236,6 +270,8 @@ class Node:
         s = self.settings
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._membership is not None:
+            await self._membership.stop()  # leave first: the others take the shards at once
         if self._retention is not None:
             await self._retention.stop()
         if self._engine is not None:

@@ -116,7 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("api", help="serve the HTTP API only")
     engine = sub.add_parser("engine", help="claim and fire due runs for a set of shards")
     engine.add_argument(
-        "--shards", type=_shards, help="logical shards to serve, e.g. 0-7 or 0-3,8 (default DUETIME_SHARDS)"
+        "--shards",
+        type=_shards,
+        help="restrict the logical shards this engine may serve, e.g. 0-7 or 0-3,8 (default "
+        "DUETIME_SHARDS, all 16); the live engines deal the shards among themselves",
     )
     sub.add_parser("worker", help="take fired runs from the run queue and call their targets")
     keys = sub.add_parser("keys", help="manage API keys")
@@ -129,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = keys_sub.add_parser("revoke", help="revoke a key, given whole or by its prefix")
     revoke.add_argument("key", metavar="KEY_OR_PREFIX")
     _add_shards_parser(sub)
+    _add_cluster_parser(sub)
     _add_jobs_parser(sub)
     return parser
 
@@ -347,6 +351,43 @@ async def cmd_shards(settings: Settings, args: argparse.Namespace) -> int:
     )
     _say("Set this on every api, engine and worker process and restart them:")
     _say(f"DUETIME_SHARD_DSNS={redact_dsn(format_shard_dsns(dsns))}")
+    return EXIT_OK
+
+
+# --- cluster: the membership and the dealing -------------------------------------------------------
+
+
+def _add_cluster_parser(sub: Any) -> None:
+    cluster = sub.add_parser("cluster", help="the engines of the cluster and the shards dealt to them")
+    actions = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
+    status = actions.add_parser(
+        "status",
+        help="live engines, the shards each serves, shards with fewer engines than DUETIME_SHARD_REPLICAS",
+        description="Reads the membership from the home database (shard 0's) named by "
+        "DUETIME_DATABASE_URL or DUETIME_SHARD_DSNS.",
+    )
+    status.add_argument("--json", action="store_true", help="print one JSON object (api-v1.md) alone")
+
+
+async def cmd_cluster(settings: Settings, args: argparse.Namespace) -> int:
+    from duetime.clusterstatus import ClusterStatus
+    from duetime.storage.postgres.membership import MembershipStore
+
+    settings = database_settings(settings)
+    try:
+        store = await _open_store(settings)
+        try:
+            async with _about(store.shard_map.home):
+                records = await MembershipStore(store.home_pool).engines()
+        finally:
+            await store.close()
+    except SettingsError:
+        raise
+    except DuetimeError as exc:
+        print(f"duetime: {exc.message}", file=sys.stderr)
+        return EXIT_FAILED
+    status = ClusterStatus.of(records, settings.shard_replicas)
+    _say(json.dumps(status.as_json()) if args.json else status.table())
     return EXIT_OK
 
 
@@ -656,6 +697,7 @@ COMMANDS: dict[str, Command] = {
     "worker": cmd_worker,
     "keys": cmd_keys,
     "shards": cmd_shards,
+    "cluster": cmd_cluster,
 }
 
 

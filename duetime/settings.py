@@ -408,10 +408,21 @@ class Settings:
         default=frozenset(range(SHARDS)),
         metadata=_meta(
             "DUETIME_SHARDS",
-            "Logical shards this engine claims from, e.g. `0-7` or `0-3,8`; "
-            "`duetime engine --shards` overrides it.",
+            "Logical shards this engine may serve, e.g. `0-7` or `0-3,8` (to pin engines near a "
+            "primary); which of them it serves is dealt among the live engines "
+            "(DUETIME_SHARD_REPLICAS). `duetime engine --shards` overrides it.",
             _shards,
             shown=f"0-{SHARDS - 1}",
+        ),
+    )
+    shard_replicas: int = field(
+        default=2,
+        metadata=_meta(
+            "DUETIME_SHARD_REPLICAS",
+            "How many engines serve each logical shard: the live engines deal the 16 shards among "
+            "themselves so that each has this many (fewer only when fewer engines may serve it). "
+            "Give every engine the same value; 16 puts every engine on every shard it may serve.",
+            _integer(1, 16),
         ),
     )
     engine_id: str = field(
@@ -459,7 +470,8 @@ class Settings:
         default=10.0,
         metadata=_meta(
             "DUETIME_HEARTBEAT_S",
-            "How often a worker extends the lease of a call in flight; at most half of DUETIME_LEASE_S.",
+            "How often a worker extends the lease of a call in flight, and an engine its membership "
+            "heartbeat (re-reading the membership and its shards); at most half of DUETIME_LEASE_S.",
             _seconds(),
             shown="10",
         ),

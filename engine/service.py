@@ -1,10 +1,14 @@
 """The engine: claims the next minute of due runs for its shards into a timer wheel, fires each on
 its due instant, and fences it into the run queue.
 
-Tasks (all named, supervised by ``Engine.start``/``stop``): one claim loop per owned shard, woken
-by LISTEN/NOTIFY or the poll interval; the wheel driver; the fencer; the janitor. On stop the
+Tasks (all named, supervised by ``Engine.start``/``stop``): one claim loop per shard it serves,
+woken by LISTEN/NOTIFY or the poll interval; the wheel driver; the fencer; the janitor. On stop the
 engine stops claiming, gives back every claim it has not fired, and lets the fencer finish its
 batch: nothing lost, nothing doubled.
+
+``config.shards`` are the shards the engine *may* serve; which of them it serves is set at start
+and changed with ``serve()`` (by the membership keeper, from the dealing). Losing a shard is a
+stop for that shard alone: its claim loop ends and its unfired claims are given back.
 """
 
 from __future__ import annotations
@@ -17,15 +21,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from duetime.core import codec
-from duetime.engine import entries
+from duetime.core.misfire import FireNow, SkipTo, decide
+from duetime.core.runpath import Claim, Leased, Skip
 from duetime.engine.clock import Clock, SystemClock
-from duetime.engine.misfire import FireNow, SkipTo, decide
 from duetime.engine.wheel import TimerWheel, WheelDriver
-from duetime.runqueue import metrics
+from duetime.runqueue import metrics, wire
 from duetime.runqueue.inprocess import RunQueue
 from duetime.runqueue.leases import LeaseKeeper
-from duetime.storage.ports import ClaimedRow, DueListener, FenceRequest, Lease, MissedSkip, RunStore
+from duetime.storage.ports import DueListener, RunStore
 
 log = logging.getLogger("duetime.engine")
 
@@ -77,6 +80,11 @@ class Engine:
             batch_size=50_000,
         )
         self._wakeups = {s: asyncio.Event() for s in config.shards}
+        # The shards served now (a subset of config.shards) and their claim loops; serve() changes
+        # them one call at a time.
+        self.serving: frozenset[int] = frozenset(config.shards)
+        self._claimers: dict[int, asyncio.Task[None]] = {}
+        self._serve_lock = asyncio.Lock()
         # Fired, not yet fenced: one deque per owner lane, and the lanes that have entries in the
         # order they take turns (see _take_fair).
         self._lanes: dict[int, deque[bytes]] = {}
@@ -102,22 +110,119 @@ class Engine:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> None:
+    async def start(self, serving: frozenset[int] | None = None) -> None:
+        """Start serving ``serving`` (default: every shard of ``config.shards``)."""
         cfg = self.config
+        self.serving = frozenset(cfg.shards) if serving is None else frozenset(serving) & set(cfg.shards)
         # Calls this engine had in flight when it last died have unknown outcomes: finish them as
-        # lease_expired (retried by policy) rather than wait for their leases to lapse.
+        # lease_expired (retried by policy) rather than wait for their leases to lapse. Every shard
+        # it may serve: its last life may have served others than this one will.
         await self._store.expire_running_of(cfg.engine_id, cfg.shards)
         retaken = await self._store.retake_claims(cfg.engine_id, cfg.shards, lease_s=cfg.lease_s)
         if retaken:
             metrics.RETAKEN.inc(len(retaken))
             log.info("engine %s took back %d claimed runs", cfg.engine_id, len(retaken))
-            await self._admit(retaken)
+            ours = [r for r in retaken if r.shard in self.serving]
+            others = [r for r in retaken if r.shard not in self.serving]
+            if others:  # claims of shards dealt to other engines now: theirs to claim
+                metrics.RELEASED.inc(await self._release(others))
+            await self._admit(ours)
         await self._listen()
         self._driver.start()
         self._fencer = self._spawn(self._fence_loop(), "duetime-fencer")
-        for shard in cfg.shards:
-            self._spawn(self._claim_loop(shard), f"duetime-claim-{shard}")
+        for shard in sorted(self.serving):
+            self._start_claiming(shard)
         self._spawn(self._janitor_loop(), "duetime-janitor")
+
+    def _start_claiming(self, shard: int) -> None:
+        task = self._spawn(self._claim_loop(shard), f"duetime-claim-{shard}")
+        self._claimers[shard] = task
+        task.add_done_callback(self._forget_task)
+
+    def _forget_task(self, task: asyncio.Task[None]) -> None:
+        """A claim loop that ended because its shard was dealt away leaves the task list."""
+        if task in self._tasks and not self._stopping.is_set():
+            self._tasks.remove(task)
+
+    async def serve(self, shards: frozenset[int]) -> None:
+        """Serve exactly ``shards`` (within ``config.shards``) from now on.
+
+        A gained shard's claim loop starts at once (it claims within one poll). A lost shard is
+        handed over as a stop would hand over all of them: its claim loop ends (a claim that
+        committed still reaches the wheel), then its claims not yet fired are taken out of the
+        wheel and the fencer's lanes and given back, so the engine it was dealt to claims them
+        with a fresh lease. Runs already fenced keep going: their leases are held per run.
+        """
+        async with self._serve_lock:
+            if self._stopping.is_set():
+                return
+            wanted = frozenset(shards) & set(self.config.shards)
+            lost, gained = self.serving - wanted, wanted - self.serving
+            if not lost and not gained:
+                return
+            self.serving = wanted
+            for shard in sorted(gained):
+                self._wakeups[shard].clear()
+                self._start_claiming(shard)
+            if gained:
+                metrics.SHARDS_GAINED.inc(len(gained))
+                log.info(
+                    "engine %s took on shards %s",
+                    self.config.engine_id,
+                    ",".join(map(str, sorted(gained))),
+                )
+            if lost:
+                metrics.SHARDS_LOST.inc(len(lost))
+                await self._withdraw(lost)
+            metrics.SERVING.set(len(wanted))
+
+    async def _withdraw(self, lost: frozenset[int]) -> None:
+        loops = [self._claimers.pop(s) for s in lost if s in self._claimers]
+        for shard in lost:
+            self._wakeups[shard].set()
+        if loops:
+            _, pending = await asyncio.wait(loops, timeout=10.0)
+            for task in pending:
+                task.cancel()
+            for task in pending:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        # The lost shards' entries out of the wheel (the rest go back in) and out of the lanes.
+        kept: list[bytes] = []
+        gone: list[bytes] = []
+        for entry in self.wheel.drain():
+            (gone if wire.entry_shard(entry) in lost else kept).append(entry)
+        if kept:
+            self._driver.insert_many(kept)
+        for lane in list(self._lanes):
+            q = self._lanes[lane]
+            if not any(wire.entry_shard(e) in lost for e in q):
+                continue
+            stay = deque(e for e in q if wire.entry_shard(e) not in lost)
+            gone.extend(e for e in q if wire.entry_shard(e) in lost)
+            self._fired_count -= len(q) - len(stay)
+            if stay:
+                self._lanes[lane] = stay
+            else:
+                del self._lanes[lane]
+                self._ring.remove(lane)
+        metrics.WHEEL_SIZE.set(len(self.wheel))
+        released = 0
+        if gone:
+            released = await self._release([wire.unpack_entry(e) for e in gone])
+            metrics.RELEASED.inc(released)
+        log.info(
+            "engine %s handed over shards %s: gave back %d unfired claims",
+            self.config.engine_id,
+            ",".join(map(str, sorted(lost))),
+            released,
+        )
+
+    async def _release(self, items: Sequence[Leased]) -> int:
+        released = 0
+        for i in range(0, len(items), 1000):
+            released += await asyncio.shield(self._store.release_claims(items[i : i + 1000]))
+        return released
 
     def _spawn(self, coro: object, name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
@@ -167,10 +272,7 @@ class Engine:
         self._fired_count = 0
         metrics.WHEEL_SIZE.set(0)
         if waiting:
-            items = [Lease(e.job_id, e.shard, e.lease_token) for e in map(entries.unpack, waiting)]
-            released = 0
-            for i in range(0, len(items), 1000):
-                released += await asyncio.shield(self._store.release_claims(items[i : i + 1000]))
+            released = await self._release([wire.unpack_entry(e) for e in waiting])
             metrics.RELEASED.inc(released)
             log.info("engine %s released %d unfired claims", self.config.engine_id, released)
 
@@ -190,7 +292,7 @@ class Engine:
         cfg = self.config
         wake = self._wakeups[shard]
         next_overlap_scan = 0.0
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and shard in self.serving:
             wake.clear()
             if time.monotonic() >= next_overlap_scan:
                 next_overlap_scan = time.monotonic() + cfg.overlap_interval_s
@@ -246,14 +348,14 @@ class Engine:
         rate = self.fence_progress / self.fence_time_s if self.fence_time_s > 0 else 2000.0
         return min(held / max(rate, 1.0), 3 * self.config.lease_s)
 
-    async def _admit(self, rows: Sequence[ClaimedRow]) -> None:
+    async def _admit(self, rows: Sequence[Claim]) -> None:
         """Claimed rows into the wheel; overdue ones first through the misfire policy."""
         batch: list[bytes] = []
-        skips: list[MissedSkip] = []
+        skips: list[Skip] = []
         for row in rows:
-            scheduled_for, due_ms = row.scheduled_for, entries.to_ms(row.due_at)
+            scheduled_for, due_ms = row.scheduled_for, wire.to_ms(row.due_at)
             if row.misfire_spec is not None:
-                spec = codec.spec_from_json(row.misfire_spec)
+                spec = row.misfire_spec
                 decision = decide(
                     spec,
                     row.scheduled_for,
@@ -265,7 +367,7 @@ class Engine:
                 if isinstance(decision, SkipTo):
                     metrics.SKIPPED.inc(len(decision.skipped) + decision.unrecorded)
                     skips.append(
-                        MissedSkip(
+                        Skip(
                             row.job_id,
                             row.shard,
                             row.lease_token,
@@ -276,15 +378,15 @@ class Engine:
                     continue
                 assert isinstance(decision, FireNow)
                 scheduled_for = decision.scheduled_for
-                due_ms = entries.to_ms(row.db_now)
+                due_ms = wire.to_ms(row.db_now)
             batch.append(
-                entries.pack(
+                wire.pack_entry(
                     due_ms,
                     row.job_id,
                     row.lease_token,
                     scheduled_for,
                     row.shard,
-                    entries.owner_lane(row.owner),
+                    wire.owner_lane(row.owner),
                 )
             )
         if batch:
@@ -300,7 +402,8 @@ class Engine:
     def _on_fire(self, fired: list[bytes]) -> None:
         now_ms = self._clock.now_ms()
         observe = metrics.FIRE_LATENESS.observe
-        late = [now_ms - int.from_bytes(entry[:8], "big", signed=True) for entry in fired]
+        due_ms = wire.entry_due_ms
+        late = [now_ms - due_ms(entry) for entry in fired]
         for ms in late:
             observe(max(ms, 0) / 1000.0)
         if self.lateness_probe is not None:
@@ -311,9 +414,9 @@ class Engine:
         self._fire_event.set()
 
     def _queue_fired(self, fired: Sequence[bytes], *, front: bool = False) -> None:
-        lanes, ring = self._lanes, self._ring
+        lanes, ring, lane_of = self._lanes, self._ring, wire.entry_lane
         for entry in reversed(fired) if front else fired:
-            lane = entries.lane_of(entry)
+            lane = lane_of(entry)
             q = lanes.get(lane)
             if q is None:
                 q = lanes[lane] = deque()
@@ -359,13 +462,10 @@ class Engine:
             if self._stopping.is_set():
                 return  # what is left is released by stop()
             raw = self._take_fair(cfg.fence_batch)
-            batch = [entries.unpack(e) for e in raw]
+            batch = [wire.unpack_entry(e) for e in raw]
             started = time.perf_counter()
             try:
-                fenced = await self._store.fence_runs(
-                    [FenceRequest(e.job_id, e.shard, e.lease_token, e.scheduled_for) for e in batch],
-                    lease_s=cfg.lease_s,
-                )
+                fenced = await self._store.fence_runs(batch, lease_s=cfg.lease_s)
             except Exception:
                 log.exception("fence failed; the batch will be retried")
                 self._queue_fired(raw, front=True)
@@ -378,7 +478,7 @@ class Engine:
             metrics.FENCED.inc(len(fenced))
             metrics.FENCE_REJECTED.inc(len(batch) - len(fenced))
             for run in fenced:
-                self._keeper.track(run.job_id, run.shard, run.lease_token)
+                self._keeper.track(run)
                 await self._queue.put(run)
 
     # ------------------------------------------------------------------ janitor
@@ -392,7 +492,7 @@ class Engine:
                 return
             try:
                 await self._keep_waiting_claims()
-                for shard in cfg.shards:
+                for shard in sorted(self.serving):
                     while True:
                         stats = await self._store.rescue_expired(shard, limit=500)
                         if stats.applied:
@@ -453,7 +553,7 @@ class Engine:
         within_s = max(cfg.lease_s / 2, 2 * cfg.janitor_interval_s)
         extend_s = cfg.lease_s + backlog_s
         kept = 0
-        for shard in cfg.shards:
+        for shard in sorted(self.serving):
             for _ in range(20):  # at most 100,000 rows per shard and round
                 n = await self._store.keep_waiting_claims(
                     shard, cfg.engine_id, within_s=within_s, extend_s=extend_s, limit=5000

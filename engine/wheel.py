@@ -6,10 +6,10 @@ O(log n) per insert and a Python object per entry; one ``call_at`` per run costs
 (~200 bytes) plus a heap entry each. The wheel stores each run as the compact ``bytes`` the engine
 already built, appends it to a list in O(1), and fires a whole millisecond's slot with one list swap.
 
-Entry format (fixed; the engine relies on it): the first 8 bytes are the due instant in ms since the
-Unix epoch as a big-endian signed int64 (``struct.pack(">q", due_ms)``), followed by an opaque
-payload. Sorting entries therefore sorts them by due time, and the wheel never needs a side table
-to know when an entry is due.
+Entry format (fixed, owned by ``runqueue.wire``; the wheel reads only its prefix): the first 8 bytes are
+the due instant in ms since the Unix epoch as a big-endian signed int64 (``runqueue.wire.DUE_PREFIX``),
+followed by an opaque payload. Sorting entries therefore sorts them by due time, and the wheel never
+needs a side table to know when an entry is due.
 
 Layout (``tick`` = ``tick_ms``, 1 ms by default; an entry due at ``d`` belongs to tick
 ``q = ceil(d / tick)`` so that rounding can only make it late, never early):
@@ -60,18 +60,18 @@ import asyncio
 import heapq
 import inspect
 import logging
-import struct
 from collections.abc import Awaitable, Callable, Iterable
 from operator import itemgetter
 
 from duetime.engine.clock import Clock
+from duetime.runqueue import wire
 
 __all__ = ["ENTRY_HEADER", "TimerWheel", "WheelDriver", "entry_due_ms", "make_entry"]
 
 log = logging.getLogger("duetime.engine.wheel")
 
-ENTRY_HEADER = struct.Struct(">q")
-"""The 8-byte big-endian due instant every entry starts with."""
+ENTRY_HEADER = wire.DUE_PREFIX
+"""The 8-byte big-endian due instant every entry starts with (``runqueue.wire`` owns the format)."""
 
 _unpack_due = ENTRY_HEADER.unpack_from
 _due_key = itemgetter(slice(0, 8))  # stable sort key: the due prefix only, payload ignored
@@ -98,10 +98,7 @@ def make_entry(due_ms: int, payload: bytes = b"") -> bytes:
     return ENTRY_HEADER.pack(due_ms) + payload
 
 
-def entry_due_ms(entry: bytes) -> int:
-    """The due instant an entry carries in its first 8 bytes."""
-    due: int = _unpack_due(entry)[0]
-    return due
+entry_due_ms = wire.entry_due_ms
 
 
 def _lowest_bit(x: int) -> int:

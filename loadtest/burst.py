@@ -18,14 +18,21 @@ target's own clock so that the measuring side is never the bottleneck:
 
 ``--topology all-in-one`` runs P node processes, each an engine for its share of the shards with
 in-process workers (what ``DUETIME_PROCESSES=P duetime run`` does). ``--topology cluster`` runs P
-separate ``duetime engine --shards …`` processes (the 16 shards dealt out as
-``duetime.app.split_shards`` does) and W (``--workers``) ``duetime worker`` processes, over the
+separate ``duetime engine`` processes without ``--shards``, which deal the 16 shards among
+themselves (DUETIME_SHARD_REPLICAS per shard; ``--split-shards`` gives each a disjoint
+``--shards`` set instead, as ``duetime.app.split_shards`` does) and W (``--workers``) ``duetime
+worker`` processes, over the
 NATS run queue (DUETIME_RUN_QUEUE=nats) with a subject prefix of their own, so two runs on one
 NATS never share a stream; the stream is deleted afterwards (``loadtest.cluster``). There the
 benchmark counts completions from the database (history rows) and claims from the engines'
 /metrics, and samples each process's RSS with psutil; the figures only an in-process node can
 report (fire lateness at the engine, RSS per run waiting in the wheel, fence statements, GC time)
 are null in the JSON and "n/a" in the table.
+
+``--kill-engine-at S`` (cluster only) measures failover: S seconds after T it SIGKILLs engine-0,
+having read from the membership which shards it served, and reports per such shard the time from
+the kill to the first start of a run of that shard, and the lateness of the runs of those shards
+that started after the kill (the ones that were waiting there).
 
 Prints one JSON line and a table: registration rate, claims/s before T, starts/s after T (a
 per-second series), completions/s, start lateness p50/p90/p99/max, drain time (last start − T),
@@ -53,6 +60,7 @@ import signal
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -63,6 +71,7 @@ import uvloop
 
 from duetime.app import split_shards
 from duetime.core import codec
+from duetime.core.ids import shard_of
 from duetime.core.model import (
     Broker,
     JobSpec,
@@ -375,6 +384,8 @@ class BurstCluster:
         engines: int,
         workers: int,
         rss: _RssWatch,
+        split: bool = False,
+        retries: bool = False,
     ) -> None:
         self.prefix = f"duetime.burst-runs.{secrets.token_hex(4)}"
         self.logdir = Path(tempfile.mkdtemp(prefix="duetime-burst-cluster-"))
@@ -387,8 +398,16 @@ class BurstCluster:
             prefix=self.prefix,
             logdir=self.logdir,
             name="burst",
+            split=split,
         )
         self.samples: list[tuple[float, float, float]] = []
+        # One attempt per job, so one history row per finished job -- unless runs are retried (a
+        # failover measurement): then a job is done once it succeeded, whatever came before.
+        self._done_sql = (
+            "SELECT count(*) FROM runs"
+            if not retries
+            else "SELECT count(DISTINCT job_id) FROM runs WHERE outcome = 'succeeded'"
+        )
         self._dsn = dsn
         self._rss = rss
         self._task: asyncio.Task[None] | None = None
@@ -411,7 +430,7 @@ class BurstCluster:
             async with aiohttp.ClientSession() as http:
                 while True:
                     at = time.time()
-                    done = await conn.fetchval("SELECT count(*) FROM runs")
+                    done = await conn.fetchval(self._done_sql)
                     try:
                         claims = await self.fleet.claims(http)
                     except aiohttp.ClientError:  # an engine died: alive() says so to _measure
@@ -424,6 +443,22 @@ class BurstCluster:
 
     def named_pids(self) -> dict[str, int]:
         return self.fleet.named_pids()
+
+    async def kill_engine(self, index: int) -> tuple[float, frozenset[int]]:
+        """SIGKILL engine ``index``; returns the kill instant (epoch s) and the shards it served
+        by the membership, read just before."""
+        import asyncpg
+
+        engine = self.fleet.engines[index]
+        conn = await asyncpg.connect(self._dsn)
+        try:
+            serving = await conn.fetchval(
+                "SELECT serving FROM engines WHERE engine_id = $1", engine.env["DUETIME_ENGINE_ID"]
+            )
+        finally:
+            await conn.close()
+        self.fleet.kill(engine.name)
+        return time.time(), frozenset(serving or ())
 
     async def completed(self) -> int:
         return int(self.samples[-1][2]) if self.samples else 0
@@ -609,9 +644,10 @@ def make_target(name: str) -> BurstTarget:
 # ---------------------------------------------------------------- registration
 
 
-def burst_spec(target: Target, due: datetime) -> JobSpec:
-    # One attempt: a failed start is a lost run in this benchmark, not a retry a minute later.
-    return JobSpec(target=target, schedule=OneOffSchedule(due), retry=RetryPolicy(max_attempts=1))
+def burst_spec(target: Target, due: datetime, attempts: int = 1) -> JobSpec:
+    # One attempt: a failed start is a lost run in this benchmark, not a retry a minute later. A
+    # failover measurement allows retries: the killed engine's runs come back as lease_expired.
+    return JobSpec(target=target, schedule=OneOffSchedule(due), retry=RetryPolicy(max_attempts=attempts))
 
 
 async def seed_bulk(settings: Settings, spec: JobSpec, n: int) -> list[str]:
@@ -691,6 +727,8 @@ class BurstArgs:
     settings_env: dict[str, str] = field(default_factory=dict)
     plot: bool = True
     label: str = ""
+    split_shards: bool = False
+    kill_engine_at_s: float | None = None
 
 
 def default_lead(a: BurstArgs, lookahead_s: float) -> float:
@@ -740,7 +778,16 @@ async def run_burst(a: BurstArgs) -> dict[str, Any]:
             await store.close()
             fleet: Fleet
             if a.topology == "cluster":
-                fleet = BurstCluster(settings, env, dsn, engines=a.processes, workers=a.workers, rss=rss)
+                fleet = BurstCluster(
+                    settings,
+                    env,
+                    dsn,
+                    engines=a.processes,
+                    workers=a.workers,
+                    rss=rss,
+                    split=a.split_shards,
+                    retries=a.kill_engine_at_s is not None,
+                )
                 await fleet.start()
             else:
                 fleet = BurstNodes(settings, a.processes)
@@ -783,7 +830,7 @@ async def _measure(
 ) -> dict[str, Any]:
     t_due = (datetime.now(UTC) + timedelta(seconds=lead)).replace(microsecond=0)
     t_due_s = t_due.timestamp()
-    spec = burst_spec(spec_target, t_due)
+    spec = burst_spec(spec_target, t_due, attempts=1 if a.kill_engine_at_s is None else 5)
     writes_before = await table_writes([dsn])
     reg_started = time.time()
     if a.seed_mode == "bulk":
@@ -808,7 +855,20 @@ async def _measure(
     named = fleet.named_pids()
     named |= {f"{target.name}-receiver": pid for pid in target.pids()}
     last_print = 0.0
+    killed: tuple[float, frozenset[int]] | None = None
     while time.time() < deadline:
+        if (
+            a.kill_engine_at_s is not None
+            and killed is None
+            and isinstance(fleet, BurstCluster)
+            and time.time() >= t_due_s + a.kill_engine_at_s
+        ):
+            killed = await fleet.kill_engine(0)
+            print(
+                f"  T{killed[0] - t_due_s:+.1f} s: SIGKILL engine-0 (shards {sorted(killed[1])})",
+                file=sys.stderr,
+                flush=True,
+            )
         rss.sample(named)
         done = await fleet.completed()
         if done >= a.jobs:
@@ -831,7 +891,7 @@ async def _measure(
     starts = await target.starts()
     if reports is None:
         reports = await fleet.finish()
-    return summarise(
+    result = summarise(
         a,
         t_due_s=t_due_s,
         reg_s=reg_s,
@@ -846,6 +906,41 @@ async def _measure(
         rss=rss,
         outcomes=outcomes,
     )
+    if killed is not None:
+        result["failover"] = failover(ids, starts, t_due_s, killed[0], killed[1])
+    return result
+
+
+def failover(
+    ids: Sequence[str],
+    starts: Sequence[tuple[str, float]],
+    t_due_s: float,
+    killed_at: float,
+    shards: frozenset[int],
+) -> dict[str, Any]:
+    """What the death of an engine cost on the shards it served: per shard, the time from the kill
+    to the first start of one of its runs; and the lateness (start − T) of the runs of those
+    shards that started after the kill, which were waiting there when it died."""
+    acc = account_starts(set(ids), starts, t_due_s)
+    first_after: dict[int, float] = {}
+    waiting_late: list[float] = []
+    for job, at in acc.first_start_s.items():
+        shard = shard_of(uuid.UUID(job))
+        if shard not in shards or at < killed_at:
+            continue
+        first_after[shard] = min(first_after.get(shard, at), at)
+        waiting_late.append((at - t_due_s) * 1000.0)
+    to_first = {str(s): round(at - killed_at, 2) for s, at in sorted(first_after.items())}
+    return {
+        "killed_at_s_after_T": round(killed_at - t_due_s, 2),
+        "shards": sorted(shards),
+        "kill_to_first_start_s": to_first,
+        "kill_to_first_start_max_s": max(to_first.values()) if to_first else None,
+        "runs_waiting_on_its_shards": len(waiting_late),
+        "their_lateness_ms": {k: round(v, 1) for k, v in quantiles(waiting_late).items()}
+        if waiting_late
+        else None,
+    }
 
 
 def summarise(
@@ -1002,8 +1097,31 @@ def report(result: dict[str, Any]) -> None:
             ("peak RSS", ", ".join(f"{k} {v:.0f} MB" for k, v in result["peak_rss_mb"].items())),
             ("load average (1 min) start, end", " → ".join(str(x) for x in result.get("load_1m", []))),
             ("plot", result.get("plot", "-")),
+            *_failover_rows(result.get("failover")),
         ],
     )
+
+
+def _failover_rows(f: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if f is None:
+        return []
+    late = f["their_lateness_ms"]
+    return [
+        ("SIGKILL engine-0 at", f"T+{f['killed_at_s_after_T']} s, it served shards {f['shards']}"),
+        (
+            "kill → first start per shard",
+            f"max {f['kill_to_first_start_max_s']} s; "
+            + ", ".join(f"{s}:{v}" for s, v in f["kill_to_first_start_s"].items()),
+        ),
+        (
+            "runs waiting there: lateness p50/p90/p99/max",
+            "none"
+            if late is None
+            else f"{f['runs_waiting_on_its_shards']} runs, "
+            + " / ".join(f"{late[k]:.0f}" for k in ("p50", "p90", "p99", "max"))
+            + " ms",
+        ),
+    ]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
@@ -1025,7 +1143,21 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
     p.add_argument("--set", action="append", default=[], metavar="DUETIME_X=V", help="a node setting")
     p.add_argument("--label", default="", help="a tag for the output (and the plot's file name)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument(
+        "--split-shards",
+        action="store_true",
+        help="--topology cluster: give each engine a disjoint --shards set instead of dealing",
+    )
+    p.add_argument(
+        "--kill-engine-at",
+        type=float,
+        default=None,
+        metavar="S",
+        help="--topology cluster: SIGKILL engine-0 S seconds after T and report the failover",
+    )
     a = p.parse_args(argv)
+    if a.kill_engine_at is not None and a.topology != "cluster":
+        p.error("--kill-engine-at needs --topology cluster")
     env = dict(kv.split("=", 1) for kv in a.set)
     return BurstArgs(
         jobs=a.jobs,
@@ -1040,6 +1172,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
         settings_env=env,
         plot=not a.no_plot,
         label=a.label,
+        split_shards=a.split_shards,
+        kill_engine_at_s=a.kill_engine_at,
     )
 
 

@@ -1,5 +1,5 @@
 """Separate ``duetime engine`` and ``duetime worker`` processes for the benchmarks, over the NATS
-run queue: start them (``tests.cluster.harness.DuetimeProcess``, the same launcher the cluster
+run queue: start them (``tests.support.processes.DuetimeProcess``, the same launcher the
 tests use), wait until each one's /readyz answers 200, read a counter from their /metrics, stop
 them all (SIGTERM, SIGKILL after a grace) and delete the run queue's stream afterwards.
 
@@ -20,7 +20,7 @@ import aiohttp
 from duetime.app import split_shards
 from duetime.runqueue.natsqueue import stream_name
 from duetime.settings import format_shard_set
-from tests.cluster.harness import DuetimeProcess
+from tests.support.processes import DuetimeProcess
 
 
 async def wait_ready(proc: DuetimeProcess, within: float = 60.0) -> str:
@@ -91,9 +91,12 @@ async def delete_stream(nats_url: str, prefix: str) -> bool:
 
 
 class EnginesAndWorkers:
-    """``engines`` ``duetime engine --shards …`` processes sharing the 16 shards (split as
-    ``duetime.app.split_shards`` deals them) and ``workers`` ``duetime worker`` processes, all
-    with DUETIME_RUN_QUEUE=nats and the run-queue subject prefix ``prefix``."""
+    """``engines`` ``duetime engine`` processes sharing the 16 shards and ``workers`` ``duetime
+    worker`` processes, all with DUETIME_RUN_QUEUE=nats and the run-queue subject prefix ``prefix``.
+
+    By default the engines run without ``--shards`` and deal the shards among themselves (the
+    production shape); ``split=True`` gives each a disjoint ``--shards`` set instead (as
+    ``duetime.app.split_shards`` deals them), the hand-written layout of earlier figures."""
 
     def __init__(
         self,
@@ -106,6 +109,7 @@ class EnginesAndWorkers:
         prefix: str,
         logdir: Path,
         name: str = "bench",
+        split: bool = False,
     ) -> None:
         self.nats_url = nats_url
         self.prefix = prefix
@@ -117,15 +121,17 @@ class EnginesAndWorkers:
             "DUETIME_HTTP_HOST": "127.0.0.1",
             "DUETIME_HTTP_PORT": "0",
         }
+        groups = split_shards(shards, engines) if split else [shards] * engines
         self.engines = [
             DuetimeProcess(
                 f"engine-{i}",
                 {**common, "DUETIME_ENGINE_ID": f"{name}-engine-{i}"},
-                ["engine", "--shards", format_shard_set(group)],
+                ["engine", "--shards", format_shard_set(group)] if split or len(group) < 16 else ["engine"],
                 logdir,
             )
-            for i, group in enumerate(split_shards(shards, engines))
+            for i, group in enumerate(groups)
         ]
+        self.killed: set[str] = set()
         self.workers = [DuetimeProcess(f"worker-{i}", common, ["worker"], logdir) for i in range(workers)]
         self.urls: dict[str, str] = {}
 
@@ -144,7 +150,13 @@ class EnginesAndWorkers:
         return {p.name: p.proc.pid for p in self.procs if p.proc is not None}
 
     def alive(self) -> bool:
-        return all(p.alive for p in self.procs)
+        """Every process runs, except the ones ``kill`` was asked to kill."""
+        return all(p.alive for p in self.procs if p.name not in self.killed)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one process (a failover measurement): no release, no goodbye."""
+        self.killed.add(name)
+        next(p for p in self.procs if p.name == name).kill()
 
     def logs(self) -> str:
         return "\n".join(f"==== {p.name}\n{p.output()[-3000:]}" for p in self.procs)
@@ -152,7 +164,11 @@ class EnginesAndWorkers:
     async def claims(self, http: aiohttp.ClientSession) -> float:
         """Rows claimed into the engines' wheels so far (their duetime_claims_total)."""
         totals = await asyncio.gather(
-            *(counter_total(http, self.urls[p.name], "duetime_claims_total") for p in self.engines)
+            *(
+                counter_total(http, self.urls[p.name], "duetime_claims_total")
+                for p in self.engines
+                if p.name not in self.killed
+            )
         )
         return sum(totals)
 

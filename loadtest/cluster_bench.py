@@ -33,7 +33,8 @@ from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from loadtest.cluster import stop_processes, wait_ready
 from loadtest.common import ReceiverProcess, print_report, quantiles, scratch_database
-from tests.cluster.harness import Arrivals, DuetimeProcess, NatsServer, cluster_env
+from tests.cluster.harness import Arrivals, NatsServer, cluster_env
+from tests.support.processes import DuetimeProcess
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 

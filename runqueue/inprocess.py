@@ -12,18 +12,18 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
+from duetime.core.runpath import FencedRun
 from duetime.runqueue import metrics
-from duetime.storage.ports import FencedRow
 
 
 class RunQueue(Protocol):
-    async def put(self, run: FencedRow) -> None: ...
+    async def put(self, run: FencedRun) -> None: ...
 
-    async def get(self) -> FencedRow: ...
+    async def get(self) -> FencedRun: ...
 
     def qsize(self) -> int: ...
 
-    def get_nowait(self) -> FencedRow | None: ...
+    def get_nowait(self) -> FencedRun | None: ...
 
 
 class InProcessRunQueue:
@@ -36,7 +36,7 @@ class InProcessRunQueue:
 
     def __init__(self, maxsize: int = 10_000) -> None:
         self._maxsize = maxsize
-        self._lanes: dict[str, deque[FencedRow]] = {}
+        self._lanes: dict[str, deque[FencedRun]] = {}
         self._ring: deque[str] = deque()
         self._size = 0
         self._getters: deque[asyncio.Future[None]] = deque()
@@ -50,13 +50,13 @@ class InProcessRunQueue:
                 fut.set_result(None)
                 return
 
-    def put_nowait(self, run: FencedRow) -> None:
+    def put_nowait(self, run: FencedRun) -> None:
         """Put without waiting; raises ``asyncio.QueueFull`` when the queue is at its bound."""
         if self._size >= self._maxsize:
             raise asyncio.QueueFull
         self._append(run)
 
-    async def put(self, run: FencedRow) -> None:
+    async def put(self, run: FencedRun) -> None:
         while self._size >= self._maxsize:
             fut = asyncio.get_running_loop().create_future()
             self._putters.append(fut)
@@ -69,7 +69,7 @@ class InProcessRunQueue:
                 raise
         self._append(run)
 
-    def _append(self, run: FencedRow) -> None:
+    def _append(self, run: FencedRun) -> None:
         lane = self._lanes.get(run.owner)
         if lane is None:
             lane = self._lanes[run.owner] = deque()
@@ -79,7 +79,7 @@ class InProcessRunQueue:
         metrics.QUEUE_DEPTH.set(self._size)
         self._wake_one(self._getters)
 
-    async def get(self) -> FencedRow:
+    async def get(self) -> FencedRun:
         while not self._size:
             fut = asyncio.get_running_loop().create_future()
             self._getters.append(fut)
@@ -94,7 +94,7 @@ class InProcessRunQueue:
         self._wake_one(self._putters)
         return run
 
-    def _pop(self) -> FencedRow:
+    def _pop(self) -> FencedRun:
         owner = self._ring.popleft()
         lane = self._lanes[owner]
         run = lane.popleft()
@@ -106,17 +106,17 @@ class InProcessRunQueue:
         metrics.QUEUE_DEPTH.set(self._size)
         return run
 
-    def get_nowait(self) -> FencedRow | None:
+    def get_nowait(self) -> FencedRun | None:
         if not self._size:
             return None
         run = self._pop()
         self._wake_one(self._putters)
         return run
 
-    def take_while(self, accept: Callable[[FencedRow], bool], limit: int) -> list[FencedRow]:
+    def take_while(self, accept: Callable[[FencedRun], bool], limit: int) -> list[FencedRun]:
         """Up to ``limit`` more runs without waiting, in the order ``get`` would give them, as
         long as each next one is ``accept``-ed (the first one that is not stays queued)."""
-        out: list[FencedRow] = []
+        out: list[FencedRun] = []
         while self._size and len(out) < limit and accept(self._lanes[self._ring[0]][0]):
             out.append(self._pop())
         for _ in out:

@@ -11,8 +11,9 @@ import asyncio
 import logging
 import uuid
 
+from duetime.core.runpath import Leased
 from duetime.runqueue import metrics
-from duetime.storage.ports import Lease, RunStore
+from duetime.storage.ports import RunStore
 
 log = logging.getLogger("duetime.leases")
 
@@ -24,13 +25,15 @@ class LeaseKeeper:
         self._store = store
         self._lease_s = lease_s
         self._heartbeat_s = heartbeat_s
-        self._held: dict[uuid.UUID, tuple[int, int]] = {}
+        # The lease of each run held, as the record it came in (a fenced run, alive anyway while
+        # it waits in the run queue or is called): nothing is copied per run.
+        self._held: dict[uuid.UUID, Leased] = {}
         self._settling: set[uuid.UUID] = set()
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 
-    def track(self, job_id: uuid.UUID, shard: int, token: int) -> None:
-        self._held[job_id] = (shard, token)
+    def track(self, run: Leased) -> None:
+        self._held[run.job_id] = run
 
     def settling(self, job_ids: list[uuid.UUID]) -> None:
         """These runs' outcomes are being written: a heartbeat that finds them idle is not a
@@ -40,8 +43,12 @@ class LeaseKeeper:
     def untrack(self, job_id: uuid.UUID, token: int) -> None:
         self._settling.discard(job_id)
         held = self._held.get(job_id)
-        if held is not None and held[1] == token:
+        if held is not None and held.lease_token == token:
             del self._held[job_id]
+
+    def _still_held(self, lease: Leased) -> bool:
+        held = self._held.get(lease.job_id)
+        return held is not None and held.lease_token == lease.lease_token
 
     def __len__(self) -> int:
         return len(self._held)
@@ -56,17 +63,15 @@ class LeaseKeeper:
 
     async def beat(self) -> None:
         """Extend every held lease once; forget the ones that were taken over."""
-        items = [Lease(j, s, t) for j, (s, t) in self._held.items()]
+        items = list(self._held.values())
         for i in range(0, len(items), _CHUNK):
             chunk = items[i : i + _CHUNK]
             kept = await self._store.extend_leases(chunk, lease_s=self._lease_s)
             metrics.LEASE_EXTENSIONS.inc(len(kept))
             lost = [
-                x.job_id
-                for x in chunk
-                if x.job_id not in kept
-                and x.job_id not in self._settling
-                and self._held.get(x.job_id, (0, -1))[1] == x.lease_token
+                lease.job_id
+                for lease in chunk
+                if lease.job_id not in kept and lease.job_id not in self._settling and self._still_held(lease)
             ]
             if lost:
                 metrics.LEASES_LOST.inc(len(lost))

@@ -69,3 +69,17 @@ OVERLAP_SPLITS = Counter(
     "duetime_overlap_splits_total",
     "Occurrences of overlap=allow jobs started in a row of their own because the previous run was in flight",
 )
+# Membership and dealing (engine/membership.py): what this engine serves and what it sees.
+SERVING = Gauge("duetime_engine_shards", "Logical shards this engine serves now (dealt to it)")
+SHARDS_GAINED = Counter("duetime_shards_gained_total", "Shards dealt to this engine while it ran")
+SHARDS_LOST = Counter("duetime_shards_lost_total", "Shards dealt away from this engine (handed over)")
+SHARD_ENGINES = Gauge(
+    "duetime_shard_engines",
+    "Live engines serving each logical shard, as this engine read the membership (0: nobody claims it)",
+    ["shard"],
+)
+SHARD_REPLICAS = Gauge("duetime_shard_replicas", "Engines wanted per shard (DUETIME_SHARD_REPLICAS)")
+LIVE_ENGINES = Gauge("duetime_live_engines", "Live engines in the membership, as this engine read it")
+MEMBERSHIP_FAILURES = Counter(
+    "duetime_membership_failures_total", "Membership heartbeats that failed (home database unreachable)"
+)

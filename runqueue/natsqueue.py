@@ -1,9 +1,9 @@
 """The run queue across processes: NATS JetStream between "due" and "running".
 
 One subject per logical shard (``<prefix>.<shard>``), one work-queue stream capturing them all, one
-durable pull consumer shared by every worker. Each message is one fenced run, msgpack-encoded,
-with ``Nats-Msg-Id = <job id>:<lease token>`` so a publish retried after a lost PubAck is dropped
-by the stream's duplicate window.
+durable pull consumer shared by every worker. Each message is one fenced run (``runqueue.wire``'s
+message format), with ``Nats-Msg-Id = <job id>:<lease token>`` so a publish retried after a lost
+PubAck is dropped by the stream's duplicate window.
 
 The queue is never the source of truth; PostgreSQL is. Who may call a run is decided by the row:
 
@@ -30,10 +30,8 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import msgpack
 import nats
 import nats.errors
 import nats.js.errors
@@ -44,17 +42,15 @@ from nats.js.client import JetStreamContext
 from prometheus_client import Counter, Gauge, Histogram
 
 from duetime.core.errors import StorageUnavailable
-from duetime.runqueue import metrics
+from duetime.core.runpath import AttemptReport, FencedRun, Lease, Leased, Published
+from duetime.runqueue import metrics, wire
 from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.runqueue.leases import LeaseKeeper
-from duetime.storage.ports import AttemptReport, FencedRow, Lease, PublishedRun, RunStore
+from duetime.storage.ports import RunStore
 
 log = logging.getLogger("duetime.natsqueue")
 
 CONSUMER = "duetime-workers"
-FORMAT = 1
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
 
 PUBLISHED = Counter("duetime_nats_published_total", "Runs published to the run queue (PubAck received)")
 PUBLISH_RETRIES = Counter(
@@ -92,60 +88,6 @@ def stream_name(prefix: str) -> str:
 
 def subject_for(prefix: str, shard: int) -> str:
     return f"{prefix}.{shard}"
-
-
-def _us(moment: datetime) -> int:
-    return (moment - _EPOCH) // _US
-
-
-def encode_run(run: FencedRow, publisher: str) -> bytes:
-    """A fenced run as a msgpack array. The spec travels as JSON text: it is JSON (the payload may
-    hold integers wider than msgpack's 64 bits)."""
-    packed: bytes = msgpack.packb(
-        [
-            FORMAT,
-            run.job_id.bytes,
-            run.shard,
-            run.owner,
-            run.lease_token,
-            _us(run.scheduled_for),
-            _us(run.due_at),
-            run.attempt,
-            json.dumps(run.spec, separators=(",", ":")),
-            run.spec_version,
-            run.run_kind,
-            publisher,
-            run.parent_id.bytes if run.parent_id else None,
-        ],
-        use_bin_type=True,
-    )
-    return packed
-
-
-def decode_run(data: bytes) -> tuple[FencedRow, str]:
-    """(the run, the engine that published it); ValueError for anything else."""
-    try:
-        fields = msgpack.unpackb(data, raw=False)
-        if not isinstance(fields, list) or len(fields) < 12 or fields[0] != FORMAT:
-            raise ValueError("not a Duetime run message of format 1")
-        (_, job_id, shard, owner, token, scheduled_us, due_us, attempt, spec, version, kind, by) = fields[:12]
-        run = FencedRow(
-            job_id=uuid.UUID(bytes=job_id),
-            shard=int(shard),
-            owner=str(owner),
-            lease_token=int(token),
-            scheduled_for=_EPOCH + scheduled_us * _US,
-            due_at=_EPOCH + due_us * _US,
-            attempt=int(attempt),
-            spec=json.loads(spec),
-            spec_version=int(version),
-            run_kind=str(kind),
-            # A 13th field (occurrence rows) is optional: messages of older engines lack it.
-            parent_id=uuid.UUID(bytes=fields[12]) if len(fields) > 12 and fields[12] else None,
-        )
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise ValueError(f"unreadable run message: {exc}") from exc
-    return run, str(by)
 
 
 async def connect(url: str, name: str) -> NatsClient:
@@ -250,7 +192,7 @@ class NatsRunPublisher(InProcessRunQueue):
         self._stream = await ensure_stream(self._js, self._prefix, ack_wait_s=self._ack_wait_s)
         self._task = asyncio.create_task(self._publish_loop(), name="duetime-nats-publisher")
 
-    async def put(self, run: FencedRow) -> None:
+    async def put(self, run: FencedRun) -> None:
         self._idle.clear()
         await super().put(run)
 
@@ -288,7 +230,7 @@ class NatsRunPublisher(InProcessRunQueue):
             if not self.qsize():
                 self._idle.set()
 
-    async def _publish(self, runs: list[FencedRow]) -> None:
+    async def _publish(self, runs: list[FencedRun]) -> None:
         assert self._js is not None
         pause = 0.1
         while runs:
@@ -297,7 +239,7 @@ class NatsRunPublisher(InProcessRunQueue):
                 try:
                     fut = await self._js.publish_async(
                         subject_for(self._prefix, run.shard),
-                        encode_run(run, self._publisher),
+                        wire.encode_message(run, self._publisher),
                         headers={"Nats-Msg-Id": f"{run.job_id}:{run.lease_token}"},
                         wait_stall=self._timeout,
                     )
@@ -338,13 +280,15 @@ class PublishedLeaseKeeper(LeaseKeeper):
         self._max_wait = max_wait_s
         self._since: dict[uuid.UUID, float] = {}
 
-    def track(self, job_id: uuid.UUID, shard: int, token: int) -> None:
-        super().track(job_id, shard, token)
-        self._since[job_id] = time.monotonic()
+    def track(self, run: Leased) -> None:
+        # Only the lease is kept, not the run: once published, the run (and its spec text) is the
+        # broker's to hold, and a burst may wait there by the hundred thousand.
+        super().track(Lease(run.job_id, run.shard, run.lease_token))
+        self._since[run.job_id] = time.monotonic()
 
     def _forget(self, job_id: uuid.UUID, token: int) -> None:
         held = self._held.get(job_id)
-        if held is not None and held[1] == token:
+        if held is not None and held.lease_token == token:
             del self._held[job_id]
             self._since.pop(job_id, None)
 
@@ -352,11 +296,11 @@ class PublishedLeaseKeeper(LeaseKeeper):
         now = time.monotonic()
         overdue = [j for j, t in self._since.items() if now - t > self._max_wait]
         for job_id in overdue:
-            self._forget(job_id, self._held[job_id][1])
+            self._forget(job_id, self._held[job_id].lease_token)
         if overdue:
             QUEUE_WAIT_ABANDONED.inc(len(overdue))
             log.warning("%d published runs waited longer than the queue wait limit", len(overdue))
-        items = [Lease(j, s, t) for j, (s, t) in self._held.items()]
+        items = list(self._held.values())
         for i in range(0, len(items), 1000):
             chunk = items[i : i + 1000]
             kept = await self._store.extend_published(chunk, holder=self._holder, lease_s=self._lease_s)
@@ -559,43 +503,42 @@ class NatsRunConsumer(InProcessRunQueue):
             self._space.set()
 
     async def _take(self, msgs: list[Msg]) -> None:
-        runs: list[tuple[FencedRow, str, Msg]] = []
+        published: list[Published] = []
+        their_msgs: list[Msg] = []
         seen: set[tuple[uuid.UUID, int]] = set()
         for msg in msgs:
             try:
-                run, publisher = decode_run(msg.data)
+                message = wire.decode_message(msg.data)
             except ValueError as exc:
                 log.error("dropping a message on %s: %s", msg.subject, exc)
                 await self._term(msg)
                 continue
-            key = (run.job_id, run.lease_token)
+            key = (message.job_id, message.lease_token)
             if key in seen or key in self._held:
                 await self._term(msg)  # a duplicate of a run already taken: never called twice
                 continue
             seen.add(key)
-            runs.append((run, publisher, msg))
-        if not runs:
+            published.append(message)
+            their_msgs.append(msg)
+        if not published:
             return
         try:
             with TAKE_SECONDS.time():
-                taken = await self._store.take_runs(
-                    [PublishedRun(r.job_id, r.shard, r.lease_token, p) for r, p, _ in runs],
-                    holder=self.holder,
-                    lease_s=self._lease_s,
-                )
+                taken = await self._store.take_runs(published, holder=self.holder, lease_s=self._lease_s)
         except StorageUnavailable as exc:
-            log.warning("taking %d runs failed (%s); handing them back", len(runs), exc)
-            for _, _, msg in runs:
+            log.warning("taking %d runs failed (%s); handing them back", len(published), exc)
+            for msg in their_msgs:
                 with contextlib.suppress(Exception):
                     await msg.nak(delay=1.0)
             await asyncio.sleep(0.5)
             return
         now = time.monotonic()
-        for run, _, msg in runs:
+        for message, msg in zip(published, their_msgs, strict=True):
+            run = message.run
             if Lease(run.job_id, run.shard, run.lease_token) not in taken:
                 await self._term(msg)
                 continue
-            self._keeper.track(run.job_id, run.shard, run.lease_token)
+            self._keeper.track(run)
             self._held[(run.job_id, run.lease_token)] = _Held(msg, now)
             self.put_nowait(run)
         TAKEN.inc(len(taken))

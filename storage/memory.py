@@ -24,28 +24,33 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from duetime.core import codec, jitter
+from duetime.core import codec, jitter, misfire
 from duetime.core.backfill import plan_backfill
 from duetime.core.errors import Conflict, InvalidRequest, NotFound, StorageUnavailable
 from duetime.core.ids import SHARDS, new_job_id, shard_of
-from duetime.core.lifecycle import RowPlan, initial_plan, split_point, start_manual
-from duetime.core.model import Job, JobSpec, JobState, Outcome, Overlap, Run
-from duetime.core.schedule import next_occurrence
-from duetime.storage.ports import (
+from duetime.core.lifecycle import OwnerStep, RowPlan, initial_plan, owner_step, split_point, update_step
+from duetime.core.model import Job, JobSpec, JobState, Overlap, Phase, Run
+from duetime.core.runpath import (
     AttemptReport,
+    Claim,
+    FencedRun,
+    FenceItem,
+    Lease,
+    Leased,
+    Offered,
+    RunSpec,
+    Skip,
+)
+from duetime.core.schedule import next_occurrence
+from duetime.core.states import OwnerAction, owner_move
+from duetime.storage.ports import (
     Backfill,
     BulkAction,
     BulkResult,
-    ClaimedRow,
     CompletionStats,
-    FencedRow,
-    FenceRequest,
     IdempotencyRequest,
-    Lease,
-    MissedSkip,
     NameHolderChanged,
     Page,
-    PublishedRun,
 )
 from duetime.storage.postgres.completion import (
     BatchWriter,
@@ -62,7 +67,6 @@ from duetime.storage.registry_rules import (
     job_cursor,
     name_taken,
     refuse_apply,
-    require,
     run_cursor,
 )
 
@@ -464,18 +468,10 @@ class MemoryStore:
             holder = self._holder(owner, spec.name)
             if holder is not None and holder.job_id != job_id:
                 raise name_taken(spec.name, holder.job_id)
-        require("update", JobState(row.state))
         old = row.spec
         timing_changed = old["schedule"] != new_json["schedule"] or old["jitter_s"] != new_json["jitter_s"]
-        plan = row.plan()
-        version = row.spec_version
-        if timing_changed:
-            version += 1
-            fresh = initial_plan(job_id, spec, self._now())
-            keep_state = JobState(row.state)
-            plan = replace(fresh, pending_triggers=plan.pending_triggers)
-            if keep_state in (JobState.PAUSED, JobState.DEAD) and plan.state == JobState.SCHEDULED:
-                plan = replace(plan, state=keep_state)
+        step = update_step(job_id, spec, row.plan(), timing_changed=timing_changed, now=self._now())
+        version = row.spec_version + 1 if timing_changed else row.spec_version
         if new_json != old:
             for child in self._children(job_id):
                 child.spec = {**_copy(new_json), "schedule": child.spec["schedule"]}
@@ -484,58 +480,52 @@ class MemoryStore:
             for child in self._children(job_id):
                 if child.backfill_seq is None and child.phase != "running":
                     del self._jobs[child.job_id]
-        return self._write(row, spec=_copy(new_json), spec_version=version, plan=plan, revoke=timing_changed)
+        return self._write(
+            row, spec=_copy(new_json), spec_version=version, plan=step.plan, revoke=step.revoke
+        )
+
+    def _step(self, action: OwnerAction, row: _Row) -> OwnerStep | None:
+        return owner_step(action, row.plan(), now=self._now(), idle=row.phase == Phase.IDLE)
 
     async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job:
         self._check()
         row = self._owned(owner, job_id)
-        if row.state == JobState.CANCELLED.value:
+        step = self._step(OwnerAction.CANCEL, row)
+        if step is None:
             return row.job()
-        plan = replace(row.plan(), state=JobState.CANCELLED, next_run_at=None, pending_triggers=())
-        self._cascade_state(job_id, JobState.CANCELLED)
+        self._cascade_state(job_id, step.plan.state)
         for child in self._children(job_id):
             if child.phase == "idle":
                 del self._jobs[child.job_id]
-        return self._write(row, plan=plan, revoke=True)
+        return self._write(row, plan=step.plan, revoke=step.revoke)
 
     async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        self._check()
-        row = self._owned(owner, job_id)
-        require("pause", JobState(row.state))
-        if row.state == JobState.PAUSED.value:
-            return row.job()
-        self._cascade_state(job_id, JobState.PAUSED)
-        return self._write(row, plan=replace(row.plan(), state=JobState.PAUSED), revoke=True)
+        return self._cascaded(owner, job_id, OwnerAction.PAUSE)
 
     async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        return self._cascaded(owner, job_id, OwnerAction.RESUME)
+
+    def _cascaded(self, owner: str, job_id: uuid.UUID, what: OwnerAction) -> Job:
         self._check()
         row = self._owned(owner, job_id)
-        require("resume", JobState(row.state))
-        if row.state == JobState.SCHEDULED.value:
+        step = self._step(what, row)
+        if step is None:
             return row.job()
-        self._cascade_state(job_id, JobState.SCHEDULED)
-        return self._write(row, plan=replace(row.plan(), state=JobState.SCHEDULED), revoke=False)
+        self._cascade_state(job_id, step.plan.state)
+        return self._write(row, plan=step.plan, revoke=step.revoke)
 
     async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        self._check()
-        now = self._now()
-        row = self._owned(owner, job_id)
-        require("trigger", JobState(row.state))
-        plan = row.plan()
-        if row.phase == "idle" and plan.attempt == 0 and plan.run_kind == "scheduled":
-            plan = start_manual(plan, now)
-        else:
-            plan = replace(plan, pending_triggers=(*plan.pending_triggers, now))
-        return self._write(row, plan=plan, revoke=False)
+        return self._row_only(owner, job_id, OwnerAction.TRIGGER)
 
     async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        return self._row_only(owner, job_id, OwnerAction.REPLAY)
+
+    def _row_only(self, owner: str, job_id: uuid.UUID, what: OwnerAction) -> Job:
         self._check()
         row = self._owned(owner, job_id)
-        require("replay", JobState(row.state))
-        plan = replace(
-            row.plan(), state=JobState.SCHEDULED, attempt=0, next_run_at=self._now(), run_kind="scheduled"
-        )
-        return self._write(row, plan=plan, revoke=False)
+        step = self._step(what, row)
+        assert step is not None, f"{what.value} is never a no-op"
+        return self._write(row, plan=step.plan, revoke=step.revoke)
 
     async def backfill_job(
         self,
@@ -550,7 +540,7 @@ class MemoryStore:
         self._check()
         now = self._now()
         row = self._owned(owner, job_id)
-        require("backfill", JobState(row.state))
+        owner_move(OwnerAction.BACKFILL, JobState(row.state))
         spec = codec.spec_from_json(row.spec)
         children = self._children(job_id)
         pending = len(children)
@@ -654,15 +644,17 @@ class MemoryStore:
 
     # ------------------------------------------------------------------ run path
 
-    def _claimed(self, row: _Row, now: datetime) -> ClaimedRow:
+    def _claimed(self, row: _Row, now: datetime) -> Claim:
         assert row.next_run_at is not None and row.scheduled_for is not None
-        misfired = (
-            row.run_kind == "scheduled"
-            and row.attempt == 0
-            and row.parent_id is None
-            and row.next_run_at < now - timedelta(seconds=int(row.spec["misfire_grace_s"]))
+        missed = misfire.missed(
+            run_kind=row.run_kind,
+            attempt=row.attempt,
+            parent_id=row.parent_id,
+            next_run_at=row.next_run_at,
+            grace_s=int(row.spec["misfire_grace_s"]),
+            now=now,
         )
-        return ClaimedRow(
+        return Claim(
             job_id=row.job_id,
             shard=row.shard,
             lease_token=row.lease_token,
@@ -670,9 +662,9 @@ class MemoryStore:
             scheduled_for=row.scheduled_for,
             attempt=row.attempt,
             run_kind=row.run_kind,
-            misfire_spec=_copy(row.spec) if misfired else None,
             db_now=now,
             owner=row.owner,
+            misfire_spec=codec.spec_from_json(_copy(row.spec)) if missed else None,
         )
 
     def _lease_claim(self, row: _Row, engine_id: str, lease_s: float, now: datetime) -> None:
@@ -684,7 +676,7 @@ class MemoryStore:
 
     async def claim_due(
         self, shard: int, engine_id: str, *, lookahead_s: float, lease_s: float, limit: int
-    ) -> list[ClaimedRow]:
+    ) -> list[Claim]:
         self._check()
         now = self._now()
         horizon = now + timedelta(seconds=lookahead_s)
@@ -704,9 +696,7 @@ class MemoryStore:
             self._lease_claim(row, engine_id, lease_s, now)
         return [self._claimed(r, now) for r in due]
 
-    async def retake_claims(
-        self, engine_id: str, shards: Sequence[int], *, lease_s: float
-    ) -> list[ClaimedRow]:
+    async def retake_claims(self, engine_id: str, shards: Sequence[int], *, lease_s: float) -> list[Claim]:
         self._check()
         now = self._now()
         mine = [
@@ -720,10 +710,10 @@ class MemoryStore:
             row.leased_until = max(row.next_run_at, now) + timedelta(seconds=lease_s)
         return [self._claimed(r, now) for r in mine]
 
-    async def fence_runs(self, items: Sequence[FenceRequest], *, lease_s: float) -> list[FencedRow]:
+    async def fence_runs(self, items: Sequence[FenceItem], *, lease_s: float) -> list[FencedRun]:
         self._check()
         now = self._now()
-        out: list[FencedRow] = []
+        out: list[FencedRun] = []
         for item in items:
             row = self._jobs.get(item.job_id)
             if (
@@ -739,7 +729,7 @@ class MemoryStore:
             assert row.next_run_at is not None
             text = _spec_text(row.spec)
             out.append(
-                FencedRow(
+                FencedRun(
                     job_id=row.job_id,
                     shard=row.shard,
                     owner=row.owner,
@@ -747,22 +737,20 @@ class MemoryStore:
                     scheduled_for=item.scheduled_for,
                     due_at=row.next_run_at,
                     attempt=row.attempt + 1,
-                    spec=json.loads(text),
-                    spec_version=row.spec_version,
-                    spec_text=text,
+                    spec=RunSpec(text, row.spec_version),
                     run_kind=row.run_kind,
                     parent_id=row.parent_id,
                 )
             )
         return out
 
-    def _held(self, lease: Lease, phase_ok: Callable[[str], bool]) -> _Row | None:
+    def _held(self, lease: Leased, phase_ok: Callable[[str], bool]) -> _Row | None:
         row = self._jobs.get(lease.job_id)
         if row is None or row.lease_token != lease.lease_token or not phase_ok(row.phase):
             return None
         return row
 
-    async def extend_leases(self, leases: Sequence[Lease], *, lease_s: float) -> set[uuid.UUID]:
+    async def extend_leases(self, leases: Sequence[Leased], *, lease_s: float) -> set[uuid.UUID]:
         self._check()
         until = self._now() + timedelta(seconds=lease_s)
         held: set[uuid.UUID] = set()
@@ -795,7 +783,7 @@ class MemoryStore:
             row.leased_until = now + timedelta(seconds=extend_s)
         return len(rows)
 
-    async def release_claims(self, leases: Sequence[Lease]) -> int:
+    async def release_claims(self, leases: Sequence[Leased]) -> int:
         self._check()
         released = 0
         for lease in leases:
@@ -815,47 +803,27 @@ class MemoryStore:
         (apply_plans, insert_runs, delete_occurrences; then release_next_backfill,
         parent_last_run, complete_drained_jobs). Returns the shards to wake."""
         now = self._now()
-        for job_id, plan, consumed, last_run, split_at, hold in writer.plans:
-            row = self._jobs[job_id]
-            if not (hold and self._children(job_id)):
+        for w in writer.plans:
+            plan = w.plan
+            row = self._jobs[w.job_id]
+            if not (w.hold and self._children(w.job_id)):
                 row.state = plan.state.value
             row.next_run_at = plan.next_run_at
             row.scheduled_for = plan.scheduled_for
             row.attempt = plan.attempt
             row.run_kind = plan.run_kind
             row.resume_at = plan.resume_at
-            if consumed is not None:
+            if w.consumed_trigger is not None:
+                consumed = w.consumed_trigger
                 row.pending_triggers = sorted(t for t in row.pending_triggers if t > consumed)
-            row.split_at = split_at
+            row.split_at = w.split_at
             row.handed_upto = plan.handed_upto
             row.phase, row.claimed_by, row.leased_until = "idle", None, None
-            if last_run is not None:
-                row.last_run = last_run
+            if w.last_run is not None:
+                row.last_run = w.last_run
             row.updated_at = now
-        for (
-            job_id,
-            shard,
-            scheduled_for,
-            attempt,
-            started,
-            finished,
-            outcome,
-            status,
-            error,
-            late,
-            token,
-        ) in writer.runs:
-            run = Run(
-                scheduled_for=scheduled_for,
-                attempt=attempt,
-                started_at=started,
-                finished_at=finished,
-                outcome=Outcome(outcome),
-                status_code=status,
-                error=error,
-                lateness_ms=late,
-            )
-            self._history(job_id, shard, run, token)
+        for h in writer.runs:
+            self._history(h.job_id, h.shard, h.run, h.fencing_token)
         for job_id in writer.finished_occurrences:
             occurrence = self._jobs.get(job_id)
             if occurrence is not None and occurrence.parent_id is not None:
@@ -903,7 +871,7 @@ class MemoryStore:
         self._check()
         return self._under_lease(reports, finishable, BatchWriter.finish)
 
-    async def skip_missed(self, items: Sequence[MissedSkip]) -> CompletionStats:
+    async def skip_missed(self, items: Sequence[Skip]) -> CompletionStats:
         self._check()
         return self._under_lease(items, skippable, BatchWriter.skip)
 
@@ -1029,7 +997,7 @@ class MemoryStore:
 
     # ------------------------------------------------------------------ NATS run-queue leases
 
-    async def take_runs(self, items: Sequence[PublishedRun], *, holder: str, lease_s: float) -> set[Lease]:
+    async def take_runs(self, items: Sequence[Offered], *, holder: str, lease_s: float) -> set[Lease]:
         self._check()
         until = self._now() + timedelta(seconds=lease_s)
         taken: set[Lease] = set()
@@ -1047,7 +1015,7 @@ class MemoryStore:
         return taken
 
     async def extend_published(
-        self, leases: Sequence[Lease], *, holder: str, lease_s: float
+        self, leases: Sequence[Leased], *, holder: str, lease_s: float
     ) -> set[uuid.UUID]:
         self._check()
         until = self._now() + timedelta(seconds=lease_s)

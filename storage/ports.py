@@ -16,9 +16,44 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
-from duetime.core.model import Job, JobSpec, JobState, Outcome, Run
+from duetime.core.model import Job, JobSpec, JobState, Run
+
+# The run path's records are the core's vocabulary (core/runpath.py); they cross this port as
+# they are, and are re-exported here for the callers that name them by the port.
+from duetime.core.runpath import (
+    AttemptReport,
+    Claim,
+    FencedRun,
+    FenceItem,
+    FenceRequest,
+    Lease,
+    Leased,
+    Offered,
+    PublishedRun,
+    Skip,
+)
+
+__all__ = [
+    "AttemptReport",
+    "Backfill",
+    "Claim",
+    "CompletionStats",
+    "DueListener",
+    "FenceItem",
+    "FenceRequest",
+    "FencedRun",
+    "IdempotencyRequest",
+    "Lease",
+    "Leased",
+    "Offered",
+    "Page",
+    "PublishedRun",
+    "Registry",
+    "RunStore",
+    "Skip",
+]
 
 # ---------------------------------------------------------------------- the registry (API side)
 
@@ -175,111 +210,6 @@ class Registry(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Lease:
-    """A row's lease as its holder knows it: the row, its shard and the fencing token it holds."""
-
-    job_id: uuid.UUID
-    shard: int
-    lease_token: int
-
-
-@dataclass(frozen=True, slots=True)
-class FenceRequest:
-    """A fired wheel entry asking to become a call: the lease it was claimed under and the
-    occurrence it fires (which the fence writes, so a misfire's skip-ahead is recorded)."""
-
-    job_id: uuid.UUID
-    shard: int
-    lease_token: int
-    scheduled_for: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class PublishedRun:
-    """DUETIME_RUN_QUEUE=nats: a run as a message carries it, with the engine that published it."""
-
-    job_id: uuid.UUID
-    shard: int
-    lease_token: int
-    publisher: str
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimedRow:
-    """A row leased into an engine's wheel. ``misfire_spec`` is set only when it is overdue past
-    its grace, so the engine can apply the misfire policy."""
-
-    job_id: uuid.UUID
-    shard: int
-    lease_token: int
-    due_at: datetime
-    scheduled_for: datetime
-    attempt: int
-    run_kind: str
-    misfire_spec: dict[str, Any] | None
-    db_now: datetime
-    owner: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class FencedRow:
-    """A run that passed the fence: it may be called, as attempt ``attempt``."""
-
-    job_id: uuid.UUID
-    shard: int
-    owner: str
-    lease_token: int
-    scheduled_for: datetime
-    due_at: datetime
-    attempt: int
-    spec: dict[str, Any]
-    spec_version: int
-    run_kind: str
-    spec_text: str = ""  # the spec as the fence read it (jsonb's text), when it came from the fence
-    # Set on an occurrence row (overlap=allow, backfill): the job it runs an occurrence of. The
-    # target sees this id (Duetime-Job-Id, Idempotency-Key); the lease is the row's own.
-    parent_id: uuid.UUID | None = None
-
-    @property
-    def public_id(self) -> uuid.UUID:
-        return self.parent_id or self.job_id
-
-
-@dataclass(frozen=True, slots=True)
-class AttemptReport:
-    """What a worker saw: one attempt's outcome, to be finished under the lease it ran with."""
-
-    job_id: uuid.UUID
-    shard: int
-    lease_token: int
-    spec_version: int
-    attempt: int
-    scheduled_for: datetime
-    due_at: datetime
-    started_at: datetime | None
-    finished_at: datetime
-    outcome: Outcome
-    retryable: bool
-    status_code: int | None = None
-    error: str | None = None
-    # The spec the attempt ran with, parsed, and its text as the fence read it: the completion
-    # reuses it when the row's spec text is still the same, instead of decoding the JSON again.
-    spec: JobSpec | None = None
-    spec_text: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class MissedSkip:
-    """A claimed row whose missed occurrences the policy skips: record them, move on to ``next``."""
-
-    job_id: uuid.UUID
-    shard: int
-    lease_token: int
-    skipped: tuple[datetime, ...]
-    next_scheduled_for: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
 class CompletionStats:
     """What a fenced write did: rows finished (``applied``), items whose lease no longer held
     (``stale``, nothing written for them) and history rows recorded."""
@@ -309,25 +239,23 @@ class RunStore(Protocol):
 
     async def claim_due(
         self, shard: int, engine_id: str, *, lookahead_s: float, lease_s: float, limit: int
-    ) -> list[ClaimedRow]:
+    ) -> list[Claim]:
         """Lease up to ``limit`` idle scheduled rows of ``shard`` due within ``lookahead_s``,
         skipping rows another claimer holds; each gets a new (larger) token and a lease until
         its due time plus ``lease_s``."""
         ...
 
-    async def retake_claims(
-        self, engine_id: str, shards: Sequence[int], *, lease_s: float
-    ) -> list[ClaimedRow]:
+    async def retake_claims(self, engine_id: str, shards: Sequence[int], *, lease_s: float) -> list[Claim]:
         """A restarted engine takes back what its previous life claimed on ``shards``, under new
         tokens (which fence whatever the old process may still hold)."""
         ...
 
-    async def fence_runs(self, items: Sequence[FenceRequest], *, lease_s: float) -> list[FencedRow]:
+    async def fence_runs(self, items: Sequence[FenceItem], *, lease_s: float) -> list[FencedRun]:
         """claimed → running where the token still matches and the job is still scheduled; what
         is returned may be called, what is not must not be."""
         ...
 
-    async def extend_leases(self, leases: Sequence[Lease], *, lease_s: float) -> set[uuid.UUID]:
+    async def extend_leases(self, leases: Sequence[Leased], *, lease_s: float) -> set[uuid.UUID]:
         """Heartbeat: the ids whose lease still holds, extended by ``lease_s`` from now."""
         ...
 
@@ -337,7 +265,7 @@ class RunStore(Protocol):
         """Extend ``engine_id``'s claims on ``shard`` that would lapse within ``within_s``."""
         ...
 
-    async def release_claims(self, leases: Sequence[Lease]) -> int:
+    async def release_claims(self, leases: Sequence[Leased]) -> int:
         """Give back claims that were not fired (shutdown); they are claimable at once."""
         ...
 
@@ -347,7 +275,7 @@ class RunStore(Protocol):
         """Finish attempts under their leases (``core.lifecycle`` decides what each row becomes)."""
         ...
 
-    async def skip_missed(self, items: Sequence[MissedSkip]) -> CompletionStats:
+    async def skip_missed(self, items: Sequence[Skip]) -> CompletionStats:
         """Record missed occurrences as skipped and move claimed rows on to their next one."""
         ...
 
@@ -386,13 +314,13 @@ class RunStore(Protocol):
 
     # -- the NATS run queue's leases (storage/postgres/queue_leases.py)
 
-    async def take_runs(self, items: Sequence[PublishedRun], *, holder: str, lease_s: float) -> set[Lease]:
+    async def take_runs(self, items: Sequence[Offered], *, holder: str, lease_s: float) -> set[Lease]:
         """A worker ``holder`` takes the leases of published runs still running under their token
         and publisher; returns those it now holds (by token: a stale message may carry an old one)."""
         ...
 
     async def extend_published(
-        self, leases: Sequence[Lease], *, holder: str, lease_s: float
+        self, leases: Sequence[Leased], *, holder: str, lease_s: float
     ) -> set[uuid.UUID]:
         """The publishing engine ``holder`` keeps the leases of runs no worker took yet."""
         ...

@@ -1,6 +1,7 @@
 """Rules every implementation of the ``Registry`` port applies the same way (PostgreSQL and the
-in-memory store): how an API key is stored, what a page cursor is, and which owner action a job's
-state allows, with what the refusal says. One copy, so the stores cannot answer differently.
+in-memory store): how an API key is stored and what a page cursor is. One copy, so the stores
+cannot answer differently. (Which owner action a job's state allows, and what a refusal says, is
+the core's owner table: ``core.states.owner_move``.)
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import hashlib
 import uuid
 
 from duetime.core.errors import Conflict, InvalidRequest
-from duetime.core.lifecycle import OWNER_TRANSITIONS
 from duetime.core.model import JobState
 
 #: The cursor of a first page of jobs (ids are listed in ascending order, after the cursor).
@@ -52,22 +52,6 @@ def run_cursor(cursor: str | None) -> int:
     if before > MAX_RUN_ID:
         raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor")
     return before
-
-
-def require(action: str, state: JobState) -> None:
-    """Conflict unless ``core.lifecycle.OWNER_TRANSITIONS`` allows ``action`` from ``state``."""
-    if state not in OWNER_TRANSITIONS[action]:
-        raise Conflict(
-            f"cannot {action} a job that is {state.value}"
-            + {
-                "completed": "; a completed job stays completed, create a new one",
-                "cancelled": "; a cancelled job stays cancelled, create a new one",
-                "dead": "; replay it first (POST /v1/jobs/{id}/replay)",
-                "paused": "; resume it first (POST /v1/jobs/{id}/resume)",
-                "scheduled": "",
-            }[state.value],
-            code=f"job_{state.value}",
-        )
 
 
 def name_taken(name: str, holder: uuid.UUID | str) -> Conflict:

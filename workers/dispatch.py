@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 import aiohttp
 
 from duetime.core import signing, ssrf
-from duetime.core.delivery import Delivery, Verdict
 from duetime.core.model import Broker, Outcome, QueueTarget, Target, WebhookTarget
+from duetime.core.runpath import CallResult, Delivery, Verdict
 from duetime.workers import webhook
 from duetime.workers.limits import HostLimiter
 from duetime.workers.queues import QueuePublisher
@@ -28,14 +28,17 @@ from duetime.workers.queues import QueuePublisher
 log = logging.getLogger(__name__)
 
 
+__all__ = ["BatchResult", "CallResult", "Delivery", "Dispatcher"]
+
+
 @dataclass(frozen=True, slots=True)
-class CallResult:
-    outcome: Outcome  # SUCCEEDED, FAILED or TIMED_OUT
-    retryable: bool
-    status_code: int | None
-    error: str | None  # short, for a person; never header values or secrets
-    started_at: datetime  # when the request was sent (after any limiter wait)
+class BatchResult:
+    """One attempt each for a batch of deliveries sent together: one verdict per delivery, in
+    order, and the one send's start and end."""
+
+    started_at: datetime
     finished_at: datetime
+    verdicts: list[Verdict]
 
 
 def _utcnow() -> datetime:
@@ -95,7 +98,7 @@ class Dispatcher:
             key = self._limit_key(target)
         except ValueError:
             now = self._clock()
-            return CallResult(Outcome.FAILED, False, None, "invalid webhook URL", now, now)
+            return CallResult(Verdict(Outcome.FAILED, False, None, "invalid webhook URL"), now, now)
 
         started_at = self._clock()
         try:
@@ -109,31 +112,21 @@ class Dispatcher:
             # Our own bug, not the target's: record it as a retryable failure and keep going.
             log.exception("delivery of job %s failed inside the dispatcher", d.job_id)
             verdict = Verdict(Outcome.FAILED, True, None, f"internal error ({type(exc).__name__})")
-        finished_at = self._clock()
-        return CallResult(
-            outcome=verdict.outcome,
-            retryable=verdict.retryable,
-            status_code=verdict.status_code,
-            error=verdict.error,
-            started_at=started_at,
-            finished_at=max(finished_at, started_at),
-        )
+        return CallResult(verdict, started_at, max(self._clock(), started_at))
 
-    async def deliver_redis_many(self, ds: list[Delivery]) -> tuple[datetime, datetime, list[Verdict]]:
+    async def deliver_redis_many(self, ds: list[Delivery]) -> BatchResult:
         """One attempt each for many deliveries to Redis targets, sent together: one limiter slot
-        and one token per call, one batcher call. Returns (started_at, finished_at, verdicts)."""
+        and one token per call, one batcher call."""
         started_at = self._clock()
         try:
             async with self._limiter.slot(f"broker:{Broker.REDIS.value}", len(ds)), self._total:
                 started_at = self._clock()
-                verdicts = await self._queues.publish_redis_many(
-                    [(d, d.target.topic, signing.encode_body(d.payload)) for d in ds]  # type: ignore[union-attr]
-                )
+                verdicts = await self._queues.publish_redis_many(ds)
         except Exception as exc:
             log.exception("delivery of %d Redis runs failed inside the dispatcher", len(ds))
             failed = Verdict(Outcome.FAILED, True, None, f"internal error ({type(exc).__name__})")
             verdicts = [failed] * len(ds)
-        return started_at, max(self._clock(), started_at), verdicts
+        return BatchResult(started_at, max(self._clock(), started_at), verdicts)
 
     async def _call(
         self, session: aiohttp.ClientSession, d: Delivery, target: Target, body: bytes, now: datetime

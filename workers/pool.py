@@ -15,15 +15,14 @@ from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from duetime.core import codec
-from duetime.core.delivery import Delivery, Verdict
 from duetime.core.errors import StorageUnavailable
-from duetime.core.model import JobSpec, Outcome, WebhookTarget
+from duetime.core.model import Broker, Outcome, QueueTarget, WebhookTarget
+from duetime.core.runpath import AttemptReport, CallResult, Delivery, FencedRun, Verdict
 from duetime.runqueue import metrics
 from duetime.runqueue.inprocess import RunQueue
 from duetime.runqueue.leases import LeaseKeeper
-from duetime.storage.ports import AttemptReport, FencedRow, RunStore
-from duetime.workers.dispatch import CallResult, Dispatcher
+from duetime.storage.ports import RunStore
+from duetime.workers.dispatch import Dispatcher
 
 log = logging.getLogger("duetime.workers")
 
@@ -247,19 +246,15 @@ class WorkerPool:
             if not self._inflight and not self._queue.qsize():
                 self._idle.set()
 
-    async def call_redis_many(self, runs: list[FencedRow]) -> list[AttemptReport]:
+    async def call_redis_many(self, runs: list[FencedRun]) -> list[AttemptReport]:
         """One attempt each for runs whose target is a Redis stream, sent together. Queue
         messages carry no signature, so no signing secret is read."""
-        deliveries = []
-        specs = []
-        for run in runs:
-            spec = codec.spec_from_json(run.spec)
-            specs.append(spec)
-            deliveries.append(_delivery(run, spec, signing_secret=""))
+        deliveries = [Delivery.of(run, signing_secret="") for run in runs]
         limit = self._dispatcher.broker_timeout_s + self._watchdog_s
         try:
             async with asyncio.timeout(limit):
-                started_at, finished_at, verdicts = await self._dispatcher.deliver_redis_many(deliveries)
+                sent = await self._dispatcher.deliver_redis_many(deliveries)
+            started_at, finished_at, verdicts = sent.started_at, sent.finished_at, sent.verdicts
         except TimeoutError:
             log.error("a batch of %d Redis runs hung past %s s; recorded as timed out", len(runs), limit)
             started_at, finished_at = datetime.now(UTC), datetime.now(UTC)
@@ -270,41 +265,24 @@ class WorkerPool:
         lateness = metrics.START_LATENESS.observe
         latency = metrics.TARGET_LATENCY.observe
         reports = []
-        for run, spec, v in zip(runs, specs, verdicts, strict=True):
+        for run, v in zip(runs, verdicts, strict=True):
             outcomes[v.outcome] = outcomes.get(v.outcome, 0) + 1
             lateness(max((started_at - run.due_at).total_seconds(), 0.0))
             latency(took)
-            reports.append(
-                _report(
-                    run,
-                    started_at=started_at,
-                    finished_at=finished_at,
-                    outcome=v.outcome,
-                    retryable=v.retryable,
-                    status_code=v.status_code,
-                    error=v.error,
-                    spec=spec,
-                )
-            )
+            reports.append(AttemptReport(run, v, started_at, finished_at))
         for outcome, n in outcomes.items():
             metrics.CALLS.labels(outcome.value).inc(n)
         return reports
 
-    async def call(self, run: FencedRow) -> AttemptReport:
-        spec = codec.spec_from_json(run.spec)
+    async def call(self, run: FencedRun) -> AttemptReport:
+        spec = run.spec.parsed
         now = datetime.now(UTC)
         try:
             secret = await self._secrets.get(run.owner)
         except (LookupError, StorageUnavailable) as exc:
-            return _report(
-                run,
-                started_at=None,
-                finished_at=now,
-                outcome=Outcome.FAILED,
-                retryable=True,
-                error=f"signing secret unavailable: {exc}",
-            )
-        delivery = _delivery(run, spec, signing_secret=secret)
+            verdict = Verdict(Outcome.FAILED, True, None, f"signing secret unavailable: {exc}")
+            return AttemptReport(run, verdict, None, now)
+        delivery = Delivery.of(run, signing_secret=secret)
         # A last-resort watchdog: the dispatcher has its own timeouts, so this only fires when a
         # call hangs where nothing else would notice (a client library that never answers). A
         # worker that waits forever would fill the run queue and stall the engine's fencer.
@@ -319,78 +297,17 @@ class WorkerPool:
                 result = await self._dispatcher.deliver(delivery)
         except TimeoutError:
             log.error("a call to job %s hung past %s s; recorded as timed out", run.job_id, limit)
-            result = CallResult(
-                outcome=Outcome.TIMED_OUT,
-                retryable=True,
-                status_code=None,
-                error=f"the call did not finish within {limit} s (worker watchdog)",
-                started_at=now,
-                finished_at=datetime.now(UTC),
-            )
+            error = f"the call did not finish within {limit} s (worker watchdog)"
+            result = CallResult(Verdict(Outcome.TIMED_OUT, True, None, error), now, datetime.now(UTC))
         metrics.CALLS.labels(result.outcome.value).inc()
         metrics.START_LATENESS.observe(max((result.started_at - run.due_at).total_seconds(), 0.0))
         metrics.TARGET_LATENCY.observe((result.finished_at - result.started_at).total_seconds())
-        return _report(
-            run,
-            started_at=result.started_at,
-            finished_at=result.finished_at,
-            outcome=result.outcome,
-            retryable=result.retryable,
-            status_code=result.status_code,
-            error=result.error,
-            spec=spec,
-        )
+        return AttemptReport.of(run, result)
 
 
 REDIS_BATCH = 500  # one pipeline's worth (workers/queues.py _RedisBatcher max_batch)
 
 
-def _to_redis(run: FencedRow) -> bool:
-    target = run.spec.get("target")
-    return isinstance(target, dict) and target.get("type") == "queue" and target.get("broker") == "redis"
-
-
-def _delivery(run: FencedRow, spec: JobSpec, *, signing_secret: str) -> Delivery:
-    """What the target gets for ``run``: under the job's id (an occurrence row's parent), never
-    the row's own (one builder for every call path, so no path can name an internal row)."""
-    return Delivery(
-        job_id=str(run.public_id),
-        scheduled_for=run.scheduled_for,
-        attempt=run.attempt,
-        fencing_token=run.lease_token,
-        owner=run.owner,
-        signing_secret=signing_secret,
-        payload=spec.payload,
-        target=spec.target,
-    )
-
-
-def _report(
-    run: FencedRow,
-    *,
-    started_at: datetime | None,
-    finished_at: datetime,
-    outcome: Outcome,
-    retryable: bool,
-    status_code: int | None = None,
-    error: str | None = None,
-    spec: JobSpec | None = None,
-) -> AttemptReport:
-    """The outcome of ``run``'s attempt, carrying the lease it ran under."""
-    return AttemptReport(
-        job_id=run.job_id,
-        shard=run.shard,
-        lease_token=run.lease_token,
-        spec_version=run.spec_version,
-        attempt=run.attempt,
-        scheduled_for=run.scheduled_for,
-        due_at=run.due_at,
-        started_at=started_at,
-        finished_at=finished_at,
-        outcome=outcome,
-        retryable=retryable,
-        status_code=status_code,
-        error=error,
-        spec=spec,
-        spec_text=run.spec_text,
-    )
+def _to_redis(run: FencedRun) -> bool:
+    target = run.spec.parsed.target
+    return isinstance(target, QueueTarget) and target.broker is Broker.REDIS

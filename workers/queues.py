@@ -27,8 +27,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from duetime.core import signing
-from duetime.core.delivery import Delivery, Verdict
 from duetime.core.model import Broker, Outcome, QueueTarget
+from duetime.core.runpath import Delivery, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,14 @@ def redis_fields(d: Delivery, body: bytes) -> dict[str, bytes | str]:
         FIELD_ATTEMPT: headers[signing.ATTEMPT],
         FIELD_FENCING_TOKEN: headers[signing.FENCING_TOKEN],
     }
+
+
+def _redis_key(d: Delivery) -> str:
+    """The stream a delivery to a Redis target goes to."""
+    target = d.target
+    if not isinstance(target, QueueTarget) or target.broker is not Broker.REDIS:
+        raise ValueError("a delivery on the Redis batch path must have a Redis stream target")
+    return target.topic
 
 
 def _failed(error: str, *, retryable: bool) -> Verdict:
@@ -326,15 +334,18 @@ class QueuePublisher:
             return self._redis_verdict(key, exc)
         return PUBLISHED
 
-    async def publish_redis_many(self, items: list[tuple[Delivery, str, bytes]]) -> list[Verdict]:
-        """(delivery, stream key, body) → one verdict each, in order: the batch path of workers
-        for Redis targets (one batcher call for many runs, no coroutine per run)."""
+    async def publish_redis_many(self, ds: list[Delivery]) -> list[Verdict]:
+        """One verdict per delivery to a Redis stream, in order: the batch path of workers for Redis
+        targets (one batcher call for many runs, no coroutine per run)."""
         if self._redis_url is None:
-            return [_failed("broker not configured (set DUETIME_REDIS_URL)", retryable=False)] * len(items)
-        replies = await self._redis_pipeline().xadd_many([(k, redis_fields(d, b)) for d, k, b in items])
+            return [_failed("broker not configured (set DUETIME_REDIS_URL)", retryable=False)] * len(ds)
+        keys = [_redis_key(d) for d in ds]
+        replies = await self._redis_pipeline().xadd_many(
+            [(key, redis_fields(d, signing.encode_body(d.payload))) for key, d in zip(keys, ds, strict=True)]
+        )
         return [
             self._redis_verdict(key, reply) if isinstance(reply, BaseException) else PUBLISHED
-            for (_, key, _), reply in zip(items, replies, strict=True)
+            for key, reply in zip(keys, replies, strict=True)
         ]
 
     def _redis_verdict(self, key: str, exc: BaseException) -> Verdict:

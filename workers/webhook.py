@@ -28,9 +28,9 @@ from aiohttp.helpers import is_ip_address
 from yarl import URL
 
 from duetime.core import signing, ssrf
-from duetime.core.delivery import Delivery, Verdict
 from duetime.core.errors import InvalidRequest, TargetNotAllowed
 from duetime.core.model import Outcome, WebhookTarget
+from duetime.core.runpath import Delivery, Verdict
 
 if TYPE_CHECKING:
     from datetime import datetime

@@ -2,7 +2,8 @@
 
 - ``pools``: a pool per database of the shard map, database errors translated at the seam
 - ``rows``: rows decoded into the core's records
-- ``hints``: NOTIFY hints that wake a shard's engines; ``inserts``: the insert batcher
+- ``hints``: NOTIFY hints that wake a shard's engines, and the engine's LISTEN for them
+- ``inserts``: the insert batcher
 - ``registry``: jobs, owner actions, backfill, run history, owners, API and idempotency keys
 - ``runpath``: claim, fence, heartbeats, release
 - ``completion``: the completion writer (attempts finished and occurrences skipped under lease)
@@ -14,8 +15,7 @@
 Their SQL lives in ``storage/sql/<concept>.sql``.
 """
 
-# The run-path records now live in storage.ports; re-exported here for importers of the old place.
-from duetime.storage.ports import AttemptReport, ClaimedRow, CompletionStats, FencedRow, MissedSkip
+from duetime.storage.ports import CompletionStats
 from duetime.storage.postgres.completion import _locked_spec
 from duetime.storage.postgres.hints import NOTIFY_CHANNEL
 from duetime.storage.postgres.rows import job_from_row
@@ -24,11 +24,7 @@ from duetime.storage.postgres.store import PostgresStore
 
 __all__ = [
     "NOTIFY_CHANNEL",
-    "AttemptReport",
-    "ClaimedRow",
     "CompletionStats",
-    "FencedRow",
-    "MissedSkip",
     "PostgresStore",
     "ShardMoveReport",
     "_locked_spec",

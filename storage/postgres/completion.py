@@ -21,14 +21,77 @@ from duetime.core.lifecycle import (
     after_occurrence_attempt,
     split_point,
 )
-from duetime.core.model import JobSpec, JobState, Outcome, Run
-from duetime.storage.ports import AttemptReport, CompletionStats, MissedSkip
+from duetime.core.model import JobSpec, JobState, Outcome, Phase, Run
+from duetime.core.runpath import AttemptReport, FencedRun, RunSpec, Skip, Verdict
+from duetime.core.states import PHASE_EVENTS, RunEvent, phase_allows
+from duetime.storage.ports import CompletionStats
 from duetime.storage.postgres.pools import StoreBase, translated, utcnow
 from duetime.storage.postgres.rows import plan_of
 from duetime.storage.queries import Q
 
 # What a fenced write is about: an attempt to finish, or missed occurrences to skip.
-_Leased = TypeVar("_Leased", AttemptReport, MissedSkip)
+_Leased = TypeVar("_Leased", AttemptReport, Skip)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanWrite:
+    """One row's update by ``apply_plans``: the plan ``core.lifecycle`` computed, and what the
+    statement needs besides it. ``flush`` turns a batch of these into the statement's arrays."""
+
+    job_id: uuid.UUID
+    plan: RowPlan
+    last_run: dict[str, Any] | None = None  # the history row's JSON; None keeps the row's own
+    split_at: datetime | None = None
+    # The pending trigger this plan started: it is taken off the row's list (and any before it).
+    consumed_trigger: datetime | None = None
+    # A recurring job whose schedule ended keeps its state while occurrence rows of it are left.
+    hold: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryWrite:
+    """One history row for ``insert_runs``: the run under the job's own id, and its lease."""
+
+    job_id: uuid.UUID
+    shard: int
+    run: Run
+    fencing_token: int
+
+
+def _plan_arrays(plans: Sequence[PlanWrite]) -> list[list[Any]]:
+    """``apply_plans``' parameters, $1..$13 in order: one array per column of the plans."""
+    return [
+        [w.job_id for w in plans],
+        [w.plan.state.value for w in plans],
+        [w.plan.next_run_at for w in plans],
+        [w.plan.scheduled_for for w in plans],
+        [w.plan.attempt for w in plans],
+        [w.plan.run_kind for w in plans],
+        [w.plan.resume_at for w in plans],
+        [w.consumed_trigger is not None for w in plans],
+        [w.consumed_trigger for w in plans],
+        [w.last_run for w in plans],
+        [w.split_at for w in plans],
+        [w.plan.handed_upto for w in plans],
+        [w.hold for w in plans],
+    ]
+
+
+def _history_arrays(runs: Sequence[HistoryWrite]) -> list[list[Any]]:
+    """``insert_runs``' parameters, $1..$11 in order."""
+    return [
+        [h.job_id for h in runs],
+        [h.shard for h in runs],
+        [h.run.scheduled_for for h in runs],
+        [h.run.attempt for h in runs],
+        [h.run.started_at for h in runs],
+        [h.run.finished_at for h in runs],
+        [h.run.outcome.value for h in runs],
+        [h.run.status_code for h in runs],
+        [h.run.error for h in runs],
+        [h.run.lateness_ms for h in runs],
+        [h.fencing_token for h in runs],
+    ]
 
 
 class CompletionPart(StoreBase):
@@ -42,7 +105,7 @@ class CompletionPart(StoreBase):
         """
         return await self._under_lease(reports, finishable, BatchWriter.finish)
 
-    async def skip_missed(self, items: Sequence[MissedSkip]) -> CompletionStats:
+    async def skip_missed(self, items: Sequence[Skip]) -> CompletionStats:
         """Record skipped occurrences and move claimed rows on to their next occurrence."""
         return await self._under_lease(items, skippable, BatchWriter.skip)
 
@@ -92,17 +155,18 @@ async def expire_locked(conn: asyncpg.Connection, ids: list[uuid.UUID]) -> Expir
 
 
 # The decisions of a fenced write, apart from reading and writing the rows: shared with the
-# in-memory store (storage/memory.py), so both compute what a row becomes the same way.
+# in-memory store (storage/memory.py), so both compute what a row becomes the same way. Which
+# phases each write may find a row in is the phase table's (core.states.PHASE_EVENTS).
 
 
 def finishable(phase: str) -> bool:
     """An attempt can be finished from a claimed row (a stale report) or a running one."""
-    return phase != "idle"
+    return phase_allows(RunEvent.COMPLETE, phase)
 
 
 def skippable(phase: str) -> bool:
     """Missed occurrences are skipped only on a row still claimed (not fired yet)."""
-    return phase == "claimed"
+    return phase_allows(RunEvent.SKIP, phase)
 
 
 def apply_leased(
@@ -132,29 +196,18 @@ def apply_leased(
 
 
 def expire_rows(writer: BatchWriter, rows: Iterable[Any], now: datetime) -> None:
-    """Rows whose lease lapsed or whose holder died: a claimed one is released as it was, a
-    running one is finished as ``lease_expired`` (its outcome is unknown) and retried by policy."""
+    """Rows whose lease lapsed or whose holder died: a claimed one is released as it was (it
+    never fired, nothing was called), a running one is finished as ``lease_expired`` (its outcome
+    is unknown) and retried by policy. A row in any other phase finished meanwhile."""
+    lapses = PHASE_EVENTS[RunEvent.LAPSE].from_
     for row in rows:
-        if row["phase"] == "claimed":
+        phase = row["phase"]
+        if phase not in lapses:
+            continue
+        if phase == Phase.CLAIMED:
             writer.release(row)
             continue
-        if row["phase"] != "running":
-            continue
-        rep = AttemptReport(
-            job_id=row["job_id"],
-            shard=row["shard"],
-            lease_token=row["lease_token"],
-            spec_version=row["spec_version"],
-            attempt=row["attempt"] + 1,
-            scheduled_for=row["scheduled_for"],
-            due_at=row["next_run_at"],
-            started_at=None,
-            finished_at=now,
-            outcome=Outcome.LEASE_EXPIRED,
-            retryable=True,
-            error="the lease lapsed before an outcome was recorded (worker or engine died or stalled)",
-        )
-        writer.finish(row, rep, now)
+        writer.finish(row, AttemptReport(_running(row), _LAPSED, None, now), now)
 
 
 def _hold(spec: JobSpec, plan: RowPlan) -> bool:
@@ -162,12 +215,36 @@ def _hold(spec: JobSpec, plan: RowPlan) -> bool:
     return spec.recurring and plan.state is JobState.COMPLETED
 
 
+_LAPSED = Verdict(
+    Outcome.LEASE_EXPIRED,
+    True,
+    None,
+    "the lease lapsed before an outcome was recorded (worker or engine died or stalled)",
+)
+
+
+def _running(row: asyncpg.Record) -> FencedRun:
+    """The run a running row read by ``lock_for_completion`` was fenced for (its holder is gone)."""
+    return FencedRun(
+        job_id=row["job_id"],
+        shard=row["shard"],
+        owner=row["owner"],
+        lease_token=row["lease_token"],
+        scheduled_for=row["scheduled_for"],
+        due_at=row["next_run_at"],
+        attempt=row["attempt"] + 1,
+        spec=RunSpec(row["spec"], row["spec_version"]),
+        run_kind=row["run_kind"],
+        parent_id=row["parent_id"],
+    )
+
+
 def _locked_spec(row: asyncpg.Record, rep: AttemptReport | None) -> JobSpec:
     """The spec of a row read by ``lock_for_completion`` (as text): the attempt's own parsed spec
     when the text is unchanged since its fence, otherwise decoded from the row."""
     text: str = row["spec"]
-    if rep is not None and rep.spec is not None and rep.spec_text and rep.spec_text == text:
-        return rep.spec
+    if rep is not None:
+        return rep.spec.reuse(text)
     return codec.spec_from_json(json.loads(text))
 
 
@@ -181,32 +258,15 @@ class BatchWriter:
 
     def __init__(self) -> None:
         self.seen: set[uuid.UUID] = set()
-        # (job id, plan, consumed trigger, last_run, split_at, hold: see apply_plans)
-        self.plans: list[
-            tuple[uuid.UUID, RowPlan, datetime | None, dict[str, Any] | None, datetime | None, bool]
-        ] = []
-        self.runs: list[tuple[Any, ...]] = []
+        self.plans: list[PlanWrite] = []
+        self.runs: list[HistoryWrite] = []
         self.history_count = 0
         self.finished_occurrences: list[uuid.UUID] = []
         self.parent_last: dict[uuid.UUID, dict[str, Any]] = {}
         self.backfill_parents: set[uuid.UUID] = set()
 
     def _history(self, row: asyncpg.Record, run: Run, fencing_token: int) -> dict[str, Any]:
-        self.runs.append(
-            (
-                row["parent_id"] or row["job_id"],
-                row["shard"],
-                run.scheduled_for,
-                run.attempt,
-                run.started_at,
-                run.finished_at,
-                run.outcome.value,
-                run.status_code,
-                run.error,
-                run.lateness_ms,
-                fencing_token,
-            )
-        )
+        self.runs.append(HistoryWrite(row["parent_id"] or row["job_id"], row["shard"], run, fencing_token))
         self.history_count += 1
         return codec.run_to_json(run)
 
@@ -218,14 +278,15 @@ class BatchWriter:
         if rep.started_at is not None:
             nominal_due = jitter.due_at(parent or rep.job_id, rep.scheduled_for, spec.jitter_s)
             lateness = int((rep.started_at - nominal_due).total_seconds() * 1000)
+        verdict = rep.verdict
         run = Run(
             scheduled_for=rep.scheduled_for,
             attempt=rep.attempt,
             started_at=rep.started_at,
             finished_at=rep.finished_at,
-            outcome=rep.outcome,
-            status_code=rep.status_code,
-            error=rep.error,
+            outcome=verdict.outcome,
+            status_code=verdict.status_code,
+            error=verdict.error,
             lateness_ms=lateness,
         )
         last = self._history(row, run, rep.lease_token)
@@ -236,8 +297,8 @@ class BatchWriter:
                 spec,
                 current,
                 attempt=rep.attempt,
-                outcome=rep.outcome,
-                retryable=rep.retryable,
+                outcome=verdict.outcome,
+                retryable=verdict.retryable,
                 now=now,
             )
             if nxt is None:
@@ -245,19 +306,19 @@ class BatchWriter:
                 if row["backfill_seq"] is not None:
                     self.backfill_parents.add(parent)
             else:
-                self.plans.append((rep.job_id, nxt, None, last, None, False))
+                self.plans.append(PlanWrite(rep.job_id, nxt, last))
             return
-        if row["spec_version"] != rep.spec_version:
+        if row["spec_version"] != rep.spec.version:
             # The schedule was replaced while this attempt ran: the owner's new plan stands.
-            self.plans.append((rep.job_id, current, None, last, split_point(spec, current), False))
+            self.plans.append(PlanWrite(rep.job_id, current, last, split_point(spec, current)))
             return
         plan = after_attempt(
             rep.job_id,
             spec,
             current,
             attempt=rep.attempt,
-            outcome=rep.outcome,
-            retryable=rep.retryable,
+            outcome=verdict.outcome,
+            retryable=verdict.retryable,
             now=now,
         )
         if plan.overlap_skipped:
@@ -265,7 +326,9 @@ class BatchWriter:
         consumed = None
         if len(plan.pending_triggers) < len(current.pending_triggers):
             consumed = current.pending_triggers[0]
-        self.plans.append((rep.job_id, plan, consumed, last, split_point(spec, plan), _hold(spec, plan)))
+        self.plans.append(
+            PlanWrite(rep.job_id, plan, last, split_point(spec, plan), consumed, _hold(spec, plan))
+        )
 
     def _overlap_skips(
         self, row: asyncpg.Record, plan: RowPlan, policy: str, now: datetime
@@ -306,7 +369,7 @@ class BatchWriter:
             )
         return last
 
-    def skip(self, row: asyncpg.Record, item: MissedSkip, now: datetime) -> None:
+    def skip(self, row: asyncpg.Record, item: Skip, now: datetime) -> None:
         self.seen.add(item.job_id)
         last = self._skipped(
             row,
@@ -325,34 +388,17 @@ class BatchWriter:
                 scheduled_for=item.next_scheduled_for,
                 attempt=0,
             )
-        self.plans.append((item.job_id, plan, None, last, split_point(spec, plan), _hold(spec, plan)))
+        self.plans.append(PlanWrite(item.job_id, plan, last, split_point(spec, plan), hold=_hold(spec, plan)))
 
     def release(self, row: asyncpg.Record) -> None:
         self.seen.add(row["job_id"])
-        self.plans.append((row["job_id"], plan_of(row), None, None, row["split_at"], False))
+        self.plans.append(PlanWrite(row["job_id"], plan_of(row), split_at=row["split_at"]))
 
     async def flush(self, conn: asyncpg.Connection) -> None:
         if self.plans:
-            p = self.plans
-            await conn.execute(
-                Q["apply_plans"],
-                [x[0] for x in p],
-                [x[1].state.value for x in p],
-                [x[1].next_run_at for x in p],
-                [x[1].scheduled_for for x in p],
-                [x[1].attempt for x in p],
-                [x[1].run_kind for x in p],
-                [x[1].resume_at for x in p],
-                [x[2] is not None for x in p],
-                [x[2] for x in p],
-                [x[3] for x in p],
-                [x[4] for x in p],
-                [x[1].handed_upto for x in p],
-                [x[5] for x in p],
-            )
+            await conn.execute(Q["apply_plans"], *_plan_arrays(self.plans))
         if self.runs:
-            cols = list(zip(*self.runs, strict=True))
-            await conn.execute(Q["insert_runs"], *[list(c) for c in cols])
+            await conn.execute(Q["insert_runs"], *_history_arrays(self.runs))
         if self.finished_occurrences:
             await conn.execute(Q["delete_occurrences"], self.finished_occurrences)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from duetime.storage.ports import Lease, PublishedRun
+from duetime.core.runpath import Lease, Leased, Offered
 from duetime.storage.postgres.completion import expire_locked
 from duetime.storage.postgres.pools import StoreBase, translated
 from duetime.storage.queries import Q
@@ -15,7 +15,7 @@ from duetime.storage.queries import Q
 class QueueLeasePart(StoreBase):
     """The run-queue leases of ``PostgresStore``."""
 
-    async def take_runs(self, items: Sequence[PublishedRun], *, holder: str, lease_s: float) -> set[Lease]:
+    async def take_runs(self, items: Sequence[Offered], *, holder: str, lease_s: float) -> set[Lease]:
         """The worker ``holder`` takes the leases of published runs still running under their token
         and publishing engine; returns the leases it now holds — by token, since a stale message
         may carry the same id with an older one."""
@@ -35,7 +35,7 @@ class QueueLeasePart(StoreBase):
         return taken
 
     async def extend_published(
-        self, leases: Sequence[Lease], *, holder: str, lease_s: float
+        self, leases: Sequence[Leased], *, holder: str, lease_s: float
     ) -> set[uuid.UUID]:
         """Extends the leases ``holder`` (an engine) still holds on
         runs it published; returns their ids. A run a worker took, or that finished, is not among them."""

@@ -8,7 +8,7 @@ import uuid
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -18,14 +18,15 @@ from duetime.core import codec
 from duetime.core.backfill import plan_backfill
 from duetime.core.errors import Conflict, InvalidRequest, NotFound
 from duetime.core.ids import SHARDS, new_job_id, shard_of
-from duetime.core.lifecycle import RowPlan, initial_plan, split_point, start_manual
-from duetime.core.model import Job, JobSpec, JobState, Overlap, Run
+from duetime.core.lifecycle import OwnerStep, RowPlan, initial_plan, owner_step, split_point, update_step
+from duetime.core.model import Job, JobSpec, JobState, Overlap, Phase, Run
+from duetime.core.states import OwnerAction, owner_move
 from duetime.storage.base import Backfill, IdempotencyRequest, Page
 from duetime.storage.postgres.inserts import InsertBatcher
 from duetime.storage.postgres.pools import StoreBase, translated, utcnow
 from duetime.storage.postgres.rows import job_from_row, plan_of, run_from_row
 from duetime.storage.queries import Q
-from duetime.storage.registry_rules import encode_cursor, hash_key, job_cursor, require, run_cursor
+from duetime.storage.registry_rules import encode_cursor, hash_key, job_cursor, run_cursor
 
 
 @dataclass(slots=True)
@@ -141,6 +142,12 @@ class RegistryPart(StoreBase):
             if action.wake is not None:
                 self._hints.due_soon(row["shard"], action.wake, utcnow())
 
+    @staticmethod
+    def _step(action: OwnerAction, row: asyncpg.Record) -> OwnerStep | None:
+        """What ``core.lifecycle`` makes of the locked row for ``action`` (None: a no-op); a
+        refusal by the owner table raises the 409."""
+        return owner_step(action, plan_of(row), now=utcnow(), idle=row["phase"] == Phase.IDLE)
+
     async def _write(
         self,
         action: _Action,
@@ -180,83 +187,54 @@ class RegistryPart(StoreBase):
         it under the name's lock)."""
         new_json = codec.spec_to_json(spec)
         row = action.row
-        require("update", JobState(row["state"]))
         old = row["spec"]
         timing_changed = old["schedule"] != new_json["schedule"] or old["jitter_s"] != new_json["jitter_s"]
-        plan = plan_of(row)
-        version = row["spec_version"]
-        if timing_changed:
-            version += 1
-            fresh = initial_plan(job_id, spec, utcnow())
-            keep_state = JobState(row["state"])
-            plan = replace(fresh, pending_triggers=plan.pending_triggers)
-            if keep_state in (JobState.PAUSED, JobState.DEAD) and plan.state == JobState.SCHEDULED:
-                plan = replace(plan, state=keep_state)
+        step = update_step(job_id, spec, plan_of(row), timing_changed=timing_changed, now=utcnow())
+        version = row["spec_version"] + 1 if timing_changed else row["spec_version"]
         if new_json != old:
             await action.conn.execute(Q["cascade_spec"], job_id, new_json)
         if timing_changed:
             await action.conn.execute(Q["drop_split_occurrences"], job_id)
         return await self._write(
-            action, spec=new_json, spec_version=version, plan=plan, revoke=timing_changed
+            action, spec=new_json, spec_version=version, plan=step.plan, revoke=step.revoke
         )
 
     async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job:
         async with self._locked(owner, job_id) as action:
-            row = action.row
-            if row["state"] == JobState.CANCELLED.value:
-                return job_from_row(row)
-            plan = replace(plan_of(row), state=JobState.CANCELLED, next_run_at=None, pending_triggers=())
-            await action.conn.fetch(Q["cascade_state"], job_id, JobState.CANCELLED.value)
+            step = self._step(OwnerAction.CANCEL, action.row)
+            if step is None:
+                return job_from_row(action.row)
+            await action.conn.fetch(Q["cascade_state"], job_id, step.plan.state.value)
             await action.conn.execute(Q["drop_idle_occurrences"], job_id)
-            return await self._write(action, plan=plan, revoke=True)
+            return await self._write(action, plan=step.plan, revoke=step.revoke)
 
     async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        async with self._locked(owner, job_id) as action:
-            row = action.row
-            require("pause", JobState(row["state"]))
-            if row["state"] == JobState.PAUSED.value:
-                return job_from_row(row)
-            plan = replace(plan_of(row), state=JobState.PAUSED)
-            await action.conn.fetch(Q["cascade_state"], job_id, JobState.PAUSED.value)
-            return await self._write(action, plan=plan, revoke=True)
+        return await self._cascaded(owner, job_id, OwnerAction.PAUSE)
 
     async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job:
+        return await self._cascaded(owner, job_id, OwnerAction.RESUME)
+
+    async def _cascaded(self, owner: str, job_id: uuid.UUID, what: OwnerAction) -> Job:
+        """Pause or resume: the job's row and, in the same transaction, its occurrence rows."""
         async with self._locked(owner, job_id) as action:
-            row = action.row
-            require("resume", JobState(row["state"]))
-            if row["state"] == JobState.SCHEDULED.value:
-                return job_from_row(row)
-            # Occurrences missed while paused are left overdue on purpose: the claim applies the
-            # job's misfire policy to them, the same rule as after an outage.
-            plan = replace(plan_of(row), state=JobState.SCHEDULED)
-            await action.conn.fetch(Q["cascade_state"], job_id, JobState.SCHEDULED.value)
-            return await self._write(action, plan=plan, revoke=False)
+            step = self._step(what, action.row)
+            if step is None:
+                return job_from_row(action.row)
+            await action.conn.fetch(Q["cascade_state"], job_id, step.plan.state.value)
+            return await self._write(action, plan=step.plan, revoke=step.revoke)
 
     async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        now = utcnow()
-        async with self._locked(owner, job_id) as action:
-            row = action.row
-            require("trigger", JobState(row["state"]))
-            plan = plan_of(row)
-            if row["phase"] == "idle" and plan.attempt == 0 and plan.run_kind == "scheduled":
-                plan = start_manual(plan, now)
-                revoke = False
-            else:
-                # A run is in the wheel, in flight, or waiting for a retry: queue the trigger; it
-                # starts as soon as that run's occurrence is over.
-                plan = replace(plan, pending_triggers=(*plan.pending_triggers, now))
-                revoke = False
-            return await self._write(action, plan=plan, revoke=revoke)
+        return await self._row_only(owner, job_id, OwnerAction.TRIGGER)
 
     async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        now = utcnow()
+        return await self._row_only(owner, job_id, OwnerAction.REPLAY)
+
+    async def _row_only(self, owner: str, job_id: uuid.UUID, what: OwnerAction) -> Job:
+        """Trigger or replay: only the job's own row changes."""
         async with self._locked(owner, job_id) as action:
-            row = action.row
-            require("replay", JobState(row["state"]))
-            plan = replace(
-                plan_of(row), state=JobState.SCHEDULED, attempt=0, next_run_at=now, run_kind="scheduled"
-            )
-            return await self._write(action, plan=plan, revoke=False)
+            step = self._step(what, action.row)
+            assert step is not None, f"{what.value} is never a no-op"
+            return await self._write(action, plan=step.plan, revoke=step.revoke)
 
     async def backfill_job(
         self,
@@ -271,7 +249,7 @@ class RegistryPart(StoreBase):
         now = utcnow()
         async with self._locked(owner, job_id) as action:
             row, conn = action.row, action.conn
-            require("backfill", JobState(row["state"]))
+            owner_move(OwnerAction.BACKFILL, JobState(row["state"]))
             spec = codec.spec_from_json(row["spec"])
             waiting = await conn.fetchrow(Q["occurrences_of"], job_id)
             pending = int(waiting["pending"])

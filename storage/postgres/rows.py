@@ -7,6 +7,7 @@ import asyncpg
 from duetime.core import codec
 from duetime.core.lifecycle import RowPlan
 from duetime.core.model import Job, JobState, Outcome, Run
+from duetime.core.states import ACTIVE_STATES
 
 
 def plan_of(row: asyncpg.Record) -> RowPlan:
@@ -29,7 +30,7 @@ def job_from_row(row: asyncpg.Record) -> Job:
         owner=row["owner"],
         spec=codec.spec_from_json(row["spec"]),
         state=JobState(row["state"]),
-        next_run_at=row["next_run_at"] if row["state"] in ("scheduled", "paused") else None,
+        next_run_at=row["next_run_at"] if row["state"] in ACTIVE_STATES else None,
         attempt=row["attempt"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],

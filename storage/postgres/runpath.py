@@ -3,13 +3,13 @@ their leases alive (heartbeats), give back what was claimed and not fired."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
 
 import asyncpg
 
-from duetime.storage.ports import ClaimedRow, FencedRow, FenceRequest, Lease
+from duetime.core import codec
+from duetime.core.runpath import Claim, FencedRun, FenceItem, Leased, RunSpec
 from duetime.storage.postgres.pools import StoreBase, translated
 from duetime.storage.queries import Q
 
@@ -19,17 +19,15 @@ class RunPathPart(StoreBase):
 
     async def claim_due(
         self, shard: int, engine_id: str, *, lookahead_s: float, lease_s: float, limit: int
-    ) -> list[ClaimedRow]:
+    ) -> list[Claim]:
         async with translated():
             rows = await self.pool_for_shard(shard).fetch(
                 Q["claim_due"], shard, engine_id, float(lookahead_s), limit, float(lease_s)
             )
         return [_claimed(r) for r in rows]
 
-    async def retake_claims(
-        self, engine_id: str, shards: Sequence[int], *, lease_s: float
-    ) -> list[ClaimedRow]:
-        out: list[ClaimedRow] = []
+    async def retake_claims(self, engine_id: str, shards: Sequence[int], *, lease_s: float) -> list[Claim]:
+        out: list[Claim] = []
         async with translated():
             for dsn, held in self.shard_map.databases().items():
                 mine = [s for s in held if s in shards]
@@ -40,9 +38,10 @@ class RunPathPart(StoreBase):
                     out.extend(_claimed(r) for r in rows)
         return out
 
-    async def fence_runs(self, items: Sequence[FenceRequest], *, lease_s: float) -> list[FencedRow]:
-        """Returns the runs that may be called."""
-        out: list[FencedRow] = []
+    async def fence_runs(self, items: Sequence[FenceItem], *, lease_s: float) -> list[FencedRun]:
+        """Fired claims (wheel entries) → the runs that may be called. The spec comes as the row's
+        text, not decoded here: the worker parses it once, when it needs it."""
+        out: list[FencedRun] = []
         async with translated():
             for dsn, group in self.by_db(items).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
@@ -53,7 +52,7 @@ class RunPathPart(StoreBase):
                     [g.scheduled_for for g in group],
                 )
                 out.extend(
-                    FencedRow(
+                    FencedRun(
                         job_id=r["job_id"],
                         shard=r["shard"],
                         owner=r["owner"],
@@ -61,9 +60,7 @@ class RunPathPart(StoreBase):
                         scheduled_for=r["scheduled_for"],
                         due_at=r["next_run_at"],
                         attempt=r["attempt"] + 1,
-                        spec=json.loads(r["spec"]),
-                        spec_version=r["spec_version"],
-                        spec_text=r["spec"],
+                        spec=RunSpec(r["spec"], r["spec_version"]),
                         run_kind=r["run_kind"],
                         parent_id=r["parent_id"],
                     )
@@ -71,11 +68,11 @@ class RunPathPart(StoreBase):
                 )
         return out
 
-    async def extend_leases(self, leases: Sequence[Lease], *, lease_s: float) -> set[uuid.UUID]:
+    async def extend_leases(self, items: Sequence[Leased], *, lease_s: float) -> set[uuid.UUID]:
         """Returns the ids whose lease still holds."""
         held: set[uuid.UUID] = set()
         async with translated():
-            for dsn, group in self.by_db(leases).items():
+            for dsn, group in self.by_db(items).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
                     Q["extend_leases"],
                     [g.job_id for g in group],
@@ -96,10 +93,10 @@ class RunPathPart(StoreBase):
             )
         return int(status.rsplit(" ", 1)[-1])
 
-    async def release_claims(self, leases: Sequence[Lease]) -> int:
+    async def release_claims(self, items: Sequence[Leased]) -> int:
         released = 0
         async with translated():
-            for dsn, group in self.by_db(leases).items():
+            for dsn, group in self.by_db(items).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
                     Q["release_claims"], [g.job_id for g in group], [g.lease_token for g in group]
                 )
@@ -107,8 +104,9 @@ class RunPathPart(StoreBase):
         return released
 
 
-def _claimed(r: asyncpg.Record) -> ClaimedRow:
-    return ClaimedRow(
+def _claimed(r: asyncpg.Record) -> Claim:
+    missed = r["misfire_spec"]  # only a missed row's (core.misfire.MISSED_SQL)
+    return Claim(
         job_id=r["job_id"],
         shard=r["shard"],
         lease_token=r["lease_token"],
@@ -116,7 +114,7 @@ def _claimed(r: asyncpg.Record) -> ClaimedRow:
         scheduled_for=r["scheduled_for"],
         attempt=r["attempt"],
         run_kind=r["run_kind"],
-        misfire_spec=r["misfire_spec"],
         db_now=r["db_now"],
         owner=r["owner"],
+        misfire_spec=codec.spec_from_json(missed) if missed is not None else None,
     )

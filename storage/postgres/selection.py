@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Final
 
 import asyncpg
 
 from duetime.core import codec
-from duetime.core.lifecycle import RowPlan, split_point
-from duetime.core.model import Job, JobState
+from duetime.core.errors import Conflict
+from duetime.core.lifecycle import RowPlan, owner_step, split_point
+from duetime.core.model import Job, JobState, Phase
+from duetime.core.states import OwnerAction
 from duetime.storage.ports import BulkAction, BulkResult, Page
 from duetime.storage.postgres.pools import translated, utcnow
 from duetime.storage.postgres.registry import RegistryPart
@@ -142,31 +143,39 @@ class SelectionPart(RegistryPart):
         changed since it was selected), write their new state in one statement."""
         target = BULK_TARGET[action]
         applies = BULK_APPLIES[action]
+        what = OwnerAction(action)
         now = utcnow()
         wake: list[tuple[int, RowPlan]] = []
         async with pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(Q["lock_jobs_of_owner"], ids, owner)
-            todo = [r for r in rows if JobState(r["state"]) in applies]
+            # Each row's step by the same owner table and lifecycle the single call uses; a row
+            # that changed since it was selected (now a no-op or refused) is left as it is.
+            todo, splits, revokes = [], [], set()
+            for r in rows:
+                if JobState(r["state"]) not in applies:
+                    continue
+                try:
+                    step = owner_step(what, plan_of(r), now=now, idle=r["phase"] == Phase.IDLE)
+                except Conflict:
+                    continue
+                if step is None or step.plan.state is not target:
+                    continue
+                todo.append(r)
+                revokes.add(step.revoke)
+                # Only a scheduled job has a split point (overlap=allow); pause and cancel clear it.
+                splits.append(
+                    split_point(codec.spec_from_json(r["spec"]), step.plan) if action == "resume" else None
+                )
+                wake.append((r["shard"], step.plan))
             if not todo:
                 return 0
             todo_ids = [r["job_id"] for r in todo]
-            splits = []
-            for r in todo:
-                plan = replace(plan_of(r), state=target)
-                if action == "cancel":
-                    plan = replace(plan, next_run_at=None, pending_triggers=())
-                # Only a scheduled job has a split point (overlap=allow); pause and cancel clear it.
-                splits.append(
-                    split_point(codec.spec_from_json(r["spec"]), plan) if action == "resume" else None
-                )
-                wake.append((r["shard"], plan))
+            revoke = revokes == {True}
             # Occurrence rows first, as the single calls do: their leases are given back too.
             await conn.execute(Q["bulk_cascade_state"], todo_ids, target.value)
             if action == "cancel":
                 await conn.execute(Q["bulk_drop_idle_occurrences"], todo_ids)
-            await conn.execute(
-                Q["bulk_write_state"], todo_ids, target.value, splits, action != "resume", owner
-            )
+            await conn.execute(Q["bulk_write_state"], todo_ids, target.value, splits, revoke, owner)
         if action == "resume":
             for shard, plan in wake:
                 self._hints.due_soon(shard, plan, now)

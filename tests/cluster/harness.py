@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from tests.support.processes import DuetimeProcess
 
 NATS_SERVER = os.environ.get("DUETIME_TEST_NATS_SERVER", "/usr/sbin/nats-server")
 
@@ -89,79 +92,6 @@ class NatsServer:
         shutil.rmtree(self.store, ignore_errors=True)
 
 
-class DuetimeProcess:
-    """``python -m duetime ARGS`` with its output in a log file (a pipe nobody reads would block a
-    chatty process); ``ready()`` waits for the line the CLI prints once the part serves."""
-
-    def __init__(self, name: str, env: dict[str, str], args: Sequence[str], logdir: Path) -> None:
-        self.name = name
-        self.args = list(args)
-        self.env = env
-        self.log_path = logdir / f"{name}.log"
-        self._log: Any = None
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> DuetimeProcess:
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in wait()/kill()
-        self._offset = self.log_path.stat().st_size
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "duetime", *self.args],
-            env={**os.environ, **self.env},
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        return self
-
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace")[self._offset :]
-
-    async def ready(self, needle: str = "is running", within: float = 60.0) -> str:
-        deadline = time.monotonic() + within
-        while True:
-            text = self.output()
-            for line in text.splitlines():
-                if needle in line or "serving" in line:
-                    return line
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n{text[-3000:]}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name} did not become ready:\n{text[-3000:]}")
-            await asyncio.sleep(0.1)
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    async def wait(self, within: float = 60.0) -> int:
-        assert self.proc is not None
-        proc = self.proc
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(proc.wait), timeout=within)
-        finally:
-            self._close_log()
-
-    async def terminate(self, within: float = 60.0) -> int:
-        self.signal(signal.SIGTERM)
-        return await self.wait(within)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._close_log()
-
-    def _close_log(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-
 def cluster_env(shard_dsns: str, nats_url: str, **extra: str) -> dict[str, str]:
     """Settings every process of a test cluster shares: short leases so a death costs seconds."""
     return {
@@ -201,8 +131,29 @@ class Cluster:
         self.api_url = f"http://127.0.0.1:{port}"
         return await self._start(name, {"DUETIME_HTTP_PORT": str(port)}, ["api"])
 
-    async def engine(self, name: str, shards: str) -> DuetimeProcess:
-        return await self._start(name, {"DUETIME_ENGINE_ID": f"test-{name}"}, ["engine", "--shards", shards])
+    async def engine(self, name: str, shards: str | None = None) -> DuetimeProcess:
+        """``duetime engine`` as ``test-<name>``; without ``shards`` it may serve all 16 and the
+        dealing decides which it serves."""
+        args = ["engine"] if shards is None else ["engine", "--shards", shards]
+        return await self._start(name, {"DUETIME_ENGINE_ID": f"test-{name}"}, args)
+
+    async def status(self) -> dict[str, Any]:
+        """``duetime cluster status --json`` with the cluster's settings, parsed."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "duetime",
+            "cluster",
+            "status",
+            "--json",
+            env={**os.environ, **self.env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, f"cluster status exited {proc.returncode}: {err.decode()[-2000:]}"
+        answer: dict[str, Any] = json.loads(out)
+        return answer
 
     async def worker(self, name: str) -> DuetimeProcess:
         return await self._start(name, {}, ["worker"])

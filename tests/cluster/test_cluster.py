@@ -1,6 +1,9 @@
 """Duetime as a cluster of real processes: 2 PostgreSQL primaries (shards 0-7 on the main server,
 8-15 on a second one), NATS JetStream between "due" and "running", one `duetime api`, two
-`duetime engine` with overlapping shard sets (0-11 and 4-15), two `duetime worker`.
+`duetime engine` restricted to overlapping shard sets (0-11 and 4-15: the dealing gives shards
+4-11 to both and 0-3, 12-15 to the one engine that may serve them, the hand-written layout these
+cases were first written for; tests/cluster/test_dealing.py runs the dealt shape), two
+`duetime worker`.
 
 Every run is checked at a loopback receiver in its own process: it arrived, and it arrived once —
 or, where a process was killed mid-call, more than once only with the same Idempotency-Key and a

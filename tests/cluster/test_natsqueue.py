@@ -10,18 +10,18 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from duetime.core import codec
 from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
+from duetime.core.runpath import FencedRun, RunSpec
+from duetime.runqueue import wire
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.runqueue.natsqueue import (
     CONSUMER,
     NatsRunConsumer,
     connect,
-    encode_run,
     ensure_stream,
     subject_for,
 )
-from duetime.storage.postgres import FencedRow, PostgresStore
+from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from tests.cluster.harness import NatsServer
 
@@ -33,7 +33,7 @@ async def store(pg_dsn: str) -> AsyncIterator[PostgresStore]:
     await s.close()
 
 
-async def _running_job(store: PostgresStore, *, token: int, holder: str) -> FencedRow:
+async def _running_job(store: PostgresStore, *, token: int, holder: str) -> FencedRun:
     owner = "nq_" + uuid.uuid4().hex[:6]
     await store.create_api_key(owner)
     due = datetime.now(UTC) + timedelta(hours=1)
@@ -47,7 +47,7 @@ async def _running_job(store: PostgresStore, *, token: int, holder: str) -> Fenc
         token,
         holder,
     )
-    return FencedRow(
+    return FencedRun(
         job_id=job_id,
         shard=0,
         owner=owner,
@@ -55,8 +55,7 @@ async def _running_job(store: PostgresStore, *, token: int, holder: str) -> Fenc
         scheduled_for=due,
         due_at=due,
         attempt=1,
-        spec=codec.spec_to_json(spec),
-        spec_version=1,
+        spec=RunSpec.of(spec),
         run_kind="scheduled",
     )
 
@@ -73,7 +72,7 @@ async def test_a_stale_message_next_to_the_current_one_is_dropped_not_called(
         js = nc.jetstream()
         stream = await ensure_stream(js, "nqtest", ack_wait_s=5)
         for run in (stale, current):
-            await js.publish(subject_for("nqtest", run.shard), encode_run(run, "engine-x"))
+            await js.publish(subject_for("nqtest", run.shard), wire.encode_message(run, "engine-x"))
         sub = await js.pull_subscribe_bind(CONSUMER, stream)
         msgs = await sub.fetch(2, timeout=5)
         assert len(msgs) == 2
@@ -89,7 +88,7 @@ async def test_a_stale_message_next_to_the_current_one_is_dropped_not_called(
             concurrency=10,
         )
         await consumer._take(msgs)  # one batch, as the fetch loop hands it over
-        handed: list[FencedRow] = []
+        handed: list[FencedRun] = []
         while (got := consumer.get_nowait()) is not None:
             handed.append(got)
         assert [r.lease_token for r in handed] == [2]

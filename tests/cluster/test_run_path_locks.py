@@ -24,7 +24,7 @@ import asyncpg
 import pytest
 
 from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
-from duetime.storage.ports import Lease, PublishedRun
+from duetime.core.runpath import Lease, PublishedRun
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from tests.cluster.harness import utcnow

@@ -1,6 +1,10 @@
 """The contract suite: every case runs against the in-memory store and PostgreSQL (one database,
 and the 16 shards split over two), so ``MemoryStore`` cannot drift from ``PostgresStore``.
 
+The PostgreSQL stores run on databases of the suite's own: cases here leave due and claimed
+rows behind (a lapsed claim is claimable again), and an engine of another suite sharing a database
+would claim them.
+
 A case sees the store only through the ports (``Registry`` and ``RunStore``); what it reads of a
 row it reads through them too. Time is real (leases of a fraction of a second lapse by sleeping),
 so the same case holds for both stores.
@@ -20,25 +24,34 @@ from duetime.storage.memory import MemoryStore
 from duetime.storage.ports import Registry, RunStore
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
+from tests.conftest import _create_db, _drop_db
 
 
 class Store(Registry, RunStore, Protocol):
     """Both ports, as the composition root's store offers them."""
 
 
+@pytest.fixture(scope="session")
+async def contract_dsns(run_tag: str) -> AsyncIterator[tuple[str, str, str]]:
+    """Three migrated databases: one holding all 16 shards, two holding 8 each."""
+    names = [f"duetime_test_{run_tag}_contract{suffix}" for suffix in ("", "_a", "_b")]
+    dsns = [await _create_db(n) for n in names]
+    yield dsns[0], dsns[1], dsns[2]
+    for n in names:
+        await _drop_db(n)
+
+
 @pytest.fixture(params=["memory", "pg-one-db", "pg-two-dbs"])
-async def store(
-    request: pytest.FixtureRequest, pg_dsn: str, pg_dsn_pair: tuple[str, str]
-) -> AsyncIterator[Store]:
+async def store(request: pytest.FixtureRequest, contract_dsns: tuple[str, str, str]) -> AsyncIterator[Store]:
     if request.param == "memory":
         memory = MemoryStore()
         yield memory
         await memory.close()
         return
     if request.param == "pg-one-db":
-        shard_map = ShardMap.single(pg_dsn)
+        shard_map = ShardMap.single(contract_dsns[0])
     else:
-        a, b = pg_dsn_pair
+        _, a, b = contract_dsns
         shard_map = ShardMap.from_dsns([a] * 8 + [b] * 8)
     pg = await PostgresStore.open(shard_map, pool_size=4)
     yield pg

@@ -12,15 +12,15 @@ from datetime import UTC, datetime, timedelta
 
 from duetime.core.ids import shard_of
 from duetime.core.model import JobState, Outcome, Overlap, RetryPolicy
+from duetime.core.runpath import Verdict
 from duetime.storage.memory import MemoryStore
 from duetime.storage.ports import (
     AttemptReport,
-    ClaimedRow,
-    FencedRow,
-    FenceRequest,
+    Claim,
+    FencedRun,
     Lease,
-    MissedSkip,
     PublishedRun,
+    Skip,
 )
 from tests.contract.conftest import Store, cron, engine_id, new_owner, now, one_off
 
@@ -29,42 +29,28 @@ SOON = timedelta(seconds=1)
 
 async def claim(
     store: Store, engine: str, ids: Iterable[uuid.UUID], *, lease_s: float = 30.0
-) -> dict[uuid.UUID, ClaimedRow]:
+) -> dict[uuid.UUID, Claim]:
     """Claim on the shards of ``ids``; the rows of ``ids`` that this claim got."""
     wanted = set(ids)
-    out: dict[uuid.UUID, ClaimedRow] = {}
+    out: dict[uuid.UUID, Claim] = {}
     for shard in sorted({shard_of(i) for i in wanted}):
         rows = await store.claim_due(shard, engine, lookahead_s=60, lease_s=lease_s, limit=500)
         out.update((r.job_id, r) for r in rows if r.job_id in wanted)
     return out
 
 
-async def fence(store: Store, rows: Iterable[ClaimedRow], *, lease_s: float = 30.0) -> list[FencedRow]:
-    return await store.fence_runs(
-        [FenceRequest(r.job_id, r.shard, r.lease_token, r.scheduled_for) for r in rows], lease_s=lease_s
-    )
+async def fence(store: Store, rows: Iterable[Claim], *, lease_s: float = 30.0) -> list[FencedRun]:
+    return await store.fence_runs(list(rows), lease_s=lease_s)
 
 
-def lease(r: ClaimedRow | FencedRow) -> Lease:
+def lease(r: Claim | FencedRun) -> Lease:
     return Lease(r.job_id, r.shard, r.lease_token)
 
 
-def report(run: FencedRow, outcome: Outcome, *, retryable: bool = False) -> AttemptReport:
+def report(run: FencedRun, outcome: Outcome, *, retryable: bool = False) -> AttemptReport:
     t = now()
-    return AttemptReport(
-        job_id=run.job_id,
-        shard=run.shard,
-        lease_token=run.lease_token,
-        spec_version=run.spec_version,
-        attempt=run.attempt,
-        scheduled_for=run.scheduled_for,
-        due_at=run.due_at,
-        started_at=t,
-        finished_at=t,
-        outcome=outcome,
-        retryable=retryable,
-        status_code=200 if outcome is Outcome.SUCCEEDED else 500,
-    )
+    verdict = Verdict(outcome, retryable, 200 if outcome is Outcome.SUCCEEDED else 500)
+    return AttemptReport(run, verdict, started_at=t, finished_at=t)
 
 
 async def due_job(store: Store, owner: str, **kw: object) -> uuid.UUID:
@@ -82,7 +68,7 @@ async def test_claim_fence_complete_a_one_off(store: Store) -> None:
     assert await claim(store, engine_id(), [jid]) == {}, "a claimed row is not claimed again"
     [run] = await fence(store, [row])
     assert (run.job_id, run.owner, run.attempt, run.lease_token) == (jid, o, 1, row.lease_token)
-    assert run.spec["target"]["url"] == "https://example.com/hook" and run.parent_id is None
+    assert run.spec.parsed.target.url == "https://example.com/hook" and run.parent_id is None  # type: ignore[union-attr]
     assert run.public_id == jid
     assert await fence(store, [row]) == [], "a run passes the fence once"
     stats = await store.complete_runs([report(run, Outcome.SUCCEEDED)])
@@ -142,7 +128,7 @@ async def test_a_stale_completion_changes_nothing(store: Store) -> None:
     o, e = new_owner(), engine_id()
     jid = await due_job(store, o)
     [run] = await fence(store, (await claim(store, e, [jid])).values())
-    forged = replace(report(run, Outcome.SUCCEEDED), lease_token=run.lease_token + 7)
+    forged = report(replace(run, lease_token=run.lease_token + 7), Outcome.SUCCEEDED)
     stats = await store.complete_runs([forged])
     assert (stats.applied, stats.stale, stats.history) == (0, 1, 0)
     assert (await store.get_job(o, jid)).state is JobState.SCHEDULED
@@ -238,9 +224,7 @@ async def test_missed_occurrences_are_skipped_under_the_claim(store: Store) -> N
     assert job.next_run_at is not None
     await store.trigger_job(o, jid)  # due now: the claim takes it
     row = (await claim(store, e, [jid]))[jid]
-    missed = MissedSkip(
-        jid, row.shard, row.lease_token, (row.scheduled_for,), job.next_run_at.astimezone(UTC)
-    )
+    missed = Skip(jid, row.shard, row.lease_token, (row.scheduled_for,), job.next_run_at.astimezone(UTC))
     stats = await store.skip_missed([missed])
     assert (stats.applied, stats.history) == (1, 1)
     assert (await store.skip_missed([missed])).stale == 1, "the claim is gone: a second skip is stale"

@@ -1,0 +1,333 @@
+"""The run path's vocabulary: the records a run travels in from its claim to its recorded outcome.
+
+Pure, like the rest of the core: storage builds these from rows, the engine and the workers pass
+them on, and storage finishes them. One record per stage, each carrying the previous one by
+reference rather than copying its fields:
+
+  Claim ──(wheel entry, runqueue.wire)──▶ FencedRun ──▶ Delivery ──▶ Verdict ──▶ AttemptReport
+  (leased into a wheel)               (may be called) (what the   (how the    (the run + its
+                                                      target gets) call went)  verdict + times)
+
+``Skip`` is the other way a claim ends (the misfire policy passes its occurrences over). The spec
+a run was fenced with travels as one ``RunSpec`` (its text, version and parsed form, parsed at most
+once per run) from the fence to the completion, which reuses it while the row's text is unchanged.
+
+Every record is a frozen slots dataclass: the run path moves a hundred thousand of them a burst,
+and a slots instance costs about what the tuple it replaces did.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from duetime.core import codec
+from duetime.core.model import JobSpec, Outcome, Target
+
+
+class Leased(Protocol):
+    """Anything that names a row's lease: the row, its shard (which database), the token it holds.
+
+    Claims, wheel entries, fenced runs and reports all do, so release, heartbeat and fence take
+    them as they are instead of a tuple built per call."""
+
+    @property
+    def job_id(self) -> uuid.UUID: ...
+
+    @property
+    def shard(self) -> int: ...
+
+    @property
+    def lease_token(self) -> int: ...
+
+
+class FenceItem(Leased, Protocol):
+    """A lease and the occurrence it fires for (a misfire's run_once may move it): what the fence
+    needs of a fired wheel entry (``runqueue.wire.WheelEntry``) or of a claim."""
+
+    @property
+    def scheduled_for(self) -> datetime: ...
+
+
+class Offered(Leased, Protocol):
+    """A run's lease as a run-queue message offers it, and the engine that published it: a worker
+    may take the lease only from that engine (``take_runs``)."""
+
+    @property
+    def publisher(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A row's lease on its own: the row, its shard and the fencing token it holds (what a store
+    answers a take with, and what a holder keeps when it does not keep the run)."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class FenceRequest:
+    """A ``FenceItem`` on its own (the engine passes its fired wheel entries as they are)."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    scheduled_for: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedRun:
+    """An ``Offered`` lease on its own (a worker passes the decoded messages as they are)."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    publisher: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """The spec a run was fenced with: the row's ``spec`` text, its ``spec_version``, and the parsed
+    ``JobSpec``, decoded on first use and then kept.
+
+    The fence reads the text; the engine never needs the parsed form (NATS: the text is published
+    as it is), the worker parses it once for the call, and the completion reuses that parse while
+    the row's text is still the same (``reuse``): one decode per run, not three.
+    """
+
+    text: str
+    version: int
+    _parsed: JobSpec | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, spec: JobSpec, version: int = 1) -> RunSpec:
+        """A spec we hold parsed already (tests, tools): its canonical text, and the spec itself."""
+        return cls(json.dumps(codec.spec_to_json(spec), separators=(",", ":")), version, spec)
+
+    @property
+    def parsed(self) -> JobSpec:
+        spec = self._parsed
+        if spec is None:
+            spec = codec.spec_from_json(json.loads(self.text))
+            object.__setattr__(self, "_parsed", spec)  # a cache, not a change: same value each time
+        return spec
+
+    def reuse(self, text: str) -> JobSpec:
+        """The parsed spec of a row whose spec text is now ``text``: this one's parse while the text
+        is unchanged since the fence (the common case), else ``text`` decoded."""
+        if text == self.text:
+            return self.parsed
+        return codec.spec_from_json(json.loads(text))
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A row leased into an engine's wheel (claim_due, retake_claims). ``misfire_spec`` is set
+    only when the row is overdue past its grace (``core.misfire.MISFIRE_SQL``), so the engine can
+    apply the job's misfire policy; ``db_now`` is the database's clock at the claim."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    due_at: datetime
+    scheduled_for: datetime
+    attempt: int
+    run_kind: str
+    db_now: datetime
+    owner: str = ""
+    misfire_spec: JobSpec | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FencedRun:
+    """A run that passed the fence (claimed → running): it may be called, as attempt ``attempt``."""
+
+    job_id: uuid.UUID
+    shard: int
+    owner: str
+    lease_token: int
+    scheduled_for: datetime
+    due_at: datetime
+    attempt: int  # this call's attempt number, 1-based
+    spec: RunSpec
+    run_kind: str
+    # Set on an occurrence row (overlap=allow, backfill): the job it runs an occurrence of. The
+    # target sees this id (Duetime-Job-Id, Idempotency-Key); the lease is the row's own.
+    parent_id: uuid.UUID | None = None
+
+    @property
+    def public_id(self) -> uuid.UUID:
+        return self.parent_id or self.job_id
+
+    @property
+    def spec_version(self) -> int:
+        return self.spec.version
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """A fenced run as a run-queue message carries it, with the engine that published it: a worker
+    may take its lease only from that engine (``take_runs``)."""
+
+    run: FencedRun
+    publisher: str
+
+    @property
+    def job_id(self) -> uuid.UUID:
+        return self.run.job_id
+
+    @property
+    def shard(self) -> int:
+        return self.run.shard
+
+    @property
+    def lease_token(self) -> int:
+        return self.run.lease_token
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What one call of a target is about: built from a fenced run, the only input of a dispatch."""
+
+    job_id: str  # uuid string: the job's own id, never an occurrence row's
+    scheduled_for: datetime  # nominal occurrence (before jitter), aware UTC
+    attempt: int  # 1-based
+    fencing_token: int
+    owner: str
+    signing_secret: str  # the owner's secret, "whsec_<base64>"; "" for queue targets
+    payload: Any  # JSON value (None → body "null")
+    target: Target  # WebhookTarget | QueueTarget
+
+    @classmethod
+    def of(cls, run: FencedRun, *, signing_secret: str) -> Delivery:
+        """What the target gets for ``run``: under the job's id (an occurrence row's parent),
+        never the row's own (one builder for every call path, so no path can name an internal
+        row)."""
+        spec = run.spec.parsed
+        return cls(
+            job_id=str(run.public_id),
+            scheduled_for=run.scheduled_for,
+            attempt=run.attempt,
+            fencing_token=run.lease_token,
+            owner=run.owner,
+            signing_secret=signing_secret,
+            payload=spec.payload,
+            target=spec.target,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """How one attempt went: the one outcome record, from the target's answer to the history row.
+
+    The dispatcher classifies a call into it, the worker's report carries it, the completion
+    decides the retry from it and writes the history row from it."""
+
+    outcome: Outcome
+    retryable: bool
+    status_code: int | None = None
+    error: str | None = None  # short, for a person; never header values or secrets
+
+
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    """A verdict and when the call ran: ``started_at`` is when the request left (after any limiter
+    wait), ``finished_at`` when its answer (or failure) came back."""
+
+    verdict: Verdict
+    started_at: datetime
+    finished_at: datetime
+
+    @property
+    def outcome(self) -> Outcome:
+        return self.verdict.outcome
+
+    @property
+    def retryable(self) -> bool:
+        return self.verdict.retryable
+
+    @property
+    def status_code(self) -> int | None:
+        return self.verdict.status_code
+
+    @property
+    def error(self) -> str | None:
+        return self.verdict.error
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptReport:
+    """One attempt's outcome, to be finished under the lease its run was fenced with.
+
+    ``started_at`` is None when no call was made (no signing secret; the janitor's lease_expired).
+    """
+
+    run: FencedRun
+    verdict: Verdict
+    started_at: datetime | None
+    finished_at: datetime
+
+    @classmethod
+    def of(cls, run: FencedRun, result: CallResult) -> AttemptReport:
+        return cls(run, result.verdict, result.started_at, result.finished_at)
+
+    @property
+    def job_id(self) -> uuid.UUID:
+        return self.run.job_id
+
+    @property
+    def shard(self) -> int:
+        return self.run.shard
+
+    @property
+    def lease_token(self) -> int:
+        return self.run.lease_token
+
+    @property
+    def attempt(self) -> int:
+        return self.run.attempt
+
+    @property
+    def scheduled_for(self) -> datetime:
+        return self.run.scheduled_for
+
+    @property
+    def due_at(self) -> datetime:
+        return self.run.due_at
+
+    @property
+    def spec(self) -> RunSpec:
+        return self.run.spec
+
+    @property
+    def outcome(self) -> Outcome:
+        return self.verdict.outcome
+
+    @property
+    def retryable(self) -> bool:
+        return self.verdict.retryable
+
+    @property
+    def status_code(self) -> int | None:
+        return self.verdict.status_code
+
+    @property
+    def error(self) -> str | None:
+        return self.verdict.error
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """A claimed row whose missed occurrences the misfire policy passes over: they are recorded
+    ``skipped`` and the row moves on to ``next_scheduled_for`` (None: the job is over)."""
+
+    job_id: uuid.UUID
+    shard: int
+    lease_token: int
+    skipped: tuple[datetime, ...]
+    next_scheduled_for: datetime | None

@@ -1,0 +1,157 @@
+"""The engine's side of membership: join, heartbeat, read who is live, deal, serve what is dealt.
+
+Every ``interval_s`` (DUETIME_HEARTBEAT_S) the keeper refreshes this engine's heartbeat (with the
+shards it serves), reads the whole membership, deals the 16 shards over the live members
+(``core.dealing``: every engine gets the same answer) and hands this engine its part
+(``Engine.serve``). A member whose heartbeat is older than its lease is dead, so a dead engine's
+shards are dealt to the others within one lease plus one heartbeat, and claimed within one poll
+after that; a graceful stop leaves the membership first, so its shards move at once.
+
+No election: a moment in which two engines disagree (one has read the membership, the other not
+yet) only means a shard is claimed by one engine more or less for a heartbeat, and claims are
+``SKIP LOCKED`` under lease tokens either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from duetime.core.dealing import Deal, deal
+from duetime.core.ids import SHARDS
+from duetime.engine.service import Engine
+from duetime.runqueue import metrics
+from duetime.storage.postgres.membership import EngineRecord, MembershipStore, Registration
+
+log = logging.getLogger("duetime.membership")
+
+# A member dead this long is forgotten; `duetime cluster status` lists the dead until then.
+FORGET_AFTER_S = 3600.0
+
+
+def format_shards(shards: Sequence[int] | frozenset[int]) -> str:
+    return ",".join(map(str, sorted(shards))) or "none"
+
+
+class MembershipKeeper:
+    def __init__(self, store: MembershipStore, registration: Registration, *, interval_s: float) -> None:
+        self._store = store
+        self.registration = registration
+        self._interval_s = interval_s
+        self._engine: Engine | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._reported: frozenset[int] | None = None
+        self._warned_replicas: frozenset[int] = frozenset()
+        self.last_deal: Deal | None = None
+        self._beats = 0
+        metrics.SHARD_REPLICAS.set(registration.replicas)
+
+    @property
+    def replicas(self) -> int:
+        return self.registration.replicas
+
+    async def join(self) -> frozenset[int]:
+        """Register (a restart under the same id is the same member) and return the shards dealt
+        to this engine by the membership as it is now."""
+        await self._store.join(self.registration)
+        # No ERROR for unserved shards yet: engines started together join one by one.
+        mine = self._deal(await self._store.engines(), self.registration.allowed, report=False)
+        self._reported = frozenset()
+        return mine
+
+    async def start(self, engine: Engine) -> None:
+        """Report what ``engine`` (started with the dealt shards) serves, then heartbeat."""
+        self._engine = engine
+        await self._store.set_serving(self.registration, engine.serving)
+        self._reported = engine.serving
+        metrics.SERVING.set(len(engine.serving))
+        self._task = asyncio.create_task(self._run(), name="duetime-membership")
+
+    async def stop(self) -> None:
+        """Stop heartbeating and leave, so the others take this engine's shards at once."""
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        try:
+            await self._store.leave(self.registration)
+        except Exception:
+            log.warning(
+                "could not leave the membership; the others deal without this engine once its "
+                "heartbeat is a lease old"
+            )
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=self._interval_s)
+                return
+            try:
+                await self.beat()
+            except Exception:
+                metrics.MEMBERSHIP_FAILURES.inc()
+                log.exception("membership heartbeat failed; serving the same shards until the next one")
+
+    async def beat(self) -> None:
+        """One heartbeat: refresh, read, deal, serve."""
+        assert self._engine is not None
+        engine, reg = self._engine, self.registration
+        serving = engine.serving
+        if not await self._store.heartbeat(reg, serving):
+            log.error(
+                "engine id %s was registered by another process (or forgotten); registering again. "
+                "Two live engines must not share DUETIME_ENGINE_ID: give each its own",
+                reg.engine_id,
+            )
+            await self._store.join(reg)
+            self._reported = frozenset()
+        else:
+            self._reported = serving
+        self._beats += 1
+        if self._beats % 100 == 1:
+            await self._store.forget_dead(FORGET_AFTER_S)
+        mine = self._deal(await self._store.engines(), reg.allowed)
+        await engine.serve(mine)
+        if engine.serving != self._reported:
+            await self._store.set_serving(reg, engine.serving)
+            self._reported = engine.serving
+
+    def _deal(
+        self, records: list[EngineRecord], allowed: frozenset[int], *, report: bool = True
+    ) -> frozenset[int]:
+        reg = self.registration
+        live = [r for r in records if r.live or r.engine_id == reg.engine_id]
+        result = deal([r.member() for r in live], reg.replicas)
+        self.last_deal = result
+        mine = result.shards_of(reg.engine_id)
+        metrics.LIVE_ENGINES.set(len(live))
+        counts = [0] * SHARDS
+        for r in live:
+            served = (
+                self._engine.serving
+                if self._engine is not None and r.engine_id == reg.engine_id
+                else r.serving
+            )
+            for s in served:
+                counts[s] += 1
+        for s in range(SHARDS):
+            metrics.SHARD_ENGINES.labels(str(s)).set(counts[s])
+        if result.unserved and report:
+            log.error(
+                "shards %s are served by no engine: no live engine may serve them (check --shards / "
+                "DUETIME_SHARDS of the engines, or start one that may); their runs wait",
+                format_shards(result.unserved),
+            )
+        other = frozenset(r.replicas for r in live if r.replicas != reg.replicas)
+        if other and other != self._warned_replicas:
+            log.warning(
+                "live engines disagree on DUETIME_SHARD_REPLICAS (%d here, %s elsewhere): they deal "
+                "differently until it is the same everywhere",
+                reg.replicas,
+                ",".join(map(str, sorted(other))),
+            )
+        self._warned_replicas = other
+        return mine & allowed

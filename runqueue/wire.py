@@ -1,0 +1,159 @@
+"""The run path's two wire formats, owned here and nowhere else: the wheel entry and the run-queue
+message. No I/O (struct and msgpack); it sits in the run-queue layer rather than the core because
+the core imports no serialization library, and the engine (whose wheel holds the entries) is
+above this layer.
+
+**Wheel entry.** A million runs wait in one engine's wheel before a midnight burst, so an entry is
+43 bytes of packed fields (about 80 bytes of RSS with the bytes header), not a Python object per
+run. The first 8 bytes are the due instant in ms since the epoch, big-endian signed, which is what
+the timer wheel sorts and slots by (``DUE_PREFIX``); the last 2 are the owner's fairness lane, which
+the fencer reads without unpacking the rest.
+
+**Run-queue message** (DUETIME_RUN_QUEUE=nats). A fenced run as a msgpack array of format 1, with
+the engine that published it. The spec travels as JSON text, exactly as the fence read it: it is
+JSON (a payload may hold integers wider than msgpack's 64 bits), and a worker that receives the
+row's own text can reuse its parse at the completion. A 13th field (the parent of an occurrence
+row) is optional: messages of older engines lack it.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+import zlib
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import msgpack
+
+from duetime.core.runpath import FencedRun, Published, RunSpec
+
+# ---------------------------------------------------------------------------------- wheel entries
+
+ENTRY = struct.Struct(">q16sqqBH")  # due_ms, job_id, lease_token, scheduled_for_us, shard, lane
+ENTRY_SIZE = ENTRY.size
+DUE_PREFIX = struct.Struct(">q")
+"""The 8-byte big-endian due instant every wheel entry starts with (the wheel reads only this)."""
+_LANE_AT = ENTRY_SIZE - 2
+_SHARD_AT = ENTRY_SIZE - 3
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class WheelEntry:
+    """A wheel entry unpacked: a claim's lease and the occurrence it fires for (a ``FenceItem``)."""
+
+    due_ms: int
+    job_id: uuid.UUID
+    lease_token: int
+    scheduled_for: datetime
+    shard: int
+    lane: int  # the owner's fairness lane (a 16-bit hash of the owner)
+
+
+def owner_lane(owner: str) -> int:
+    """Runs of one owner share a lane; lanes take turns at the fence and in the run queue, so
+    one owner's million runs due at midnight cannot hold back another owner's run."""
+    return zlib.crc32(owner.encode()) & 0xFFFF
+
+
+def to_us(value: datetime) -> int:
+    delta = value - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_us(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)
+
+
+def to_ms(value: datetime) -> int:
+    return to_us(value) // 1000
+
+
+_pack = ENTRY.pack
+_unpack = ENTRY.unpack
+_due = DUE_PREFIX.unpack_from
+
+
+def pack_entry(  # noqa: PLR0917 - the entry's fields, in their packed order
+    due_ms: int, job_id: uuid.UUID, lease_token: int, scheduled_for: datetime, shard: int, lane: int = 0
+) -> bytes:
+    return _pack(due_ms, job_id.bytes, lease_token, to_us(scheduled_for), shard, lane)
+
+
+def unpack_entry(entry: bytes) -> WheelEntry:
+    due_ms, jid, token, sched_us, shard, lane = _unpack(entry)
+    return WheelEntry(due_ms, uuid.UUID(bytes=jid), token, from_us(sched_us), shard, lane)
+
+
+def entry_due_ms(entry: bytes) -> int:
+    """The due instant an entry carries in its first 8 bytes."""
+    due: int = _due(entry)[0]
+    return due
+
+
+def entry_lane(entry: bytes) -> int:
+    return entry[_LANE_AT] << 8 | entry[_LANE_AT + 1]
+
+
+def entry_shard(entry: bytes) -> int:
+    """The shard an entry's claim is on, without unpacking the rest (a shard handed away)."""
+    return entry[_SHARD_AT]
+
+
+# ---------------------------------------------------------------------------------- run messages
+
+MESSAGE_FORMAT = 1
+
+
+def encode_message(run: FencedRun, publisher: str) -> bytes:
+    """A fenced run and the engine that published it, as one run-queue message."""
+    packed: bytes = msgpack.packb(
+        [
+            MESSAGE_FORMAT,
+            run.job_id.bytes,
+            run.shard,
+            run.owner,
+            run.lease_token,
+            (run.scheduled_for - _EPOCH) // _US,
+            (run.due_at - _EPOCH) // _US,
+            run.attempt,
+            run.spec.text,
+            run.spec.version,
+            run.run_kind,
+            publisher,
+            run.parent_id.bytes if run.parent_id else None,
+        ],
+        use_bin_type=True,
+    )
+    return packed
+
+
+def decode_message(data: bytes) -> Published:
+    """The inverse of ``encode_message``; ValueError for anything that is not such a message."""
+    try:
+        fields = msgpack.unpackb(data, raw=False)
+        if not isinstance(fields, list) or len(fields) < 12 or fields[0] != MESSAGE_FORMAT:
+            raise ValueError(f"not a Duetime run message of format {MESSAGE_FORMAT}")
+        (_, job_id, shard, owner, token, scheduled_us, due_us, attempt, spec, version, kind, by) = fields[:12]
+        if not isinstance(spec, str):
+            raise TypeError("the spec is not JSON text")
+        run_spec = RunSpec(spec, int(version))
+        run_spec.parsed  # noqa: B018 - parsed here so an unreadable spec drops the message, not the worker
+        run = FencedRun(
+            job_id=uuid.UUID(bytes=job_id),
+            shard=int(shard),
+            owner=str(owner),
+            lease_token=int(token),
+            scheduled_for=_EPOCH + scheduled_us * _US,
+            due_at=_EPOCH + due_us * _US,
+            attempt=int(attempt),
+            spec=run_spec,
+            run_kind=str(kind),
+            parent_id=uuid.UUID(bytes=fields[12]) if len(fields) > 12 and fields[12] else None,
+        )
+    except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+        raise ValueError(f"unreadable run message: {exc}") from exc
+    return Published(run, str(by))

@@ -1,0 +1,146 @@
+"""Membership of the engines in PostgreSQL: who is in the cluster, what each may serve, and whether
+its heartbeat is recent enough for it to count as live.
+
+It lives on the **home database** (shard 0's, where owners and API keys are): one place every
+process already reaches, even when the shards are spread over several primaries, so every engine
+reads the same membership and deals the same way. "Live" is decided by the database's clock
+(``now() - heartbeat_at`` against the member's own ``DUETIME_LEASE_S``), never by an engine's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from duetime.core.dealing import Member
+from duetime.core.errors import DuetimeError, StorageUnavailable
+from duetime.storage.queries import Q
+
+
+class MembershipMissing(DuetimeError):
+    """The home database has no membership table: the schema predates it."""
+
+    code = "schema_outdated"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRecord:
+    """One row of the membership, as read (ages by the database's clock)."""
+
+    engine_id: str
+    host: str
+    allowed: frozenset[int]
+    serving: frozenset[int]
+    lease_s: float
+    replicas: int
+    incarnation: uuid.UUID
+    started_at: datetime
+    heartbeat_at: datetime
+    heartbeat_age_s: float
+    live: bool
+
+    def member(self) -> Member:
+        return Member(self.engine_id, self.allowed)
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """What an engine registers under: its id, where it runs, what it may serve."""
+
+    engine_id: str
+    host: str
+    allowed: frozenset[int]
+    lease_s: float
+    replicas: int
+    incarnation: uuid.UUID
+
+
+@asynccontextmanager
+async def _translated() -> AsyncIterator[None]:
+    try:
+        yield
+    except asyncpg.UndefinedTableError as exc:
+        raise MembershipMissing(
+            "the database has no engine membership table; run `duetime migrate` with this release"
+        ) from exc
+    except (OSError, asyncpg.exceptions.InterfaceError, TimeoutError) as exc:
+        raise StorageUnavailable("the home database is unreachable; membership is unknown") from exc
+    except asyncpg.PostgresError as exc:
+        state = getattr(exc, "sqlstate", "") or ""
+        if state.startswith(("08", "57", "53")):
+            raise StorageUnavailable("the home database is unavailable; membership is unknown") from exc
+        raise
+
+
+def _shards(values: Iterable[int]) -> list[int]:
+    return sorted(values)
+
+
+class MembershipStore:
+    """The membership statements, on the pool of the home database."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def join(self, reg: Registration) -> None:
+        async with _translated():
+            await self._pool.execute(
+                Q["join_engine"],
+                reg.engine_id,
+                reg.host,
+                _shards(reg.allowed),
+                float(reg.lease_s),
+                reg.replicas,
+                reg.incarnation,
+            )
+
+    async def heartbeat(self, reg: Registration, serving: Iterable[int]) -> bool:
+        """Refresh this process's heartbeat; False when the row is not ours any more (another
+        process registered under the same id, or the row was forgotten)."""
+        async with _translated():
+            row = await self._pool.fetchval(
+                Q["heartbeat_engine"], reg.engine_id, reg.incarnation, _shards(serving)
+            )
+        return row is not None
+
+    async def set_serving(self, reg: Registration, serving: Iterable[int]) -> None:
+        async with _translated():
+            await self._pool.execute(
+                Q["set_engine_serving"], reg.engine_id, reg.incarnation, _shards(serving)
+            )
+
+    async def leave(self, reg: Registration) -> None:
+        """A graceful stop: the others deal without this engine at their next heartbeat."""
+        async with _translated():
+            await self._pool.execute(Q["leave_engine"], reg.engine_id, reg.incarnation)
+
+    async def engines(self) -> list[EngineRecord]:
+        """Every member, live or dead, by id."""
+        async with _translated():
+            rows = await self._pool.fetch(Q["list_engines"])
+        return [
+            EngineRecord(
+                engine_id=r["engine_id"],
+                host=r["host"],
+                allowed=frozenset(r["allowed"]),
+                serving=frozenset(r["serving"]),
+                lease_s=r["lease_s"],
+                replicas=r["replicas"],
+                incarnation=r["incarnation"],
+                started_at=r["started_at"],
+                heartbeat_at=r["heartbeat_at"],
+                heartbeat_age_s=max(r["heartbeat_age_s"], 0.0),
+                live=r["live"],
+            )
+            for r in rows
+        ]
+
+    async def forget_dead(self, older_than_s: float) -> int:
+        async with _translated():
+            status: str = await self._pool.execute(Q["forget_dead_engines"], float(older_than_s))
+        return int(status.rsplit(" ", 1)[-1])

@@ -1,0 +1,245 @@
+"""Bulk seeding with COPY, the benchmark's database counters, and the run path's plans in a burst.
+
+These run on databases of their own: bulk rows are due, and a shared database's other tests claim
+whatever is due on a shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from duetime.core.ids import shard_of
+from duetime.core.model import (
+    Broker,
+    JobSpec,
+    OneOffSchedule,
+    Outcome,
+    QueueTarget,
+    RetryPolicy,
+    WebhookTarget,
+)
+from duetime.core.runpath import AttemptReport, Claim, Verdict
+from duetime.storage.bulk import BulkJob, analyze_jobs, outcome_counts, seed_jobs, table_writes
+from duetime.storage.migrate import migrate
+from duetime.storage.postgres import PostgresStore, job_from_row
+from duetime.storage.queries import Q
+from duetime.storage.shardmap import ShardMap
+from tests.conftest import ADMIN_DSN
+
+ENGINE = "bulk-test-engine"
+
+
+@pytest.fixture
+async def fresh_dsns() -> AsyncIterator[list[str]]:
+    """Two new migrated databases for one test, dropped after it."""
+    names = [f"duetime_test_bulk_{secrets.token_hex(4)}" for _ in range(2)]
+    admin = await asyncpg.connect(ADMIN_DSN)
+    try:
+        for name in names:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    dsns = [f"{ADMIN_DSN.rpartition('/')[0]}/{name}" for name in names]
+    try:
+        for dsn in dsns:
+            await migrate(dsn)
+        yield dsns
+    finally:
+        admin = await asyncpg.connect(ADMIN_DSN)
+        try:
+            for name in names:
+                await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
+def _spec(at: datetime) -> JobSpec:
+    return JobSpec(
+        name="nightly",
+        target=WebhookTarget(url="https://example.com/hook", headers={"X-Token": "t"}),
+        payload={"report": "daily"},
+        schedule=OneOffSchedule(at),
+        retry=RetryPolicy(max_attempts=3),
+    )
+
+
+async def test_a_bulk_row_is_the_row_create_job_writes(fresh_dsns: list[str]) -> None:
+    dsn = fresh_dsns[0]
+    at = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
+    store = await PostgresStore.open(ShardMap.single(dsn), pool_size=2)
+    try:
+        job, _ = await store.create_job("alice", _spec(at))
+        seeded_at = datetime.now(UTC)
+        [bulk_id] = await seed_jobs([dsn] * 16, [BulkJob("alice", _spec(at))], seeded_at)
+        via_api = await store.pool_for_shard(0).fetchrow(
+            "SELECT * FROM jobs WHERE job_id = $1", uuid.UUID(job.id)
+        )
+        via_bulk = await store.pool_for_shard(0).fetchrow("SELECT * FROM jobs WHERE job_id = $1", bulk_id)
+    finally:
+        await store.close()
+    assert via_bulk is not None and via_api is not None
+    assert via_bulk["shard"] == shard_of(bulk_id)
+    assert via_bulk["created_at"] == via_bulk["updated_at"] == seeded_at
+    differ = {"job_id", "shard", "created_at", "updated_at"}
+    bulk_row, api_row = dict(via_bulk.items()), dict(via_api.items())
+    assert {k: v for k, v in bulk_row.items() if k not in differ} == {
+        k: v for k, v in api_row.items() if k not in differ
+    }
+    assert job_from_row(via_bulk).spec == _spec(at)
+
+
+async def test_seed_jobs_follows_the_shard_map(fresh_dsns: list[str]) -> None:
+    a, b = fresh_dsns
+    at = datetime.now(UTC) + timedelta(days=1)
+    spec = _spec(at)
+    seen: list[int] = []
+    ids = await seed_jobs(
+        [a] * 8 + [b] * 8,
+        (BulkJob("bob", spec) for _ in range(1500)),
+        datetime.now(UTC),
+        chunk=200,
+        progress=seen.append,
+    )
+    assert len(set(ids)) == 1500
+    assert seen[-1] == 1500 and seen == sorted(seen)
+    for dsn, shards in ((a, range(8)), (b, range(8, 16))):
+        conn = await asyncpg.connect(dsn)
+        try:
+            rows = await conn.fetch("SELECT job_id, shard FROM jobs")
+        finally:
+            await conn.close()
+        assert {r["shard"] for r in rows} <= set(shards)
+        assert {r["job_id"] for r in rows} == {i for i in ids if shard_of(i) in shards}
+    none = await seed_jobs([a] * 16, [BulkJob("bob", spec)], datetime.now(UTC), return_ids=False)
+    assert none == []
+
+
+async def _claim_everything(store: PostgresStore) -> list[Claim]:
+    claimed: list[Claim] = []
+    for shard in range(16):
+        while True:
+            rows = await store.claim_due(shard, ENGINE, lookahead_s=60, lease_s=60, limit=500)
+            claimed += rows
+            if len(rows) < 500:
+                break
+    return claimed
+
+
+async def test_a_burst_keeps_fences_heartbeats_and_releases_on_the_primary_key(fresh_dsns: list[str]) -> None:
+    """Regression: with statistics from before the burst (nothing leased), the planner read the
+    whole lease index for every 500-row fence: cost growing with the wheel, seconds per batch at a
+    million claimed. The lease and holder indexes are now keyed on IS NOT NULL (migration 0002)."""
+    dsn = fresh_dsns[0]
+    at = datetime.now(UTC) + timedelta(seconds=30)
+    target = QueueTarget(broker=Broker.REDIS, topic="burst")
+    await seed_jobs(
+        [dsn] * 16,
+        (BulkJob("carol", JobSpec(target=target, schedule=OneOffSchedule(at))) for _ in range(4000)),
+        datetime.now(UTC),
+    )
+    pad = await asyncpg.connect(dsn)  # and a registry around them: jobs due over the next weeks
+    try:
+        await pad.execute(
+            "INSERT INTO jobs (job_id, shard, owner, spec, state, next_run_at, scheduled_for) "
+            "SELECT gen_random_uuid(), (g % 16), 'pad', '{}'::jsonb, 'scheduled', "
+            "now() + make_interval(hours => 1 + g % 500), now() + make_interval(hours => 1 + g % 500) "
+            "FROM generate_series(1, 60000) g"
+        )
+    finally:
+        await pad.close()
+    await analyze_jobs([dsn])  # the statistics an engine has when the burst begins: all idle
+    store = await PostgresStore.open(ShardMap.single(dsn), pool_size=2)
+    try:
+        claimed = await _claim_everything(store)
+        assert len(claimed) == 4000
+        batch = claimed[:500]
+        ids = [r.job_id for r in batch]
+        tokens = [r.lease_token for r in batch]
+        conn = await asyncpg.connect(dsn)
+        try:
+            plans = {
+                "fence_runs": await conn.fetch(
+                    "EXPLAIN " + Q["fence_runs"], ids, tokens, 30.0, [r.scheduled_for for r in batch]
+                ),
+                "extend_leases": await conn.fetch("EXPLAIN " + Q["extend_leases"], ids, tokens, 30.0),
+                "release_claims": await conn.fetch("EXPLAIN " + Q["release_claims"], ids, tokens),
+            }
+            async with conn.transaction():
+                await conn.execute("SET LOCAL enable_seqscan = off")
+                janitor = await conn.fetch("EXPLAIN " + Q["expired_leases"], 0, 500)
+                restart = await conn.fetch("EXPLAIN " + Q["retake_claims"], ENGINE, [0, 1], 30.0)
+        finally:
+            await conn.close()
+        # and the statements still do their work
+        fenced = await store.fence_runs(batch, lease_s=30)
+        assert len(fenced) == 500
+        # The NATS run path's take and an engine's heartbeat of what it published, on running rows
+        # its holder has: by primary key too, not by the holder index (which the same statistics
+        # make look nearly empty, and which holds every row the engine has fenced).
+        ids, tokens = [r.job_id for r in fenced], [r.lease_token for r in fenced]
+        conn = await asyncpg.connect(dsn)
+        try:
+            plans["take_runs"] = await conn.fetch(
+                "EXPLAIN " + Q["take_runs"], ids, tokens, [ENGINE] * len(ids), "worker-1", 30.0
+            )
+            plans["extend_published"] = await conn.fetch(
+                "EXPLAIN " + Q["extend_published"], ids, tokens, ENGINE, 30.0
+            )
+        finally:
+            await conn.close()
+        assert await store.release_claims(claimed[500:]) == 3500
+    finally:
+        await store.close()
+    for name, plan in plans.items():
+        text = "\n".join(r[0] for r in plan)
+        assert "jobs_pkey" in text, (name, text)
+        assert "jobs_leases" not in text and "jobs_claimed_by" not in text, (name, text)
+    assert "jobs_leases" in "\n".join(r[0] for r in janitor)
+    assert "jobs_claimed_by" in "\n".join(r[0] for r in restart)
+
+
+async def test_table_writes_and_outcomes_count_a_run(fresh_dsns: list[str]) -> None:
+    dsn = fresh_dsns[0]
+    at = datetime.now(UTC) - timedelta(seconds=1)
+    before = await table_writes([dsn])
+    await seed_jobs([dsn] * 16, (BulkJob("dave", _spec(at)) for _ in range(10)), datetime.now(UTC))
+    store = await PostgresStore.open(ShardMap.single(dsn), pool_size=2)
+    try:
+        claimed = await _claim_everything(store)
+        fenced = await store.fence_runs(claimed, lease_s=30)
+        now = datetime.now(UTC)
+        reports = [
+            AttemptReport(
+                f,
+                Verdict(
+                    Outcome.SUCCEEDED if i % 2 else Outcome.FAILED,
+                    False,
+                    error=None if i % 2 else "HTTP 500",
+                ),
+                started_at=now,
+                finished_at=now,
+            )
+            for i, f in enumerate(fenced)
+        ]
+        stats = await store.complete_runs(reports)
+    finally:
+        await store.close()
+    assert stats.applied == 10
+    # Counters reach pg_stat_user_tables when a backend goes idle, at most once a second.
+    after = before
+    for _ in range(100):
+        after = await table_writes([dsn])
+        if after["ins"] - before["ins"] >= 20 and after["upd"] - before["upd"] >= 30:
+            break
+        await asyncio.sleep(0.2)
+    assert after["ins"] - before["ins"] == 20  # 10 jobs + 10 history rows
+    assert after["upd"] - before["upd"] == 30  # claim, fence, completion
+    assert after["wal_bytes"] > before["wal_bytes"]
+    assert await outcome_counts([dsn]) == {"succeeded": (5, None), "failed": (5, "HTTP 500")}

@@ -1,0 +1,70 @@
+"""``Engine.serve`` over the in-memory store: a shard dealt away stops being claimed and its
+unfired claims are given back (claimable by another engine at once); a shard dealt in is claimed
+within a poll; the claims of the shards kept stay where they are."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from duetime.core.ids import shard_of
+from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
+from duetime.engine.service import Engine, EngineConfig
+from duetime.runqueue import wire
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
+from duetime.storage.memory import MemoryStore
+
+
+def _spec(at: datetime) -> JobSpec:
+    return JobSpec(target=WebhookTarget(url="https://example.com/hook"), schedule=OneOffSchedule(run_at=at))
+
+
+async def _until(check: Callable[[], bool], what: str, within: float = 5.0) -> None:
+    for _ in range(int(within / 0.02)):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_a_lost_shard_is_given_back_and_a_gained_one_claimed() -> None:
+    store = MemoryStore()
+    due = datetime.now(UTC) + timedelta(seconds=30)  # claimed into the wheel, never fired here
+    jobs: dict[int, set[uuid.UUID]] = {s: set() for s in range(16)}
+    for _ in range(320):
+        job, _ = await store.create_job("alice", _spec(due))
+        jobs[shard_of(uuid.UUID(job.id))].add(uuid.UUID(job.id))
+    engine = Engine(
+        store,
+        InProcessRunQueue(),
+        LeaseKeeper(store, lease_s=30, heartbeat_s=10),
+        EngineConfig(engine_id="e1", poll_interval_s=0.05),
+    )
+
+    def in_wheel() -> set[uuid.UUID]:
+        # The wheel's waiting entries, read without draining it (the test looks, it must not move).
+        return {wire.unpack_entry(e).job_id for e in engine.wheel._live}
+
+    def of(shards: range) -> set[uuid.UUID]:
+        return {j for s in shards for j in jobs[s]}
+
+    await engine.start(frozenset(range(8)))
+    try:
+        await _until(lambda: len(engine.wheel) == len(of(range(8))), "shards 0-7 claimed")
+        before = in_wheel()
+        assert before == of(range(8)), "only the shards it serves"
+        await engine.serve(frozenset(range(4, 12)))
+        assert engine.serving == frozenset(range(4, 12))
+        assert not in_wheel() & of(range(4)), "the lost shards' claims left the wheel"
+        await _until(lambda: in_wheel() == of(range(4, 12)), "shards 8-11 claimed within a poll")
+        # Given back unfired: another engine claims the lost shards' rows at once.
+        for shard in range(4):
+            rows = await store.claim_due(shard, "e2", lookahead_s=60, lease_s=30, limit=100)
+            assert {r.job_id for r in rows} == jobs[shard]
+        for shard in range(4, 8):  # kept: still e1's, nothing to claim for e2
+            assert await store.claim_due(shard, "e2", lookahead_s=60, lease_s=30, limit=100) == []
+    finally:
+        await engine.stop()
