@@ -168,7 +168,8 @@ async def test_bulk_pause_and_cancel_racing_the_fire(
     try:
         await node.ready()
         async with owner_on(api.url, fault_db) as owner:
-            start = whole_second(10)
+            # 1,000 creates take a few seconds, more on a loaded machine: a lead time to match.
+            start = whole_second(25)
             end = start + timedelta(seconds=WINDOW_S)
             specs = []
             for i in range(BULK_JOBS):
@@ -217,11 +218,6 @@ async def test_bulk_pause_and_cancel_racing_the_fire(
             )
     finally:
         await node.stop()
-    per_group = BULK_JOBS // len(BULK_GROUPS)
-    for group, body in answers.items():
-        assert body["changed"] == body["matched"] and not body["more"], (group, body)
-        # Every cron of the group is still scheduled when its call lands; one-offs may have run.
-        assert per_group // 2 <= body["matched"] <= per_group, (group, body)
     print(
         json.dumps(
             {
@@ -233,4 +229,11 @@ async def test_bulk_pause_and_cancel_racing_the_fire(
         )
     )
     assert report.ok, report.explain()
+    per_group = BULK_JOBS // len(BULK_GROUPS)
+    for group, body in answers.items():
+        # Every cron of the group is still scheduled when its call lands, so each is changed; a
+        # one-off may have run (not matched) or finish between the selection and the lock
+        # (matched, not changed: "changed" is what the call did).
+        assert per_group // 2 <= body["changed"] <= body["matched"] <= per_group, (group, body)
+        assert not body["more"], (group, body)
     assert report.buckets["cancelled"], "some bulk actions withdrew occurrences before they ran"
