@@ -8,6 +8,7 @@ run the handler, turn any failure into the contract's error body, and count the 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -15,27 +16,37 @@ from typing import Final
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-from prometheus_client import REGISTRY, generate_latest
+from aiohttp.web_protocol import RequestPayloadError
 
 from duetime._version import __version__
 from duetime.api.auth import KeyCache, bearer_key
-from duetime.api.errors import error_response, from_domain_error, from_http_exception, status_for
+from duetime.api.errors import (
+    INTERNAL_ERROR_MESSAGE,
+    error_response,
+    from_domain_error,
+    from_http_exception,
+    status_for,
+)
 from duetime.api.handlers import OWNER, JobsApi
-from duetime.api.limits import JobCap, OwnerRateLimiter
+from duetime.api.limits import JobBytesCap, JobCap, OwnerRateLimiter
 from duetime.api.metrics import UNMATCHED_ROUTE, observe
 from duetime.api.openapi import build_openapi
 from duetime.api.preview import PreviewApi
 from duetime.api.render import dumps, json_response
-from duetime.core.errors import DuetimeError, StorageUnavailable
+from duetime.api.request_id import request_id_middleware
+from duetime.core.errors import DuetimeError, MalformedRequest, StorageUnavailable
 from duetime.core.ssrf import AddressPolicy
+from duetime.core.topics import TopicPolicy
 from duetime.core.validation import SpecLimits
+from duetime.exposition import metrics_response
 from duetime.storage.base import Registry
 
 log = logging.getLogger("duetime.api")
 
 MAX_BODY_BYTES: Final = 256 * 1024
 READY_TIMEOUT_S: Final = 5.0
-METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+# Query parameters the contract lets a client repeat (GET /v1/jobs?label=a=1&label=b=2 is an AND).
+REPEATABLE_PARAMETERS: Final = frozenset({"label"})
 
 
 def _needs_auth(path: str) -> bool:
@@ -47,30 +58,101 @@ def _route_label(request: web.Request) -> str:
     return UNMATCHED_ROUTE if resource is None else resource.canonical
 
 
-def _make_middleware(keys: KeyCache, rate: OwnerRateLimiter | None, cap: JobCap | None) -> Middleware:
+def _check_declared_length(request: web.Request) -> None:
+    """413 from the declared Content-Length alone, before a byte of the body is awaited."""
+    length = request.content_length
+    if length is not None and length > MAX_BODY_BYTES:
+        raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY_BYTES, actual_size=length)
+
+
+def _check_duplicates(request: web.Request) -> None:
+    """A repeated Authorization header or query parameter is ambiguous: refuse it, never guess.
+
+    First-one-wins reading lets a proxy and this server see different keys or limits in one
+    request. Parameters the contract defines as repeatable (``label``) are exempt.
+    """
+    if len(request.headers.getall("Authorization", ())) > 1:
+        raise MalformedRequest(
+            "Send exactly one Authorization header.", code="duplicate_header", field="Authorization"
+        )
+    query = request.query
+    if len(query) != len(set(query.keys())):
+        for name in query:
+            if name not in REPEATABLE_PARAMETERS and len(query.getall(name)) > 1:
+                raise MalformedRequest(
+                    f"The query parameter {name!r} is given more than once; send it once.",
+                    code="duplicate_parameter",
+                    field=name,
+                )
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its request was read: nobody to answer, no server error."""
+
+
+async def _read_body(request: web.Request, timeout_s: float) -> None:
+    """Read (and cache) the body under a deadline, so handlers never wait on a stalled client."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await request.read()
+    except TimeoutError:
+        raise web.HTTPRequestTimeout() from None
+    except (ConnectionError, RequestPayloadError) as exc:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            raise _ClientGone from None
+        raise MalformedRequest(
+            f"The request body could not be read ({type(exc).__name__}); send it whole.",
+            code="malformed_body",
+        ) from None
+
+
+def _make_middleware(
+    keys: KeyCache,
+    rate: OwnerRateLimiter | None,
+    cap: JobCap | None,
+    byte_cap: JobBytesCap | None,
+    body_timeout_s: float,
+) -> Middleware:
     @web.middleware
     async def middleware(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         started = time.perf_counter()
         response: web.StreamResponse
+        authenticated = _needs_auth(request.path)
         try:
             creating = False
-            if _needs_auth(request.path):
+            _check_declared_length(request)
+            _check_duplicates(request)
+            if authenticated:
                 owner = await keys.owner_for(bearer_key(request.headers.get("Authorization")))
                 request[OWNER] = owner
                 if rate is not None:
                     rate.check(owner)
-                creating = cap is not None and request.method == "POST" and request.path == "/v1/jobs"
-                if creating:
-                    assert cap is not None
+                creating = request.method == "POST" and request.path == "/v1/jobs"
+                if creating and cap is not None:
                     await cap.check(owner)
+                if creating and byte_cap is not None:
+                    await byte_cap.check(owner)
+            if request.can_read_body:
+                # After auth and the owner limits: a client without a key costs no body read.
+                await _read_body(request, body_timeout_s)
             response = await handler(request)
             if creating and response.status == 201:
-                assert cap is not None
-                cap.created(request[OWNER])
+                if cap is not None:
+                    cap.created(request[OWNER])
+                if byte_cap is not None:
+                    byte_cap.created(request[OWNER], len(await request.read()))
         except web.HTTPException as exc:
             response = from_http_exception(exc)
+            if exc.status in (408, 413):
+                response.force_close()  # the rest of the body is not worth waiting for
+        except _ClientGone:
+            log.debug("%s %s: the client disconnected mid-request", request.method, _route_label(request))
+            gone = web.Response(status=400)
+            gone.force_close()
+            return gone  # not observed: no answer was given, and it is nobody's error here
         except DuetimeError as exc:
             status = status_for(exc)
             if status >= 500:
@@ -85,9 +167,9 @@ def _make_middleware(keys: KeyCache, rate: OwnerRateLimiter | None, cap: JobCap 
             response = from_domain_error(exc)
         except Exception:
             log.exception("unexpected error in %s %s", request.method, _route_label(request))
-            response = error_response(
-                500, "internal_error", "An unexpected error occurred; it has been logged."
-            )
+            response = error_response(500, "internal_error", INTERNAL_ERROR_MESSAGE)
+        if authenticated:
+            response.headers["Cache-Control"] = "no-store"
         observe(_route_label(request), request.method, response.status, time.perf_counter() - started)
         return response
 
@@ -104,6 +186,12 @@ def create_app(
     owner_rate_per_s: float = 0.0,
     max_jobs_per_owner: int = 0,
     bulk_max: int = 10_000,
+    access_log: bool = False,
+    max_job_bytes_per_owner: int = 0,
+    body_timeout_s: float = 30.0,
+    topic_policy: TopicPolicy | None = None,
+    metrics_token: str | None = None,
+    serve_metrics: bool = True,
 ) -> web.Application:
     """The API as an aiohttp application; the caller owns the registry's lifetime.
 
@@ -111,13 +199,37 @@ def create_app(
     ``key_cache_ttl_s`` bounds how long a revoked key keeps working on this process.
     ``owner_rate_per_s`` (0 = off) and ``max_jobs_per_owner`` (0 = off) are the per-owner limits
     of ``api.limits``; ``bulk_max`` bounds the jobs one bulk call changes (DUETIME_BULK_MAX).
+    ``access_log`` writes one ``duetime.access`` line per answer.
+    ``body_timeout_s`` bounds the wait for a request body (408 after it).
+    ``metrics_token`` (None = open) guards /metrics; ``serve_metrics=False`` leaves /metrics to a
+    separate listener (``metrics_app``).
     """
     rate = OwnerRateLimiter(owner_rate_per_s, 2 * owner_rate_per_s) if owner_rate_per_s > 0 else None
     cap = JobCap(max_jobs_per_owner, registry.count_active_jobs) if max_jobs_per_owner > 0 else None
+    byte_cap = (
+        JobBytesCap(max_job_bytes_per_owner, registry.active_job_bytes)
+        if max_job_bytes_per_owner > 0
+        else None
+    )
     keys = KeyCache(registry, ttl_s=key_cache_ttl_s)
     spec_limits = limits if limits is not None else SpecLimits()
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_make_middleware(keys, rate, cap)])
-    jobs_api = JobsApi(registry, policy=policy, limits=spec_limits, bulk_max=bulk_max, cap=cap)
+    app = web.Application(
+        client_max_size=MAX_BODY_BYTES,
+        middlewares=[
+            request_id_middleware(access_log=access_log),
+            _make_middleware(keys, rate, cap, byte_cap, body_timeout_s),
+        ],
+    )
+    topics = topic_policy if topic_policy is not None else TopicPolicy()
+    jobs_api = JobsApi(
+        registry,
+        policy=policy,
+        limits=spec_limits,
+        topics=topics,
+        bulk_max=bulk_max,
+        cap=cap,
+        byte_cap=byte_cap,
+    )
     app.router.add_routes(jobs_api.routes())
     app.router.add_routes(PreviewApi(registry, limits=spec_limits).routes())
 
@@ -143,14 +255,42 @@ def create_app(
             return error_response(503, "not_ready", f"Not ready: {type(exc).__name__}: {exc}"[:500])
         return json_response({"status": "ready"})
 
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": METRICS_CONTENT_TYPE})
-
     async def openapi(request: web.Request) -> web.Response:
         return web.Response(body=openapi_body, content_type="application/json")
 
     app.router.add_get("/healthz", healthz, name="healthz", allow_head=False)
     app.router.add_get("/readyz", readyz, name="readyz", allow_head=False)
-    app.router.add_get("/metrics", metrics, name="metrics", allow_head=False)
+    if serve_metrics:
+        app.router.add_get("/metrics", metrics_handler(metrics_token), name="metrics", allow_head=False)
     app.router.add_get("/openapi.json", openapi, name="openapi", allow_head=False)
+    return app
+
+
+def metrics_handler(token: str | None) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """/metrics, open or behind ``Authorization: Bearer <token>`` (compared in constant time).
+
+    Metrics name routes, owners' traffic volumes and the build: worth keeping from whoever can
+    reach the port. The token is the operator's (DUETIME_METRICS_TOKEN), not an owner's API key.
+    """
+    expected = None if token is None else f"Bearer {token}".encode()
+
+    async def metrics(request: web.Request) -> web.Response:
+        if expected is not None:
+            given = request.headers.getall("Authorization", [])
+            if len(given) != 1 or not hmac.compare_digest(given[0].encode(errors="replace"), expected):
+                return error_response(
+                    401,
+                    "unauthorized",
+                    "Send the operator's metrics token as 'Authorization: Bearer <token>'.",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        return metrics_response()
+
+    return metrics
+
+
+def metrics_app(token: str | None) -> web.Application:
+    """/metrics alone, for the separate listener of DUETIME_METRICS_PORT."""
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler(token), name="metrics", allow_head=False)
     return app

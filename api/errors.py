@@ -22,8 +22,13 @@ from duetime.core.errors import (
     StorageUnavailable,
     Unauthorized,
 )
+from duetime.logs import request_id_var
 
 JSON_CONTENT_TYPE: Final = "application/json"
+# A 500 says nothing about its cause to the caller; the request_id beside it finds the log lines.
+INTERNAL_ERROR_MESSAGE: Final = (
+    "An unexpected error occurred; the server log has it under this answer's request_id."
+)
 
 # Ordered most specific first: TargetNotAllowed is an InvalidRequest, and so on.
 _STATUS_BY_CLASS: Final[tuple[tuple[type[DuetimeError], int], ...]] = (
@@ -41,6 +46,7 @@ _HTTP_CODES: Final[dict[int, tuple[str, str]]] = {
     400: ("malformed_request", "The request could not be read."),
     404: ("not_found", "No such resource."),
     405: ("method_not_allowed", "This method is not allowed on this resource."),
+    408: ("request_timeout", "The request body did not arrive in time; send it without pausing."),
     413: ("body_too_large", "The request body is larger than the 256 KiB limit."),
     415: ("unsupported_media_type", "The body must be JSON, sent with Content-Type: application/json."),
 }
@@ -54,10 +60,12 @@ def status_for(error: DuetimeError) -> int:
     return 500
 
 
-def error_body(code: str, message: str, field: str | None = None) -> bytes:
+def error_body(code: str, message: str, field: str | None = None, request_id: str | None = None) -> bytes:
     detail: dict[str, str] = {"code": code, "message": message}
     if field is not None:
         detail["field"] = field
+    if request_id is not None:
+        detail["request_id"] = request_id
     return json.dumps({"error": detail}, ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -69,9 +77,11 @@ def error_response(
     field: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> web.Response:
+    """The error answer; a 5xx names the request id (the log lines of its failure carry it too)."""
+    request_id = request_id_var.get() if status >= 500 else None
     return web.Response(
         status=status,
-        body=error_body(code, message, field),
+        body=error_body(code, message, field, request_id),
         content_type=JSON_CONTENT_TYPE,
         headers=headers,
     )
@@ -88,7 +98,7 @@ def from_domain_error(error: DuetimeError) -> web.Response:
         # A client that retries after a short pause usually succeeds: the database is failing over.
         headers["Retry-After"] = "1"
     code = error.code if status != 500 else "internal_error"
-    message = error.message if status != 500 else "An unexpected error occurred; it has been logged."
+    message = error.message if status != 500 else INTERNAL_ERROR_MESSAGE
     return error_response(status, code, message, field=error.field, headers=headers or None)
 
 

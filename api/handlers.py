@@ -17,7 +17,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from duetime.api.body import parse_json, require_json_content_type
-from duetime.api.limits import JobCap
+from duetime.api.limits import JobBytesCap, JobCap
 from duetime.api.render import (
     backfill_to_json,
     job_to_json,
@@ -25,12 +25,13 @@ from duetime.api.render import (
     json_response,
     runs_page_to_json,
 )
-from duetime.core.codec import REDACTED, spec_to_json
-from duetime.core.errors import Conflict, InvalidRequest, MalformedRequest, NotFound
+from duetime.core.codec import REDACTED, format_time, run_to_json, spec_to_json
+from duetime.core.errors import Conflict, InvalidRequest, MalformedRequest, NotFound, TopicNotAllowed
 from duetime.core.ids import parse_job_id
 from duetime.core.labels import check_name, check_name_prefix, parse_bulk_request, parse_label_query
-from duetime.core.model import Job, JobSpec, JobState, WebhookTarget
+from duetime.core.model import IntervalSchedule, Job, JobSpec, JobState, Outcome, QueueTarget, WebhookTarget
 from duetime.core.ssrf import AddressPolicy, check_webhook_url
+from duetime.core.topics import TOPIC_FIELD, TopicPolicy
 from duetime.core.validation import (
     SpecLimits,
     canonical_body_hash,
@@ -38,7 +39,10 @@ from duetime.core.validation import (
     parse_backfill_range,
     parse_idempotency_key,
     parse_job_spec,
+    parse_replay_request,
+    parse_time,
 )
+from duetime.core.weburl import same_origin
 from duetime.storage.base import BulkAction, IdempotencyRequest, NameHolderChanged, Registry
 
 OWNER: Final = web.RequestKey("owner", str)
@@ -126,7 +130,8 @@ async def _json_body(request: web.Request) -> Any:
 
 
 def _restore_redacted_headers(merged: dict[str, Any], current: JobSpec) -> None:
-    """Keep a header's secret when a PATCH sends back the ``<redacted>`` placeholder we showed.
+    """Keep a header's secret when a PATCH sends back the ``<redacted>`` placeholder we showed,
+    as long as the URL keeps its origin (scheme, host, port); a move elsewhere must resend it.
 
     A client that GETs a job, edits its target and PATCHes it back would otherwise have to know
     every secret again. Only names the job already has (in any letter case) are restored; the
@@ -141,9 +146,35 @@ def _restore_redacted_headers(merged: dict[str, Any], current: JobSpec) -> None:
     if not isinstance(headers, dict):
         return
     known = {name.lower(): value for name, value in current.target.headers.items()}
+    url = target.get("url")
+    moved = not isinstance(url, str) or not same_origin(url, current.target.url)
     for name, value in headers.items():
         if value == REDACTED and name.lower() in known:
+            if moved:
+                # A stored secret was meant for one origin; following the URL elsewhere would let
+                # a leaked API key redirect the job and harvest the secret.
+                raise InvalidRequest(
+                    f"target.headers.{name} is the redacted placeholder, but target.url now calls "
+                    "another origin (scheme, host or port) than the stored one; resend the secret "
+                    "values of every header when you move a webhook",
+                    code="invalid_header",
+                    field=f"target.headers.{name}",
+                )
             headers[name] = known[name.lower()]
+
+
+def _keep_interval_start(merged: dict[str, Any], current: JobSpec) -> None:
+    """An ``every`` schedule sent to PUT by name without ``start_at`` keeps the stored one.
+
+    Its ``start_at`` defaults to the time of the call, so without this every repeat of the same
+    PUT (a deploy script's ``jobs apply``) would move the schedule's grid and count as a change,
+    never a no-op. A body that gives ``start_at`` sets it as given.
+    """
+    if not isinstance(current.schedule, IntervalSchedule):
+        return
+    schedule = merged.get("schedule")
+    if isinstance(schedule, dict) and "every" in schedule and "start_at" not in schedule:
+        merged["schedule"] = {**schedule, "start_at": format_time(current.schedule.start_at)}
 
 
 class JobsApi:
@@ -155,11 +186,15 @@ class JobsApi:
         *,
         policy: AddressPolicy,
         limits: SpecLimits,
+        topics: TopicPolicy | None = None,
         bulk_max: int = 10_000,
         cap: JobCap | None = None,
+        byte_cap: JobBytesCap | None = None,
     ) -> None:
         self._registry = registry
+        self._topics = topics if topics is not None else TopicPolicy()
         self._cap = cap
+        self._byte_cap = byte_cap
         self._bulk_max = bulk_max
         self._policy = policy
         self._limits = limits
@@ -191,10 +226,14 @@ class JobsApi:
             web.post("/v1/jobs/{job_id}/backfill", self.backfill_job, name="backfill_job"),
             web.post("/v1/jobs/{job_id}/replay", self.replay_job, name="replay_job"),
             web.get("/v1/jobs/{job_id}/runs", self.list_runs, name="list_runs", allow_head=False),
+            web.get("/v1/runs", self.list_owner_runs, name="list_owner_runs", allow_head=False),
         ]
 
-    async def _check_target(self, spec: JobSpec) -> None:
-        if not isinstance(spec.target, WebhookTarget):
+    async def _check_target(self, spec: JobSpec, owner: str) -> None:
+        if isinstance(spec.target, QueueTarget):
+            reason = self._topics.refusal(spec.target.broker, spec.target.topic, owner)
+            if reason is not None:
+                raise TopicNotAllowed(self._topics.message(spec.target.topic, reason), field=TOPIC_FIELD)
             return
         url = spec.target.url
         now = time.monotonic()
@@ -213,7 +252,7 @@ class JobsApi:
         idempotency_key = None if raw_key is None else parse_idempotency_key(raw_key)
         data = await _json_body(request)
         spec = parse_job_spec(data, now=datetime.now(UTC), limits=self._limits)
-        await self._check_target(spec)
+        await self._check_target(spec, owner)
         idempotency = (
             None
             if idempotency_key is None
@@ -273,16 +312,20 @@ class JobsApi:
             now = datetime.now(UTC)
             if current is None:
                 spec = parse_job_spec(body, now=now, limits=self._limits)
-                await self._check_target(spec)
-                if self._cap is not None:  # a PUT that creates counts as a POST does
+                await self._check_target(spec, owner)
+                # A PUT that creates counts against the owner's limits as a POST does.
+                if self._cap is not None:
                     await self._cap.check(owner)
+                if self._byte_cap is not None:
+                    await self._byte_cap.check(owner)
             else:
                 merged = dict(body)
                 _restore_redacted_headers(merged, current.spec)
+                _keep_interval_start(merged, current.spec)
                 current_json = spec_to_json(current.spec)
                 spec = self._spec_keeping_schedule(merged, current, now)
                 if spec_to_json(spec)["target"] != current_json["target"]:
-                    await self._check_target(spec)
+                    await self._check_target(spec, owner)
             try:
                 job, created = await self._registry.apply_job(
                     owner, spec, expected_id=None if current is None else current.id
@@ -292,6 +335,8 @@ class JobsApi:
             if created:
                 if self._cap is not None:
                     self._cap.created(owner)
+                if self._byte_cap is not None:
+                    self._byte_cap.created(owner, len(await request.read()))
                 return json_response(job_to_json(job), status=201, headers={"Location": f"/v1/jobs/{job.id}"})
             return json_response(job_to_json(job))
         raise Conflict(
@@ -340,7 +385,7 @@ class JobsApi:
         anchor = datetime.now(UTC) if schedule_changed else current.created_at
         spec = parse_job_spec(merged, now=anchor, limits=self._limits)
         if isinstance(patch, dict) and "target" in patch:
-            await self._check_target(spec)
+            await self._check_target(spec, owner)
         job = await self._registry.update_job(owner, job_id, spec)
         return json_response(job_to_json(job))
 
@@ -357,11 +402,22 @@ class JobsApi:
         return json_response(job_to_json(job))
 
     async def trigger_job(self, request: web.Request) -> web.Response:
-        job = await self._registry.trigger_job(request[OWNER], job_id_of(request))
+        job = await self._registry.trigger_job(
+            request[OWNER], job_id_of(request), max_pending=self._limits.max_pending_triggers
+        )
         return json_response(job_to_json(job), status=202)
 
     async def replay_job(self, request: web.Request) -> web.Response:
-        job = await self._registry.replay_job(request[OWNER], job_id_of(request))
+        """Without a body: a dead job back to scheduled. With ``{"scheduled_for"}``: one failed
+        occurrence of a recurring job runs once more, now (202)."""
+        owner, job_id = request[OWNER], job_id_of(request)
+        body = await request.read()
+        if body.strip():
+            require_json_content_type(request)
+            scheduled_for = parse_replay_request(parse_json(body))
+            job = await self._registry.replay_occurrence(owner, job_id, scheduled_for)
+            return json_response(job_to_json(job), status=202)
+        job = await self._registry.replay_job(owner, job_id)
         return json_response(job_to_json(job))
 
     async def backfill_job(self, request: web.Request) -> web.Response:
@@ -376,6 +432,27 @@ class JobsApi:
             pace_per_s=self._limits.backfill_pace_per_s,
         )
         return json_response(backfill_to_json(job_id, start, end, result), status=202)
+
+    async def list_owner_runs(self, request: web.Request) -> web.Response:
+        """The owner's runs across all jobs, newest first: one view of what failed."""
+        outcome = request.query.get("outcome") or None
+        if outcome is not None and outcome not in {o.value for o in Outcome}:
+            raise InvalidRequest(
+                f"outcome must be one of {', '.join(o.value for o in Outcome)}",
+                code="invalid_value",
+                field="outcome",
+            )
+        raw_since = request.query.get("since") or None
+        since = None if raw_since is None else parse_time(raw_since, "since")
+        page = await self._registry.list_owner_runs(
+            request[OWNER], outcome=outcome, since=since, limit=_limit(request), cursor=_cursor(request)
+        )
+        return json_response(
+            {
+                "items": [{**run_to_json(r.run), "job_id": str(r.job_id)} for r in page.items],
+                "next_cursor": page.next_cursor,
+            }
+        )
 
     async def list_runs(self, request: web.Request) -> web.Response:
         owner, job_id = request[OWNER], job_id_of(request)

@@ -108,7 +108,26 @@ class JobCap:
                 code="job_limit_reached",
             )
 
-    def created(self, owner: str) -> None:
+    def created(self, owner: str, amount: int = 1) -> None:
         hit = self._known.get(owner)
         if hit is not None:
-            self._known[owner] = (hit[0], hit[1] + 1)
+            self._known[owner] = (hit[0], hit[1] + amount)
+
+
+class JobBytesCap(JobCap):
+    """At most ``cap`` bytes of stored job specs (payloads included) per owner's active jobs.
+
+    The database side counts each spec as PostgreSQL stores it (``pg_column_size``: compressed,
+    read from the TOAST pointer without fetching the value); between refreshes each create adds
+    the size of its request body, which overestimates a compressible payload: the cap errs
+    towards refusing early within one refresh, and is exact again at the next.
+    """
+
+    async def check(self, owner: str) -> None:
+        if await self._current(owner) >= self._cap:
+            raise Conflict(
+                f"this owner's active jobs already store {self._cap} bytes of specs and payloads, "
+                "the operator's cap (DUETIME_MAX_JOB_BYTES_PER_OWNER); send references (a URL or an "
+                "id) instead of data, or cancel jobs you no longer need",
+                code="job_bytes_limit_reached",
+            )

@@ -19,6 +19,25 @@ JsonObject = dict[str, Any]
 _REF: Final = "#/components/schemas/"
 _TIME: Final = {"type": "string", "format": "date-time"}
 _OPT_TIME: Final = {"type": ["string", "null"], "format": "date-time"}
+_LOCAL_DATE: Final = {"type": "string", "format": "date", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}
+_EXCLUDE: Final = {
+    "type": ["array", "null"],
+    "maxItems": 1000,
+    "default": [],
+    "description": "Local dates (`YYYY-MM-DD`) or inclusive ranges on the schedule's wall clock (its "
+    "`timezone`) on which no occurrence is due.",
+    "items": {
+        "oneOf": [
+            _LOCAL_DATE,
+            {
+                "type": "object",
+                "required": ["from", "to"],
+                "additionalProperties": False,
+                "properties": {"from": _LOCAL_DATE, "to": _LOCAL_DATE},
+            },
+        ]
+    },
+}
 
 
 def _ref(name: str) -> JsonObject:
@@ -48,14 +67,44 @@ _E409: Final = _error("The job's state does not allow this call.")
 _E413: Final = _error("The request body is larger than 256 KiB.")
 _E415: Final = _error("The body is not sent as `application/json`.")
 _E422: Final = _error("Valid JSON with values that cannot be accepted; `field` names the culprit.")
-_E429: Final = {
-    **_error("Too many requests from this owner; wait as `Retry-After` says."),
-    "headers": {"Retry-After": {"schema": {"type": "string"}}},
-}
 _E503: Final = {
     **_error("The database cannot be reached; nothing was changed. Retry after a pause."),
     "headers": {"Retry-After": {"schema": {"type": "string"}}},
 }
+_E429: Final = {
+    **_error(
+        "This owner made more requests than the server's per-owner rate allows (`rate_limited`, "
+        "DUETIME_API_OWNER_RATE); nothing was done. Retry after `Retry-After` seconds."
+    ),
+    "headers": {
+        "Retry-After": {"schema": {"type": "string"}, "description": "Seconds to wait before retrying."}
+    },
+}
+_E500: Final = _error(
+    "A bug of ours (`internal_error`); the body's `request_id` (also in `X-Request-Id`) finds its log lines."
+)
+
+# Statuses every /v1 operation can answer, whatever it does: authentication (401) and the owner's
+# rate limit (429) run before any handler, the database behind both can be unreachable (503), and
+# a bug is a 500. Added to each operation by ``_with_common_statuses`` so no operation can lack them.
+_COMMON_STATUSES: Final[dict[str, JsonObject]] = {"401": _E401, "429": _E429, "500": _E500, "503": _E503}
+# Statuses every operation that takes a body can answer, before its handler reads the body.
+_BODY_STATUSES: Final[dict[str, JsonObject]] = {"400": _E400, "413": _E413, "415": _E415, "422": _E422}
+
+
+def _with_common_statuses(paths: JsonObject) -> JsonObject:
+    """Every /v1 operation with the statuses any of them can answer (its own kept as they are)."""
+    out: JsonObject = {}
+    for path, item in paths.items():
+        out[path] = {}
+        for method, operation in item.items():
+            extra = dict(_COMMON_STATUSES)
+            if "requestBody" in operation:
+                extra.update(_BODY_STATUSES)
+            responses = {**extra, **operation["responses"]}
+            out[path][method] = {**operation, "responses": dict(sorted(responses.items()))}
+    return out
+
 
 _NAME_PARAM: Final = {
     "name": "name",
@@ -157,6 +206,33 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "end_at": _OPT_TIME,
             "dst_gap": {"enum": ["shift", "skip"], "default": "shift"},
             "dst_overlap": {"enum": ["first", "both"], "default": "first"},
+            "exclude": _EXCLUDE,
+        },
+    }
+    every_in: JsonObject = {
+        "type": "object",
+        "required": ["every"],
+        "additionalProperties": False,
+        "properties": {
+            "every": {
+                "type": "string",
+                "pattern": "^([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?$",
+                "description": "Integer parts `Nd`, `Nh`, `Nm`, `Ns` in that order (`90m`, `1h30m`, "
+                "`7d`), 1 s to 366 days. Occurrences are `start_at + k × every` in exact elapsed time: "
+                "daylight saving does not move them.",
+            },
+            "start_at": {
+                **_OPT_TIME,
+                "description": "The first occurrence; default: the creation time rounded down to the "
+                "second (the job then runs at once).",
+            },
+            "end_at": _OPT_TIME,
+            "timezone": {
+                "type": "string",
+                "default": "UTC",
+                "description": "An IANA zone id: the wall clock `exclude` dates are read on.",
+            },
+            "exclude": _EXCLUDE,
         },
     }
     retry_in: JsonObject = {
@@ -172,6 +248,15 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "backoff_initial_s": {"type": "number", "exclusiveMinimum": 0, "default": 1},
             "backoff_max_s": {"type": "number", "exclusiveMinimum": 0, "default": 600},
             "backoff_multiplier": {"type": "number", "exclusiveMinimum": 0, "default": 2.0},
+            "max_duration_s": {
+                "type": ["integer", "null"],
+                "minimum": 1,
+                "maximum": 2592000,
+                "default": None,
+                "description": "No attempt starts later than this after the occurrence was due; the "
+                "occurrence then fails with error `retry window exceeded`. A 429 or 503 answer's "
+                "`Retry-After` delays the next attempt to at least that, at most `backoff_max_s`.",
+            },
         },
     }
     spec_properties: JsonObject = {
@@ -189,7 +274,9 @@ def _schemas(limits: SpecLimits) -> JsonObject:
         },
         "target": {"oneOf": [_ref("WebhookTargetInput"), _ref("QueueTargetInput")]},
         "payload": {"description": f"Any JSON, at most {limits.payload_max_bytes} bytes encoded."},
-        "schedule": {"oneOf": [_ref("OneOffSchedule"), _ref("CronScheduleInput")]},
+        "schedule": {
+            "oneOf": [_ref("OneOffSchedule"), _ref("CronScheduleInput"), _ref("EveryScheduleInput")]
+        },
         "retry": _ref("RetryInput"),
         "misfire": {"enum": ["run_once", "run_all", "skip"], "default": "run_once"},
         "misfire_grace_s": {"type": "integer", "minimum": grace_low, "maximum": grace_high, "default": 60},
@@ -236,19 +323,32 @@ def _schemas(limits: SpecLimits) -> JsonObject:
     }
     cron_out: JsonObject = {
         "type": "object",
-        "required": ["cron", "timezone", "start_at", "end_at", "dst_gap", "dst_overlap"],
+        "required": ["cron", "timezone", "start_at", "end_at", "dst_gap", "dst_overlap", "exclude"],
         "additionalProperties": False,
         "properties": cron_in["properties"],
     }
+    every_out: JsonObject = {
+        "type": "object",
+        "required": ["every", "start_at", "end_at", "timezone", "exclude"],
+        "additionalProperties": False,
+        "properties": every_in["properties"],
+    }
     retry_out: JsonObject = {
         "type": "object",
-        "required": ["max_attempts", "backoff_initial_s", "backoff_max_s", "backoff_multiplier"],
+        "required": [
+            "max_attempts",
+            "backoff_initial_s",
+            "backoff_max_s",
+            "backoff_multiplier",
+            "max_duration_s",
+        ],
         "additionalProperties": False,
         "properties": {
             "max_attempts": {"type": "integer"},
             "backoff_initial_s": {"type": "number"},
             "backoff_max_s": {"type": "number"},
             "backoff_multiplier": {"type": "number"},
+            "max_duration_s": {"type": ["integer", "null"]},
         },
     }
     run: JsonObject = {
@@ -308,7 +408,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "labels": {"type": "object", "additionalProperties": {"type": "string"}},
             "target": {"oneOf": [_ref("WebhookTarget"), _ref("QueueTarget")]},
             "payload": {},
-            "schedule": {"oneOf": [_ref("OneOffSchedule"), _ref("CronSchedule")]},
+            "schedule": {"oneOf": [_ref("OneOffSchedule"), _ref("CronSchedule"), _ref("EverySchedule")]},
             "retry": _ref("Retry"),
             "misfire": {"enum": ["run_once", "run_all", "skip"]},
             "misfire_grace_s": {"type": "integer"},
@@ -355,10 +455,12 @@ def _schemas(limits: SpecLimits) -> JsonObject:
         "QueueTargetInput": queue_in,
         "OneOffSchedule": one_off,
         "CronScheduleInput": cron_in,
+        "EveryScheduleInput": every_in,
         "RetryInput": retry_in,
         "WebhookTarget": webhook_out,
         "QueueTarget": queue_out,
         "CronSchedule": cron_out,
+        "EverySchedule": every_out,
         "Retry": retry_out,
         "Run": run,
         "Job": job,
@@ -396,12 +498,35 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             },
         },
         "BackfillRequest": backfill_in,
+        "ReplayRequest": {
+            "type": "object",
+            "required": ["scheduled_for"],
+            "additionalProperties": False,
+            "properties": {"scheduled_for": {**_TIME, "description": "The failed occurrence to run again."}},
+        },
         "Backfill": backfill_out,
         "JobPage": {
             "type": "object",
             "required": ["items", "next_cursor"],
             "additionalProperties": False,
             "properties": {"items": {"type": "array", "items": _ref("Job")}, "next_cursor": cursor},
+        },
+        "OwnerRunPage": {
+            "type": "object",
+            "required": ["items", "next_cursor"],
+            "additionalProperties": False,
+            "properties": {
+                "items": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": [*run["required"], "job_id"],
+                        "additionalProperties": False,
+                        "properties": {**run["properties"], "job_id": {"type": "string", "format": "uuid"}},
+                    },
+                },
+                "next_cursor": cursor,
+            },
         },
         "RunPage": {
             "type": "object",
@@ -422,6 +547,10 @@ def _schemas(limits: SpecLimits) -> JsonObject:
                         "code": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$"},
                         "message": {"type": "string"},
                         "field": {"type": "string"},
+                        "request_id": {
+                            "type": "string",
+                            "description": "On a 5xx: the request's id, as in `X-Request-Id`.",
+                        },
                     },
                 }
             },
@@ -471,7 +600,7 @@ def _preview_schemas() -> JsonObject:
     }
     preview: JsonObject = {
         "type": "object",
-        "required": ["timezone", "from", "items", "has_more", "skipped"],
+        "required": ["timezone", "from", "items", "has_more", "skipped", "excluded", "warnings"],
         "additionalProperties": False,
         "properties": {
             "job_id": {"type": "string", "format": "uuid", "description": "Job previews only."},
@@ -489,6 +618,27 @@ def _preview_schemas() -> JsonObject:
                 "description": "Spring-forward gaps in the previewed window whose wall times "
                 "`dst_gap: skip` drops.",
             },
+            "excluded": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["at", "local", "utc_offset", "reason"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "at": {**_TIME, "description": "The occurrence `exclude` drops."},
+                        "local": wall,
+                        "utc_offset": {"type": "string"},
+                        "reason": {"const": "excluded_date"},
+                    },
+                },
+                "description": "Occurrences in the previewed window whose local date is excluded.",
+            },
+            "warnings": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Remarks on a valid schedule that may not mean what was meant, e.g. a "
+                "cron step larger than its range (`56-59/4` selects minute 56 only, as in Vixie cron).",
+            },
         },
     }
     request: JsonObject = {
@@ -496,7 +646,9 @@ def _preview_schemas() -> JsonObject:
         "required": ["schedule"],
         "additionalProperties": False,
         "properties": {
-            "schedule": {"oneOf": [_ref("OneOffSchedule"), _ref("CronScheduleInput")]},
+            "schedule": {
+                "oneOf": [_ref("OneOffSchedule"), _ref("CronScheduleInput"), _ref("EveryScheduleInput")]
+            },
             "count": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
             "from": {**_OPT_TIME, "description": "Preview a job created at this instant (default: now)."},
         },
@@ -560,10 +712,7 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                     "201": _json("Created.", _ref("Job"), location),
                     "400": _E400,
                     "401": _E401,
-                    "409": _error(
-                        "The name is held by another job (`name_taken`, the message names it), or the "
-                        "owner has as many active jobs as allowed (`job_limit_reached`)."
-                    ),
+                    "409": _error(_LIMITS_409["create_job"]),
                     "413": _E413,
                     "415": _E415,
                     "422": _E422,
@@ -660,12 +809,28 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
             )
         },
         "/v1/jobs/{job_id}/replay": {
-            "post": _action(
-                "replay_job",
-                "Send a dead job back to scheduled with its attempts reset; it runs now.",
-                {"200": job_ok},
-                conflict=True,
-            )
+            "post": {
+                **_action(
+                    "replay_job",
+                    "Without a body: send a dead job back to scheduled with its attempts reset; it "
+                    'runs now. With `{"scheduled_for"}`: one failed occurrence of a recurring job '
+                    "runs once more, now, with its own Idempotency-Key (202; 409 "
+                    "`occurrence_not_failed` when its last attempt did not fail).",
+                    {
+                        "200": job_ok,
+                        "202": _json("Accepted: the occurrence runs now; the job as it is.", _ref("Job")),
+                        "400": _E400,
+                        "413": _E413,
+                        "415": _E415,
+                        "422": _E422,
+                    },
+                    conflict=True,
+                ),
+                "requestBody": {
+                    "required": False,
+                    "content": {"application/json": {"schema": _ref("ReplayRequest")}},
+                },
+            }
         },
         "/v1/jobs/{job_id}/backfill": {
             "post": {
@@ -705,20 +870,51 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                 },
             }
         },
+        "/v1/runs": {
+            "get": {
+                "operationId": "list_owner_runs",
+                "summary": "The owner's runs across all jobs, newest (by finished_at) first, each with "
+                "its job_id: one view of what failed.",
+                "parameters": [
+                    {
+                        "name": "outcome",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"enum": ["succeeded", "failed", "timed_out", "lease_expired", "skipped"]},
+                    },
+                    {
+                        "name": "since",
+                        "in": "query",
+                        "required": False,
+                        "description": "Only runs that finished at or after this RFC 3339 instant.",
+                        "schema": _TIME,
+                    },
+                    *_page_params(),
+                ],
+                "responses": {
+                    "200": _json("A page of runs, each with its job_id.", _ref("OwnerRunPage")),
+                    "401": _E401,
+                    "422": _E422,
+                    "503": _E503,
+                },
+            }
+        },
     }
     paths.update(_owner_scale_paths(spec_body, location))
     paths.update(_preview_paths())
+    _add_edge_answers(paths)
     return {
         "openapi": "3.1.0",
         "info": {
             "title": "Duetime API",
             "version": __version__,
             "description": "Register, change and inspect scheduled jobs. Errors share one body: "
-            '`{"error": {"code", "message", "field"?}}`. See docs/api.md.',
+            '`{"error": {"code", "message", "field"?, "request_id"?}}`. Every answer carries '
+            "`X-Request-Id`. See docs/api.md.",
         },
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}],
-        "paths": paths,
+        "paths": _with_common_statuses(paths),
         "components": {
             "securitySchemes": {
                 "bearer": {
@@ -773,9 +969,7 @@ def _owner_scale_paths(spec_body: JsonObject, location: JsonObject) -> JsonObjec
                         "Only when a client removed a `.` or `..` name from the URL before sending it "
                         "(then the URL names no route); PUT never answers 404 for a name."
                     ),
-                    "409": _error(
-                        "A change to a completed or dead job (as PATCH answers), or `job_limit_reached`."
-                    ),
+                    "409": _error(_LIMITS_409["put_job_by_name"]),
                     "413": _E413,
                     "415": _E415,
                     "422": _error("Invalid values, or a body `name` that differs from the URL's."),
@@ -802,6 +996,44 @@ def _owner_scale_paths(spec_body: JsonObject, location: JsonObject) -> JsonObjec
             "starts after the answer.",
         ),
     }
+
+
+_E400_EDGE: Final = _error(
+    "Malformed JSON or a value of the wrong type; or a repeated Authorization header "
+    "(`duplicate_header`) or query parameter (`duplicate_parameter`)."
+)
+_E408: Final = _error(
+    "The request body did not arrive in time (`request_timeout`); the connection is closed."
+)
+_LIMITS_409: Final = {
+    "create_job": "The name is held by another job (`name_taken`, the message names it); or the "
+    "owner is at a limit: `job_limit_reached` (active jobs) or `job_bytes_limit_reached` (stored "
+    "bytes); or `concurrent_update`.",
+    "put_job_by_name": "A change to a completed or dead job (as PATCH answers); or, when the PUT "
+    "creates, the owner is at a limit: `job_limit_reached` or `job_bytes_limit_reached`; or "
+    "`name_contended` (the job kept changing under concurrent requests: try again).",
+    "trigger_job": "The job's state does not allow a trigger, or `too_many_triggers` wait already; "
+    "or `concurrent_update`.",
+}
+
+
+def _add_edge_answers(paths: JsonObject) -> None:
+    """Answers every /v1 operation can give before or around its handler beyond the common ones
+    (``_with_common_statuses``): 400 for a repeated Authorization header or query parameter, 408
+    for a stalled body (on operations that take one), and the owner limits' 409s on create and
+    trigger."""
+    for path, item in paths.items():
+        if not path.startswith("/v1/"):
+            continue
+        for operation in item.values():
+            responses = operation["responses"]
+            responses["400"] = _E400_EDGE
+            if "requestBody" in operation:
+                responses["408"] = _E408
+            limit_409 = _LIMITS_409.get(operation.get("operationId", ""))
+            if limit_409 is not None:
+                responses["409"] = _error(limit_409)
+            operation["responses"] = dict(sorted(responses.items()))
 
 
 def _preview_paths() -> JsonObject:

@@ -30,10 +30,10 @@ from duetime.api.body import parse_json, require_json_content_type
 from duetime.api.handlers import OWNER, job_id_of
 from duetime.api.render import json_response
 from duetime.core.codec import format_time
-from duetime.core.cron import parse_cron
+from duetime.core.cron import cron_notes, parse_cron
 from duetime.core.errors import InvalidRequest
 from duetime.core.jitter import due_at
-from duetime.core.model import CronSchedule, DstGap, Job, JobState, Schedule
+from duetime.core.model import CronSchedule, DstGap, IntervalSchedule, Job, JobState, OneOffSchedule, Schedule
 from duetime.core.schedule import describe_instant, first_occurrence, load_zone, next_occurrence
 from duetime.core.validation import SpecLimits, parse_preview_request, parse_time
 from duetime.storage.base import Registry
@@ -58,6 +58,7 @@ class Preview:
     items: list[datetime]
     has_more: bool
     skipped: list[datetime]  # transition instants whose gap a dst_gap=skip rule drops
+    excluded: list[datetime] = dataclasses.field(default_factory=list)  # occurrences on excluded days
 
 
 def compute_preview(schedule: Schedule, start: datetime, count: int) -> Preview:
@@ -76,7 +77,40 @@ def compute_preview(schedule: Schedule, start: datetime, count: int) -> Preview:
     skipped: list[datetime] = []
     if isinstance(schedule, CronSchedule) and schedule.dst_gap == DstGap.SKIP:
         skipped = _skipped_gaps(schedule, start, items[-1] if has_more and items else None, count)
-    return Preview(schedule=schedule, start=start, items=items, has_more=has_more, skipped=skipped)
+    excluded: list[datetime] = []
+    if isinstance(schedule, CronSchedule | IntervalSchedule) and schedule.exclude:
+        excluded = _excluded(schedule, start, items[-1] if has_more and items else None, count)
+    return Preview(
+        schedule=schedule, start=start, items=items, has_more=has_more, skipped=skipped, excluded=excluded
+    )
+
+
+def _excluded(
+    schedule: CronSchedule | IntervalSchedule, start: datetime, until: datetime | None, count: int
+) -> list[datetime]:
+    """Occurrences in the previewed window that ``exclude`` drops: the same schedule walked
+    without its exclusions, less the instants the real one has."""
+    unexcluded = dataclasses.replace(schedule, exclude=())
+    kept = set(occurrences_between(schedule, start, until, _SKIP_SCAN_LIMIT))
+    found: list[datetime] = []
+    for instant in occurrences_between(unexcluded, start, until, _SKIP_SCAN_LIMIT):
+        if instant not in kept:
+            found.append(instant)
+            if len(found) == count:
+                break
+    return found
+
+
+def occurrences_between(
+    schedule: Schedule, start: datetime, until: datetime | None, limit: int
+) -> list[datetime]:
+    """The engine's chain from a job created at ``start``, up to ``until`` (or ``limit`` of them)."""
+    found: list[datetime] = []
+    current = first_occurrence(schedule, start)
+    while current is not None and len(found) < limit and (until is None or current <= until):
+        found.append(current)
+        current = next_occurrence(schedule, current)
+    return found
 
 
 def _skipped_gaps(
@@ -158,13 +192,25 @@ def preview_to_json(preview: Preview, job: tuple[uuid.UUID, int] | None = None) 
             item["due_at"] = format_time(due_at(job[0], instant, job[1]))
         items.append(item)
     return {
-        "timezone": schedule.timezone if isinstance(schedule, CronSchedule) else "UTC",
+        "timezone": "UTC" if isinstance(schedule, OneOffSchedule) else schedule.timezone,
         "from": format_time(preview.start),
         "items": items,
         "has_more": preview.has_more,
         "skipped": [
             _skipped_json(schedule, t) for t in preview.skipped if isinstance(schedule, CronSchedule)
         ],
+        "excluded": [_excluded_json(schedule, t) for t in preview.excluded],
+        "warnings": cron_notes(schedule.cron) if isinstance(schedule, CronSchedule) else [],
+    }
+
+
+def _excluded_json(schedule: Schedule, instant: datetime) -> dict[str, Any]:
+    described = describe_instant(schedule, instant)
+    return {
+        "at": format_time(instant),
+        "local": described["local"],
+        "utc_offset": described["utc_offset"],
+        "reason": "excluded_date",
     }
 
 
@@ -217,6 +263,6 @@ def _job_preview(job: Job, job_id: uuid.UUID, start: datetime, count: int) -> di
     if job.state in _LIVE_STATES:
         preview = compute_preview(schedule, start, count)
     else:
-        preview = Preview(schedule=schedule, start=start, items=[], has_more=False, skipped=[])
+        preview = Preview(schedule=schedule, start=start, items=[], has_more=False, skipped=[], excluded=[])
     body = preview_to_json(preview, (job_id, job.spec.jitter_s))
     return {"job_id": job.id, "state": job.state.value, **body}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from duetime.core.errors import InvalidRequest
-from duetime.core.model import CronSchedule, JobSpec, Overlap
+from duetime.core.model import CronSchedule, IntervalSchedule, JobSpec, Overlap
 from duetime.core.schedule import next_occurrence
 
 _TINY = timedelta(microseconds=1)
@@ -44,9 +44,9 @@ def plan_backfill(
     these join the end of its line instead of starting a second one.
     """
     schedule = spec.schedule
-    if not isinstance(schedule, CronSchedule):
+    if not isinstance(schedule, CronSchedule | IntervalSchedule):
         raise InvalidRequest(
-            "only a recurring (cron) job can be backfilled; a one-off job has a single run "
+            "only a recurring (cron or every) job can be backfilled; a one-off job has a single run "
             "(use POST /v1/jobs/{id}/trigger for an extra run)",
             code="not_recurring",
             field="schedule",

@@ -7,14 +7,17 @@ This is the trusted direction (our own records in and out); untrusted input goes
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
+from duetime.core.interval import parse_every
 from duetime.core.model import (
     Broker,
     CronSchedule,
+    DateRange,
     DstGap,
     DstOverlap,
+    IntervalSchedule,
     JobSpec,
     Misfire,
     OneOffSchedule,
@@ -81,9 +84,36 @@ def target_from_json(data: dict[str, Any]) -> Target:
     return QueueTarget(broker=Broker(data["broker"]), topic=data["topic"])
 
 
+def exclude_to_json(ranges: tuple[DateRange, ...]) -> list[Any]:
+    """A single day as ``"YYYY-MM-DD"``, a longer stretch as ``{"from", "to"}`` (inclusive)."""
+    return [
+        r.first.isoformat() if r.first == r.last else {"from": r.first.isoformat(), "to": r.last.isoformat()}
+        for r in ranges
+    ]
+
+
+def exclude_from_json(items: list[Any] | None) -> tuple[DateRange, ...]:
+    ranges = []
+    for item in items or ():
+        if isinstance(item, str):
+            day = date.fromisoformat(item)
+            ranges.append(DateRange(day, day))
+        else:
+            ranges.append(DateRange(date.fromisoformat(item["from"]), date.fromisoformat(item["to"])))
+    return tuple(ranges)
+
+
 def schedule_to_json(schedule: Schedule) -> dict[str, Any]:
     if isinstance(schedule, OneOffSchedule):
         return {"run_at": format_time(schedule.run_at)}
+    if isinstance(schedule, IntervalSchedule):
+        return {
+            "every": schedule.every,
+            "start_at": format_time(schedule.start_at),
+            "end_at": _opt_time(schedule.end_at),
+            "timezone": schedule.timezone,
+            "exclude": exclude_to_json(schedule.exclude),
+        }
     return {
         "cron": schedule.cron,
         "timezone": schedule.timezone,
@@ -91,12 +121,22 @@ def schedule_to_json(schedule: Schedule) -> dict[str, Any]:
         "end_at": _opt_time(schedule.end_at),
         "dst_gap": schedule.dst_gap.value,
         "dst_overlap": schedule.dst_overlap.value,
+        "exclude": exclude_to_json(schedule.exclude),
     }
 
 
 def schedule_from_json(data: dict[str, Any]) -> Schedule:
     if "run_at" in data:
         return OneOffSchedule(run_at=parse_time(data["run_at"]))
+    if "every" in data:
+        return IntervalSchedule(
+            every=data["every"],
+            every_s=parse_every(data["every"]),
+            start_at=parse_time(data["start_at"]),
+            end_at=parse_time(data["end_at"]) if data.get("end_at") else None,
+            timezone=data.get("timezone", "UTC"),
+            exclude=exclude_from_json(data.get("exclude")),
+        )
     return CronSchedule(
         cron=data["cron"],
         timezone=data.get("timezone", "UTC"),
@@ -104,6 +144,7 @@ def schedule_from_json(data: dict[str, Any]) -> Schedule:
         end_at=parse_time(data["end_at"]) if data.get("end_at") else None,
         dst_gap=DstGap(data.get("dst_gap", "shift")),
         dst_overlap=DstOverlap(data.get("dst_overlap", "first")),
+        exclude=exclude_from_json(data.get("exclude")),
     )
 
 
@@ -113,6 +154,7 @@ def retry_to_json(retry: RetryPolicy) -> dict[str, Any]:
         "backoff_initial_s": retry.backoff_initial_s,
         "backoff_max_s": retry.backoff_max_s,
         "backoff_multiplier": retry.backoff_multiplier,
+        "max_duration_s": retry.max_duration_s,
     }
 
 
@@ -144,6 +186,7 @@ def spec_from_json(data: dict[str, Any]) -> JobSpec:
             backoff_initial_s=float(retry.get("backoff_initial_s", 1.0)),
             backoff_max_s=float(retry.get("backoff_max_s", 600.0)),
             backoff_multiplier=float(retry.get("backoff_multiplier", 2.0)),
+            max_duration_s=None if retry.get("max_duration_s") is None else int(retry["max_duration_s"]),
         ),
         misfire=Misfire(data.get("misfire", "run_once")),
         misfire_grace_s=int(data.get("misfire_grace_s", 60)),

@@ -19,7 +19,7 @@ from datetime import date, datetime
 
 from duetime.core.errors import InvalidRequest
 
-__all__ = ["MAX_EXPRESSION_LENGTH", "SEARCH_HORIZON_YEARS", "CronExpr", "parse_cron"]
+__all__ = ["MAX_EXPRESSION_LENGTH", "SEARCH_HORIZON_YEARS", "CronExpr", "cron_notes", "parse_cron"]
 
 MAX_EXPRESSION_LENGTH = 256
 # 29 February can be 8 years away (2096 -> 2104); 30 years leaves room and still bounds the work.
@@ -402,14 +402,11 @@ def _parse_item(item: str, spec: _FieldSpec) -> range:
             )
     else:
         low = _parse_value(base, item, spec)
-        high = spec.star_high if slash else low
-        if slash and low > high:
-            raise _invalid(f"{spec.name} field: {item!r} starts after the field's last value {high}")
-    if slash and step > high - low:
-        raise _invalid(
-            f"{spec.name} field: step {step} in {item!r} is larger than the range {low}-{high} "
-            f"(it would select only {low})"
-        )
+        # ``a/n`` runs to the field's last value; a written day-of-week 7 (Sunday) is its own end.
+        high = max(spec.star_high, low) if slash else low
+    # A step larger than its range (``9-12/5``, ``*/60``) selects the range's first value only.
+    # Vixie cron, cronie and croniter accept it, so it is accepted here too; ``cron_notes`` lets
+    # the preview point it out, since the writer may have meant something else.
     return range(low, high + 1, step)
 
 
@@ -435,3 +432,32 @@ def _parse_value(token: str, item: str, spec: _FieldSpec) -> int:
         f"{spec.name} field: {token!r} is not a number in range {spec.low}-{spec.high}"
         + (" or a name" if spec.names is not None else "")
     )
+
+
+def cron_notes(expr: str) -> list[str]:
+    """Remarks on a *valid* expression that may not mean what its writer thought, for previews.
+
+    Today: a step larger than its range, which Vixie cron accepts and reads as the range's first
+    value alone (``56-59/4`` is minute 56). The expression still runs as written.
+    """
+    text = _MACROS.get(expr.lower(), expr) if expr.startswith("@") else expr
+    fields = text.split(" ")
+    if len(fields) not in (5, 6):
+        return []
+    specs = (_SECOND, _MINUTE, _HOUR, _DAY, _MONTH, _WEEKDAY)[6 - len(fields) :]
+    notes: list[str] = []
+    for field_text, spec in zip(fields, specs, strict=False):
+        for item in field_text.split(","):
+            _, slash, step_text = item.partition("/")
+            if not slash or not _DIGITS.fullmatch(step_text):
+                continue
+            selected = list(_parse_item(item, spec))
+            if len(selected) == 1 and int(step_text) > 1:
+                value = selected[0]
+                shown = "Sunday" if spec is _WEEKDAY and value in (0, 7) else str(value)
+                notes.append(
+                    f"{spec.name} field: step {int(step_text)} in {item!r} is larger than its range, "
+                    f"so it selects only {shown} (as in Vixie cron); list the values with ',' if you "
+                    f"meant more than one"
+                )
+    return notes

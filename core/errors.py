@@ -49,6 +49,13 @@ class Conflict(DuetimeError):
     code = "state_conflict"
 
 
+class Contended(Conflict):
+    """A healthy database gave way to a concurrent change of the same rows, more often than the
+    store retries (HTTP 409): worth sending again, and never an outage."""
+
+    code = "concurrent_update"
+
+
 class Unauthorized(DuetimeError):
     code = "unauthorized"
 
@@ -65,6 +72,12 @@ class StorageUnavailable(DuetimeError):
     """The database could not be reached or refused the write (HTTP 503); nothing was acknowledged."""
 
     code = "storage_unavailable"
+
+
+class TopicNotAllowed(InvalidRequest):
+    """A queue topic that is Duetime's, the broker's, or outside the owner's streams (HTTP 422)."""
+
+    code = "topic_not_allowed"
 
 
 class TargetNotAllowed(InvalidRequest):

@@ -21,7 +21,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from duetime.core import jitter, retry, states
-from duetime.core.model import CronSchedule, JobSpec, JobState, OneOffSchedule, Outcome, Overlap
+from duetime.core.model import (
+    CronSchedule,
+    IntervalSchedule,
+    JobSpec,
+    JobState,
+    OneOffSchedule,
+    Outcome,
+    Overlap,
+)
 from duetime.core.schedule import count_between, latest_at_or_before, next_occurrence
 
 #: At most this many occurrences passed over by an overlap policy are written to the history one
@@ -103,7 +111,7 @@ def split_point(spec: JobSpec, plan: RowPlan) -> datetime | None:
     schedule = spec.schedule
     if (
         spec.overlap is not Overlap.ALLOW
-        or not isinstance(schedule, CronSchedule)
+        or not isinstance(schedule, CronSchedule | IntervalSchedule)
         or plan.state is not JobState.SCHEDULED
         or plan.run_kind != "scheduled"
         or plan.scheduled_for is None
@@ -163,7 +171,7 @@ def _apply_overlap(job_id: uuid.UUID, spec: JobSpec, base: RowPlan, now: datetim
     if (
         now is None
         or spec.overlap is Overlap.ALLOW
-        or not isinstance(spec.schedule, CronSchedule)
+        or not isinstance(spec.schedule, CronSchedule | IntervalSchedule)
         or base.state is not JobState.SCHEDULED
         or base.scheduled_for is None
         or base.next_run_at is None
@@ -205,7 +213,7 @@ def _after_final(
             attempt=plan.attempt,
         )
     else:
-        assert isinstance(spec.schedule, CronSchedule)
+        assert isinstance(spec.schedule, CronSchedule | IntervalSchedule)
         after = plan.scheduled_for
         if plan.handed_upto is not None and (after is None or plan.handed_upto > after):
             after = plan.handed_upto  # later occurrences already ran beside this one (allow)
@@ -219,6 +227,31 @@ def _after_final(
     return base
 
 
+def _would_retry(spec: JobSpec, *, attempt: int, outcome: Outcome, retryable: bool) -> bool:
+    return (
+        outcome not in (Outcome.SUCCEEDED, Outcome.SKIPPED)
+        and retryable
+        and attempt < spec.retry.max_attempts
+    )
+
+
+def retry_window_exceeded(
+    spec: JobSpec,
+    *,
+    attempt: int,
+    outcome: Outcome,
+    retryable: bool,
+    now: datetime,
+    due: datetime,
+    retry_after_s: float | None = None,
+) -> bool:
+    """Whether this attempt's occurrence is over only because its next attempt could not start
+    inside ``retry.max_duration_s`` of ``due``: it then fails with ``retry.WINDOW_EXCEEDED``."""
+    return _would_retry(spec, attempt=attempt, outcome=outcome, retryable=retryable) and retry.window_closed(
+        spec.retry, now, due, retry_after_s
+    )
+
+
 def _retried(
     spec: JobSpec,
     plan: RowPlan,
@@ -228,11 +261,21 @@ def _retried(
     retryable: bool,
     now: datetime,
     rng: random.Random | None,
+    due: datetime | None,
+    retry_after_s: float | None,
 ) -> RowPlan | None:
     """The retry of the same occurrence after attempt ``attempt``, or None when it is over."""
-    if outcome in (Outcome.SUCCEEDED, Outcome.SKIPPED) or not retryable or attempt >= spec.retry.max_attempts:
+    if not _would_retry(spec, attempt=attempt, outcome=outcome, retryable=retryable):
         return None
-    return replace(plan, attempt=attempt, next_run_at=retry.next_retry_at(spec.retry, attempt, now, rng))
+    at = retry.plan_retry(
+        spec.retry,
+        attempt,
+        now,
+        due=due or plan.scheduled_for or now,
+        retry_after=retry_after_s,
+        rng=rng,
+    )
+    return None if at is None else replace(plan, attempt=attempt, next_run_at=at)
 
 
 def after_attempt(
@@ -245,15 +288,30 @@ def after_attempt(
     retryable: bool,
     now: datetime,
     rng: random.Random | None = None,
+    due: datetime | None = None,
+    retry_after_s: float | None = None,
 ) -> RowPlan:
     """What the row becomes after attempt number ``attempt`` of its current run ended.
+
+    ``due`` is when the occurrence was due (its jitter included): ``retry.max_duration_s`` counts
+    from it. ``retry_after_s`` is the wait a 429/503 answer asked for.
 
     ``plan.state`` is the row's state *now* (an owner may have paused or cancelled it while the
     call was in flight); a cancelled job stays cancelled and a paused one stays paused, but the
     occurrence still advances so a resume does not run it a second time.
     """
     succeeded = outcome is Outcome.SUCCEEDED
-    retried = _retried(spec, plan, attempt=attempt, outcome=outcome, retryable=retryable, now=now, rng=rng)
+    retried = _retried(
+        spec,
+        plan,
+        attempt=attempt,
+        outcome=outcome,
+        retryable=retryable,
+        now=now,
+        rng=rng,
+        due=due,
+        retry_after_s=retry_after_s,
+    )
     if retried is not None:
         return retried
     plan = replace(plan, attempt=attempt)
@@ -275,6 +333,8 @@ def after_occurrence_attempt(
     retryable: bool,
     now: datetime,
     rng: random.Random | None = None,
+    due: datetime | None = None,
+    retry_after_s: float | None = None,
 ) -> RowPlan | None:
     """An occurrence row (one occurrence of a recurring job run in a row of its own, for
     overlap=allow or a backfill): its retry, or None when the occurrence is over and the row goes.
@@ -284,7 +344,17 @@ def after_occurrence_attempt(
     """
     if plan.state is JobState.CANCELLED:
         return None
-    return _retried(spec, plan, attempt=attempt, outcome=outcome, retryable=retryable, now=now, rng=rng)
+    return _retried(
+        spec,
+        plan,
+        attempt=attempt,
+        outcome=outcome,
+        retryable=retryable,
+        now=now,
+        rng=rng,
+        due=due,
+        retry_after_s=retry_after_s,
+    )
 
 
 # ---------------------------------------------------------------------------------- owner actions

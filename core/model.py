@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 
@@ -102,6 +102,14 @@ class OneOffSchedule:
 
 
 @dataclass(frozen=True, slots=True)
+class DateRange:
+    """Local calendar days ``first`` to ``last`` inclusive (one day when they are equal)."""
+
+    first: date
+    last: date
+
+
+@dataclass(frozen=True, slots=True)
 class CronSchedule:
     cron: str
     timezone: str = "UTC"
@@ -109,9 +117,27 @@ class CronSchedule:
     end_at: datetime | None = None
     dst_gap: DstGap = DstGap.SHIFT
     dst_overlap: DstOverlap = DstOverlap.FIRST
+    exclude: tuple[DateRange, ...] = ()
 
 
-Schedule = OneOffSchedule | CronSchedule
+@dataclass(frozen=True, slots=True)
+class IntervalSchedule:
+    """``start_at + k × every`` in exact elapsed time (see core/interval.py).
+
+    ``every`` is kept as written (``"1h30m"``) and ``every_s`` is its value; ``timezone`` only
+    says on which wall clock the ``exclude`` dates are read.
+    """
+
+    every: str
+    every_s: int
+    start_at: datetime
+    end_at: datetime | None = None
+    timezone: str = "UTC"
+    exclude: tuple[DateRange, ...] = ()
+
+
+Schedule = OneOffSchedule | CronSchedule | IntervalSchedule
+RecurringSchedule = CronSchedule | IntervalSchedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +146,8 @@ class RetryPolicy:
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 600.0
     backoff_multiplier: float = 2.0
+    # No attempt starts later than this after the occurrence was due (None: no such bound).
+    max_duration_s: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +168,7 @@ class JobSpec:
 
     @property
     def recurring(self) -> bool:
-        return isinstance(self.schedule, CronSchedule)
+        return isinstance(self.schedule, CronSchedule | IntervalSchedule)
 
 
 @dataclass(frozen=True, slots=True)

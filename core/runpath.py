@@ -128,8 +128,9 @@ class RunSpec:
 @dataclass(frozen=True, slots=True)
 class Claim:
     """A row leased into an engine's wheel (claim_due, retake_claims). ``misfire_spec`` is set
-    only when the row is overdue past its grace (``core.misfire.MISFIRE_SQL``), so the engine can
-    apply the job's misfire policy; ``db_now`` is the database's clock at the claim."""
+    only when the row is overdue past its grace, or is a recurring row a second or more behind
+    (``core.misfire.MISSED_SQL``), so the engine can apply the job's misfire policy or start a
+    catch-up; ``db_now`` is the database's clock at the claim."""
 
     job_id: uuid.UUID
     shard: int
@@ -202,6 +203,11 @@ class Delivery:
     signing_secret: str  # the owner's secret, "whsec_<base64>"; "" for queue targets
     payload: Any  # JSON value (None → body "null")
     target: Target  # WebhookTarget | QueueTarget
+    # During a rotation's grace: the owner's previous secret, which signs too (Standard Webhooks
+    # carries several signatures, space-separated), so receivers holding either verify the call.
+    extra_signing_secrets: tuple[str, ...] = ()
+    # With tracing on (workers/tracing.py): the W3C traceparent of this attempt's span.
+    traceparent: str | None = None
 
     @classmethod
     def of(cls, run: FencedRun, *, signing_secret: str) -> Delivery:
@@ -232,6 +238,7 @@ class Verdict:
     retryable: bool
     status_code: int | None = None
     error: str | None = None  # short, for a person; never header values or secrets
+    retry_after_s: float | None = None  # a 429/503's Retry-After, for the one retry layer
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,3 +338,7 @@ class Skip:
     lease_token: int
     skipped: tuple[datetime, ...]
     next_scheduled_for: datetime | None
+    # A catch-up (core/misfire.py): these occurrences start now in occurrence rows of their
+    # own, all together or (``chained``) back to back, while the row moves on to ``next``.
+    catch_up: tuple[datetime, ...] = ()
+    chained: bool = False

@@ -33,11 +33,22 @@ from typing import Any
 
 from duetime.core.cron import SEARCH_HORIZON_YEARS, CronExpr, parse_cron
 from duetime.core.errors import InvalidRequest
-from duetime.core.model import CronSchedule, DstGap, DstOverlap, OneOffSchedule, Schedule
+from duetime.core.exclusion import Exclusions
+from duetime.core.interval import IntervalMath
+from duetime.core.model import (
+    CronSchedule,
+    DateRange,
+    DstGap,
+    DstOverlap,
+    IntervalSchedule,
+    OneOffSchedule,
+    Schedule,
+)
 
 __all__ = [
     "MAX_OCCURRENCES",
     "check_cron_schedule",
+    "check_interval_schedule",
     "count_between",
     "describe_instant",
     "first_occurrence",
@@ -206,6 +217,12 @@ def _compiled(expr: str) -> CronExpr:
     return parse_cron(expr)
 
 
+@lru_cache(maxsize=1024)
+def _exclusions(ranges: tuple[DateRange, ...], zone_name: str, unit_us: int) -> Exclusions:
+    """Merged once per schedule: every walk of a job's schedule builds the same table."""
+    return Exclusions(ranges, load_zone(zone_name), unit_us)
+
+
 # -- instants as integers --------------------------------------------------------------------------
 
 
@@ -233,7 +250,7 @@ def _instant_year(instant: int) -> int:
 class _CronWalk:
     """The segment walk for one cron schedule; integer seconds since the Unix epoch throughout."""
 
-    __slots__ = ("_expr", "_gap_shift", "_high", "_low", "_overlap_both", "_timeline")
+    __slots__ = ("_excluded", "_expr", "_gap_shift", "_high", "_low", "_overlap_both", "_timeline")
 
     def __init__(self, schedule: CronSchedule) -> None:
         self._expr = _compiled(schedule.cron)
@@ -242,9 +259,27 @@ class _CronWalk:
         self._overlap_both = schedule.dst_overlap == DstOverlap.BOTH
         self._low = _FAR_PAST if schedule.start_at is None else _ceil_s(schedule.start_at)
         self._high = _FAR_FUTURE if schedule.end_at is None else _floor_s(schedule.end_at)
+        self._excluded = (
+            Exclusions(schedule.exclude, load_zone(schedule.timezone), 1_000_000)
+            if schedule.exclude
+            else None
+        )
 
     def first_at_or_after(self, low: int, high: int = _FAR_FUTURE) -> int | None:
-        """The smallest occurrence in [low, high] (both already integers), or None."""
+        """The smallest occurrence in [low, high] (both already integers) whose local date is not
+        excluded, or None. Each excluded stretch met is jumped over whole, so the work grows with
+        the number of excluded ranges passed, never with the occurrences inside them."""
+        excluded = self._excluded
+        while True:
+            found = self._first_matching(low, high)
+            if found is None or excluded is None:
+                return found
+            resume = excluded.resume_after(found)
+            if resume is None:
+                return found
+            low = resume
+
+    def _first_matching(self, low: int, high: int) -> int | None:
         low = max(low, self._low)
         high = min(high, self._high)
         if low > high:
@@ -301,6 +336,58 @@ class _CronWalk:
             start, end, offset, before = self._timeline.segment(end)
 
 
+_US = timedelta(microseconds=1)
+_FAR_US = (datetime(9998, 1, 1, tzinfo=UTC) - _EPOCH) // _US
+
+
+def _us(value: datetime) -> int:
+    return (value - _EPOCH) // _US
+
+
+def _from_us(instant: int) -> datetime:
+    return _EPOCH + instant * _US
+
+
+class _IntervalWalk:
+    """An interval schedule's occurrences, excluded dates left out; integer microseconds."""
+
+    __slots__ = ("_excluded", "_math")
+
+    def __init__(self, schedule: IntervalSchedule) -> None:
+        end = None if schedule.end_at is None else _us(schedule.end_at)
+        self._math = IntervalMath(_us(schedule.start_at), schedule.every_s * 1_000_000, end)
+        self._excluded = _exclusions(schedule.exclude, schedule.timezone, 1) if schedule.exclude else None
+
+    def first_at_or_after(self, low: int, high: int = _FAR_US) -> int | None:
+        excluded = self._excluded
+        while True:
+            found = self._math.first_at_or_after(low)
+            if found is None or found > min(high, _FAR_US):
+                return None
+            resume = None if excluded is None else excluded.resume_after(found)
+            if resume is None:
+                return found
+            low = resume
+
+    def last_at_or_before(self, high: int, low: int) -> int | None:
+        excluded = self._excluded
+        while True:
+            found = self._math.last_at_or_before(high)
+            if found is None or found < low:
+                return None
+            resume = None if excluded is None else excluded.resume_before(found)
+            if resume is None:
+                return found
+            high = resume
+
+    def count_in(self, low: int, high: int) -> int:
+        count = self._math.count_in(low, high)
+        if self._excluded is not None and count:
+            for start, until in self._excluded.spans(low, high):
+                count -= self._math.count_in(max(low, start), min(high, until - 1))
+        return count
+
+
 # -- public API ------------------------------------------------------------------------------------
 
 
@@ -309,6 +396,9 @@ def next_occurrence(schedule: Schedule, after: datetime) -> datetime | None:
     _require_aware(after, "after")
     if isinstance(schedule, OneOffSchedule):
         return schedule.run_at if schedule.run_at > after else None
+    if isinstance(schedule, IntervalSchedule):
+        found_us = _IntervalWalk(schedule).first_at_or_after(_us(after) + 1)
+        return None if found_us is None else _from_us(found_us)
     found = _CronWalk(schedule).first_at_or_after(_floor_s(after) + 1)
     return None if found is None else _to_datetime(found)
 
@@ -317,11 +407,17 @@ def first_occurrence(schedule: Schedule, now: datetime) -> datetime | None:
     """The first run of a new (or rescheduled) job.
 
     A one-off's ``run_at`` is returned even when it is in the past: the contract says it then runs
-    at once. A cron's first occurrence is strictly after ``now`` and not before ``start_at``.
+    at once. A cron's first occurrence is strictly after ``now`` and not before ``start_at``. An
+    interval's is its first occurrence in the second of ``now`` or later: with the default
+    ``start_at`` (the creation time rounded down to the second) that is ``start_at`` itself, so
+    a new "every 90m" job runs at once and then every 90 minutes.
     """
     _require_aware(now, "now")
     if isinstance(schedule, OneOffSchedule):
         return schedule.run_at
+    if isinstance(schedule, IntervalSchedule):
+        found_us = _IntervalWalk(schedule).first_at_or_after(_floor_s(now) * 1_000_000)
+        return None if found_us is None else _from_us(found_us)
     return next_occurrence(schedule, now)
 
 
@@ -334,6 +430,14 @@ def occurrences(schedule: Schedule, after: datetime, limit: int) -> list[datetim
         )
     if isinstance(schedule, OneOffSchedule):
         return [schedule.run_at] if limit and schedule.run_at > after else []
+    if isinstance(schedule, IntervalSchedule):
+        every = _IntervalWalk(schedule)
+        listed: list[datetime] = []
+        cursor_us = _us(after) + 1
+        while len(listed) < limit and (instant_us := every.first_at_or_after(cursor_us)) is not None:
+            listed.append(_from_us(instant_us))
+            cursor_us = instant_us + 1
+        return listed
     walk = _CronWalk(schedule)
     found: list[datetime] = []
     cursor = _floor_s(after) + 1
@@ -356,6 +460,9 @@ def latest_at_or_before(schedule: Schedule, at: datetime, not_before: datetime) 
     _require_aware(not_before, "not_before")
     if isinstance(schedule, OneOffSchedule):
         return schedule.run_at if not_before <= schedule.run_at <= at else None
+    if isinstance(schedule, IntervalSchedule):
+        found_us = _IntervalWalk(schedule).last_at_or_before(_us(at), _us(not_before))
+        return None if found_us is None else _from_us(found_us)
     walk = _CronWalk(schedule)
     low, high = _ceil_s(not_before), _floor_s(at)
     if low > high:
@@ -389,6 +496,9 @@ def count_between(schedule: Schedule, after: datetime, until: datetime, cap: int
         return 0
     if isinstance(schedule, OneOffSchedule):
         return 1 if after < schedule.run_at <= until else 0
+    if isinstance(schedule, IntervalSchedule):
+        low_us, high_us = _us(after) + 1, _us(until)
+        return 0 if low_us > high_us else min(_IntervalWalk(schedule).count_in(low_us, high_us), cap)
     walk = _CronWalk(schedule)
     high = _floor_s(until)
     cursor = _floor_s(after) + 1
@@ -405,7 +515,7 @@ def count_between(schedule: Schedule, after: datetime, until: datetime, cap: int
 def describe_instant(schedule: Schedule, instant: datetime) -> dict[str, Any]:
     """How an occurrence reads on the schedule's wall clock, for previews in the API and CLI."""
     _require_aware(instant, "instant")
-    zone_name = schedule.timezone if isinstance(schedule, CronSchedule) else "UTC"
+    zone_name = "UTC" if isinstance(schedule, OneOffSchedule) else schedule.timezone
     local = instant.astimezone(load_zone(zone_name))
     offset = local.utcoffset()
     assert offset is not None
@@ -460,4 +570,29 @@ def check_cron_schedule(schedule: CronSchedule, now: datetime) -> None:
     if schedule.end_at is not None and first_occurrence(schedule, now) is None:
         raise InvalidRequest(
             "schedule has no occurrence before end_at", code="cron_never_fires", field="schedule.end_at"
+        )
+    if schedule.exclude and first_occurrence(schedule, now) is None:
+        raise InvalidRequest(
+            f"schedule has no occurrence on a day that is not excluded within {SEARCH_HORIZON_YEARS} "
+            f"years: remove some dates from exclude",
+            code="cron_never_fires",
+            field="schedule.exclude",
+        )
+
+
+def check_interval_schedule(schedule: IntervalSchedule, now: datetime) -> None:
+    """Refuse an interval schedule that cannot be stored: bad zone, bounds, never fires."""
+    _require_aware(now, "now")
+    load_zone(schedule.timezone)
+    if schedule.end_at is not None and schedule.start_at >= schedule.end_at:
+        raise InvalidRequest(
+            "end_at must be later than start_at", code="invalid_schedule", field="schedule.end_at"
+        )
+    if first_occurrence(schedule, now) is None:
+        field = "schedule.exclude" if schedule.exclude else "schedule.end_at"
+        raise InvalidRequest(
+            "schedule has no occurrence from now on"
+            + (" on a day that is not excluded" if schedule.exclude else " before end_at"),
+            code="invalid_schedule",
+            field=field,
         )

@@ -40,14 +40,14 @@ from ipaddress import (
     ip_address,
     ip_network,
 )
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 from duetime.core.errors import DuetimeError, InvalidRequest, TargetNotAllowed
+from duetime.core.weburl import URL_FIELD, split_webhook_url
 
 IPAddress = IPv4Address | IPv6Address
 IPNetwork = IPv4Network | IPv6Network
 
-URL_FIELD = "target.url"
 DEFAULT_RESOLVE_TIMEOUT_S = 5.0
 
 
@@ -140,26 +140,78 @@ _V4_TABLE: tuple[tuple[IPv4Network, str], ...] = tuple(
     )
 )
 
+# Special-purpose IPv6 blocks (the IANA registry) inside or beside global unicast, for messages;
+# anything outside 2000::/3 is refused whether it is named here or not (the allow-list).
 _V6_TABLE: tuple[tuple[IPv6Network, str], ...] = tuple(
     (IPv6Network(net), reason)
     for net, reason in (
         ("fd00:ec2::254/128", "a cloud metadata address (AWS IPv6)"),
         ("::/128", "the unspecified address"),
         ("::1/128", "a loopback address"),
-        ("64:ff9b:1::/48", "a local-use NAT64 address (RFC 8215)"),
         ("100::/64", "a discard-only address (RFC 6666)"),
-        ("2001::/32", "a Teredo tunnelling address"),
+        ("2001::/23", "an IETF protocol assignment address (RFC 2928)"),
         ("2001:db8::/32", "a documentation address"),
+        ("2620:4f:8000::/48", "an AS112 service address"),
         ("3fff::/20", "a documentation address"),
+        ("5f00::/16", "a segment routing SID address (RFC 9602)"),
         ("fc00::/7", "a unique local (private) address"),
         ("fe80::/10", "a link-local address"),
         ("fec0::/10", "a deprecated site-local address"),
         ("ff00::/8", "a multicast address"),
+        ("::/8", "a reserved address (::/8)"),
     )
 )
+_GLOBAL_UNICAST = IPv6Network("2000::/3")
+_UNSPECIFIED = IPv6Address("::")
+_LOOPBACK_V6 = IPv6Address("::1")
 
+# The IPv6 forms that carry an IPv4 address: (network, name, routes to that IPv4 on the internet).
+# Each is judged by the IPv4 address it carries; the forms that do not reach that address over
+# the internet (IPv4-translated, -compatible, local-use NAT64, Teredo) stay refused even with a
+# public IPv4 inside, because they are outside the global unicast allow-list.
+_MAPPED = IPv6Network("::ffff:0:0/96")
+_TRANSLATED = IPv6Network("::ffff:0:0:0/96")
 _IPV4_COMPAT = IPv6Network("::/96")
 _NAT64 = IPv6Network("64:ff9b::/96")
+_NAT64_LOCAL = IPv6Network("64:ff9b:1::/48")
+_SIXTOFOUR = IPv6Network("2002::/16")
+_TEREDO = IPv6Network("2001::/32")
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedV4:
+    """An IPv4 address an IPv6 address carries, the form's name, and whether it reaches it."""
+
+    form: str  # with its article, for a message: "an IPv4-mapped"
+    addresses: tuple[IPv4Address, ...]
+    routable: bool
+
+
+def embedded_v4(ip: IPv6Address) -> EmbeddedV4 | None:
+    """The IPv4 address(es) inside ``ip`` when it is one of the embedding forms, else None.
+
+    Teredo carries two: the server (bits 32-63) and the client (the last 32 bits, XORed with
+    all ones); both are judged. Local-use NAT64 (RFC 8215) is read with the /96 layout of
+    RFC 6052, the one operators use.
+    """
+    low = IPv4Address(int(ip) & 0xFFFFFFFF)
+    if ip in _MAPPED:
+        return EmbeddedV4("an IPv4-mapped", (low,), True)
+    if ip in _TRANSLATED:
+        return EmbeddedV4("an IPv4-translated", (low,), False)
+    if ip in _IPV4_COMPAT:
+        return EmbeddedV4("an IPv4-compatible", (low,), False)
+    if ip in _NAT64:
+        return EmbeddedV4("a NAT64", (low,), True)
+    if ip in _NAT64_LOCAL:
+        return EmbeddedV4("a local-use NAT64", (low,), False)
+    if ip in _SIXTOFOUR:
+        return EmbeddedV4("a 6to4", (IPv4Address((int(ip) >> 80) & 0xFFFFFFFF),), True)
+    if ip in _TEREDO:
+        server = IPv4Address((int(ip) >> 64) & 0xFFFFFFFF)
+        client = IPv4Address(~int(ip) & 0xFFFFFFFF)
+        return EmbeddedV4("a Teredo", (client, server), False)
+    return None
 
 
 def _unscoped(ip: IPAddress) -> IPAddress:
@@ -185,36 +237,34 @@ def _v4_reason(ip: IPv4Address) -> str | None:
 
 
 def _v6_reason(ip: IPv6Address) -> str | None:
-    mapped = ip.ipv4_mapped
-    if mapped is not None:
-        inner = _v4_reason(mapped)
-        return None if inner is None else f"an IPv4-mapped form of {inner}"
+    if ip == _UNSPECIFIED:  # :: and ::1 lie in ::/96 but are not IPv4-compatible forms
+        return "the unspecified address"
+    if ip == _LOOPBACK_V6:
+        return "a loopback address"
+    embedded = embedded_v4(ip)
+    if embedded is not None:
+        for v4 in embedded.addresses:
+            inner = _v4_reason(v4)
+            if inner is not None:
+                return f"{embedded.form} form of {v4}, {inner}"
+        if embedded.routable:
+            return None
+        return f"{embedded.form} address, which does not reach {embedded.addresses[0]} over the internet"
     for net, reason in _V6_TABLE:
         if ip in net:
             return reason
-    if ip in _IPV4_COMPAT:
-        embedded = IPv4Address(int(ip) & 0xFFFFFFFF)
-        inner = _v4_reason(embedded)
-        if inner is not None:
-            return f"an IPv4-compatible form of {inner}"
-        return "a deprecated IPv4-compatible address"
-    if ip in _NAT64:
-        inner = _v4_reason(IPv4Address(int(ip) & 0xFFFFFFFF))
-        return None if inner is None else f"a NAT64 form of {inner}"
-    sixtofour = ip.sixtofour
-    if sixtofour is not None:
-        inner = _v4_reason(sixtofour)
-        return None if inner is None else f"a 6to4 form of {inner}"
-    if not ip.is_global:
-        return "not a globally routable address"
+    if ip not in _GLOBAL_UNICAST:
+        return "outside the global unicast range 2000::/3"
     return None
 
 
 def refusal_reason(ip: IPAddress) -> str | None:
     """Why a webhook may not reach ``ip`` (a phrase for a message), or None for global unicast.
 
-    IPv6 forms that carry an IPv4 address (mapped, compatible, NAT64, 6to4) are judged by the
-    address they carry, because that is where the packets end up.
+    IPv6 is judged by an allow-list: global unicast (2000::/3) minus the special-purpose blocks.
+    Every form that carries an IPv4 address (mapped, translated, compatible, NAT64 and local-use
+    NAT64, 6to4, Teredo's server and XORed client) is judged by the address it carries first, so
+    the message names where the packets would end up.
     """
     ip = _unscoped(ip)
     if isinstance(ip, IPv4Address):
@@ -331,30 +381,9 @@ def _name_refusal(name: str, policy: AddressPolicy) -> str | None:
 
 
 def _split_url(url: str) -> tuple[str, int]:
-    """(host, port) of an http(s) URL; anything unusable is an ``invalid_url``."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise InvalidRequest(
-            f"target.url is not a valid URL ({exc}); write it as https://host[:port]/path",
-            code="invalid_url",
-            field=URL_FIELD,
-        ) from None
-    scheme = parts.scheme.lower()
-    if scheme not in ("http", "https"):
-        raise InvalidRequest("target.url must use http or https", code="invalid_url", field=URL_FIELD)
-    netloc = parts.netloc.rpartition("@")[2]
-    host = netloc
-    if host.startswith("["):
-        host = host[: host.find("]") + 1] if "]" in host else host
-    else:
-        host = host.rpartition(":")[0] if ":" in host else host
-    if not host:
-        raise InvalidRequest("target.url has no host", code="invalid_url", field=URL_FIELD)
-    if port is None:
-        port = 443 if scheme == "https" else 80
-    return host, port
+    """(host, port) of an http(s) URL, read by the one parser validation uses too."""
+    parts = split_webhook_url(url, URL_FIELD)
+    return parts.host, parts.port
 
 
 def _refuse(host: str, reason: str) -> TargetNotAllowed:

@@ -30,19 +30,22 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from ipaddress import IPv6Address
 from typing import Any, NoReturn, TypeVar
-from urllib.parse import urlsplit
 
 from duetime.core.codec import REDACTED
 from duetime.core.errors import InvalidRequest, MalformedRequest
+from duetime.core.headers import is_reserved_header
+from duetime.core.interval import parse_every
 from duetime.core.labels import parse_labels, parse_name
 from duetime.core.model import (
     Broker,
     CronSchedule,
+    DateRange,
     DstGap,
     DstOverlap,
+    IntervalSchedule,
     JobSpec,
     Misfire,
     OneOffSchedule,
@@ -54,7 +57,9 @@ from duetime.core.model import (
     WebhookMethod,
     WebhookTarget,
 )
-from duetime.core.schedule import check_cron_schedule, load_zone, occurrences
+from duetime.core.schedule import check_cron_schedule, check_interval_schedule, load_zone, occurrences
+from duetime.core.topics import broker_refusal
+from duetime.core.weburl import split_webhook_url
 
 E = TypeVar("E", bound=enum.Enum)
 
@@ -84,6 +89,7 @@ class SpecLimits:
     backfill_max_occurrences: int = 1000  # per backfill call, and waiting per job at a time
     backfill_pace_per_s: float = 10.0  # overlap=allow: backfilled runs start at most this fast
     min_cron_interval_s: int = 0  # operator setting: >0 refuses crons that fire more often
+    max_pending_triggers: int = 100  # operator setting: triggered runs one job may have waiting
 
 
 TOP_LEVEL_FIELDS = (
@@ -100,30 +106,24 @@ TOP_LEVEL_FIELDS = (
 )
 WEBHOOK_FIELDS = ("type", "url", "method", "headers", "timeout_s")
 QUEUE_FIELDS = ("type", "broker", "topic")
-CRON_FIELDS = ("cron", "timezone", "start_at", "end_at", "dst_gap", "dst_overlap")
-SCHEDULE_FIELDS = ("run_at", *CRON_FIELDS)
-RETRY_FIELDS = ("max_attempts", "backoff_initial_s", "backoff_max_s", "backoff_multiplier")
-
-# Headers the job may not set: hop-by-hop ones (RFC 9110 §7.6.1), ones the HTTP client computes,
-# and the delivery headers Duetime itself sends (a job must not be able to forge them).
-RESERVED_HEADERS = frozenset(
-    {
-        "host",
-        "content-length",
-        "transfer-encoding",
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "upgrade",
-        "expect",
-        "idempotency-key",
-    }
+CRON_FIELDS = ("cron", "timezone", "start_at", "end_at", "dst_gap", "dst_overlap", "exclude")
+EVERY_FIELDS = ("every", "start_at", "end_at", "timezone", "exclude")
+SCHEDULE_FIELDS = (
+    "run_at",
+    "cron",
+    "every",
+    "timezone",
+    "start_at",
+    "end_at",
+    "dst_gap",
+    "dst_overlap",
+    "exclude",
 )
-RESERVED_HEADER_PREFIXES = ("webhook-", "duetime-")
+MAX_EXCLUDE = 1000
+_LOCAL_DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})", re.ASCII)
+RETRY_FIELDS = ("max_attempts", "backoff_initial_s", "backoff_max_s", "backoff_multiplier", "max_duration_s")
+MAX_DURATION_S_RANGE = (1, 2_592_000)
+
 
 EARLIEST_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 _INTERVAL_SAMPLE = 100
@@ -350,19 +350,8 @@ def _parse_url(value: object, field: str, limits: SpecLimits) -> str:
         )
     if "\\" in url:
         _invalid(field, f"{field} contains a backslash; use / in paths", "invalid_url")
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:
-        _invalid(field, f"{field} is not a valid URL ({exc})", "invalid_url")
-    if parts.scheme.lower() not in ("http", "https"):
-        _invalid(
-            field,
-            f"{field} must be an http:// or https:// URL (got scheme {parts.scheme[:20]!r})",
-            "invalid_url",
-        )
-    if not url[len(parts.scheme) + 1 :].startswith("//") or not parts.netloc:
-        _invalid(field, f"{field} has no host; write it as https://host/path", "invalid_url")
-    if "@" in parts.netloc:
+    parts = split_webhook_url(url, field)
+    if parts.userinfo:
         _invalid(
             field,
             f"{field} must not contain credentials (user:pass@); send them in a header such as "
@@ -371,22 +360,7 @@ def _parse_url(value: object, field: str, limits: SpecLimits) -> str:
         )
     if "#" in url:
         _invalid(field, f"{field} must not have a #fragment: it is never sent", "invalid_url")
-    try:
-        port = parts.port
-    except ValueError:
-        _invalid(field, f"{field} has an invalid port; use a number from 1 to 65535", "invalid_url")
-    if port == 0:
-        _invalid(field, f"{field} has port 0; use a number from 1 to 65535", "invalid_url")
-    netloc = parts.netloc
-    if netloc.startswith("["):
-        host = netloc[: netloc.find("]") + 1] if "]" in netloc else netloc
-        rest = netloc[len(host) :]
-        if rest and not rest.startswith(":"):
-            _invalid(field, f"{field} has text after the IPv6 literal", "invalid_url")
-    else:
-        host = netloc.rpartition(":")[0] if ":" in netloc else netloc
-    if not host:
-        _invalid(field, f"{field} has no host; write it as https://host/path", "invalid_url")
+    host = parts.host
     _check_host(host, field)
     return url
 
@@ -416,12 +390,12 @@ def _parse_headers(value: object, field: str, limits: SpecLimits) -> dict[str, s
                 "invalid_header",
             )
         lower = name.lower()
-        if lower in RESERVED_HEADERS or lower.startswith(RESERVED_HEADER_PREFIXES):
+        if is_reserved_header(lower):
             _invalid(
                 path,
                 f"{path}: the {name} header is set by Duetime or the HTTP client and cannot be set "
-                "by a job (reserved: Host, Content-Length, Transfer-Encoding, Connection and other "
-                "hop-by-hop headers, Idempotency-Key, webhook-*, Duetime-*)",
+                "by a job (reserved: Host, Content-Length, Content-Type, Transfer-Encoding, Connection "
+                "and other hop-by-hop headers, Idempotency-Key, webhook-*, Duetime-*)",
                 "invalid_header",
             )
         if lower in seen:
@@ -459,6 +433,13 @@ def _parse_topic(value: object, field: str, broker: Broker, limits: SpecLimits) 
         _invalid(field, f"{field} must not be empty")
     if len(topic) > limits.topic_max:
         _invalid(field, f"{field} is longer than {limits.topic_max} characters")
+    reserved = broker_refusal(broker, topic)
+    if reserved is not None:
+        _invalid(
+            field,
+            f"{field} {topic[:100]!r} is {reserved}; pick another topic",
+            "topic_not_allowed",
+        )
     if broker is Broker.NATS:
         if not _NATS_SUBJECT.fullmatch(topic):
             _invalid(
@@ -466,8 +447,8 @@ def _parse_topic(value: object, field: str, broker: Broker, limits: SpecLimits) 
                 f"{field} is not a valid NATS subject: use tokens of letters, digits, _ and - "
                 "separated by single dots (e.g. billing.invoices); no spaces or wildcards (* >)",
             )
-    elif any(c in topic for c in "\r\n"):
-        _invalid(field, f"{field} must not contain CR or LF")
+    elif any(ord(c) < 0x20 or ord(c) == 0x7F for c in topic):
+        _invalid(field, f"{field} must not contain CR, LF or other control characters")
     return topic
 
 
@@ -503,15 +484,18 @@ def _parse_target(value: object, limits: SpecLimits) -> Target:
 def _parse_schedule(value: object, now: datetime, limits: SpecLimits) -> Schedule:
     obj = _object(value, "schedule")
     _check_keys(obj, SCHEDULE_FIELDS, "schedule")
-    if ("run_at" in obj) == ("cron" in obj):
+    kinds = [key for key in ("run_at", "cron", "every") if key in obj]
+    if len(kinds) != 1:
         _invalid(
             "schedule",
-            "schedule must have exactly one of run_at (one run) or cron (recurring), "
-            + ("not both" if "run_at" in obj else "and has neither"),
+            "schedule must have exactly one of run_at (one run), cron or every (recurring), "
+            + (f"not {' and '.join(kinds)}" if kinds else "and has none"),
             "invalid_schedule",
         )
+    if "every" in obj:
+        return _parse_every_schedule(obj, now, limits)
     if "run_at" in obj:
-        for key in CRON_FIELDS:
+        for key in CRON_FIELDS[1:]:
             if key in obj:
                 _invalid(
                     f"schedule.{key}",
@@ -531,13 +515,7 @@ def _parse_schedule(value: object, now: datetime, limits: SpecLimits) -> Schedul
     if not isinstance(cron_raw, str):
         _wrong_type("schedule.cron", "a cron expression string", cron_raw)
     cron = _plain_text(cron_raw, "schedule.cron", "invalid_cron")
-    timezone = "UTC"
-    if "timezone" in obj:
-        tz_raw = obj["timezone"]
-        if not isinstance(tz_raw, str):
-            _wrong_type("schedule.timezone", "an IANA time zone id string", tz_raw)
-        timezone = _plain_text(tz_raw, "schedule.timezone", "invalid_timezone")
-        load_zone(timezone)
+    timezone = _parse_timezone(obj)
     start_at = _optional_time(obj, "start_at")
     end_at = _optional_time(obj, "end_at")
     if start_at is not None and end_at is not None and start_at >= end_at:
@@ -557,11 +535,144 @@ def _parse_schedule(value: object, now: datetime, limits: SpecLimits) -> Schedul
             if "dst_overlap" in obj
             else DstOverlap.FIRST
         ),
+        exclude=_parse_exclude(obj.get("exclude")),
     )
     check_cron_schedule(schedule, now)
+    _check_start_horizon(start_at, now, limits)
     if limits.min_cron_interval_s > 0:
         _check_cron_interval(schedule, now, limits.min_cron_interval_s)
     return schedule
+
+
+def _parse_timezone(obj: dict[str, Any]) -> str:
+    if "timezone" not in obj:
+        return "UTC"
+    tz_raw = obj["timezone"]
+    if not isinstance(tz_raw, str):
+        _wrong_type("schedule.timezone", "an IANA time zone id string", tz_raw)
+    timezone = _plain_text(tz_raw, "schedule.timezone", "invalid_timezone")
+    load_zone(timezone)
+    return timezone
+
+
+def _parse_every_schedule(obj: dict[str, Any], now: datetime, limits: SpecLimits) -> IntervalSchedule:
+    """``{"every": "90m", "start_at", "end_at", "timezone", "exclude"}``: exact elapsed time."""
+    for key in ("dst_gap", "dst_overlap"):
+        if key in obj:
+            _invalid(
+                f"schedule.{key}",
+                f"schedule.{key} applies only to cron schedules: an every schedule counts elapsed "
+                f"time, so daylight saving never moves it",
+                "invalid_schedule",
+            )
+    every = obj["every"]
+    every_s = parse_every(every)
+    assert isinstance(every, str)
+    timezone = _parse_timezone(obj)
+    start_at = _optional_time(obj, "start_at")
+    _check_start_horizon(start_at, now, limits)
+    if start_at is None:
+        start_at = now.replace(microsecond=0)
+    end_at = _optional_time(obj, "end_at")
+    if end_at is not None and start_at >= end_at:
+        _invalid(
+            "schedule.end_at", "schedule.end_at must be later than schedule.start_at", "invalid_schedule"
+        )
+    if limits.min_cron_interval_s > 0 and every_s < limits.min_cron_interval_s:
+        _invalid(
+            "schedule.every",
+            f"schedule.every is {every_s} s; this server allows at most one run every "
+            f"{limits.min_cron_interval_s} s",
+            "invalid_every",
+        )
+    schedule = IntervalSchedule(
+        every=every,
+        every_s=every_s,
+        start_at=start_at,
+        end_at=end_at,
+        timezone=timezone,
+        exclude=_parse_exclude(obj.get("exclude")),
+    )
+    check_interval_schedule(schedule, now)
+    return schedule
+
+
+def _local_date(value: object, field: str) -> date:
+    if not isinstance(value, str):
+        _wrong_type(field, 'a local date string "YYYY-MM-DD"', value)
+    match = _LOCAL_DATE.fullmatch(value)
+    try:
+        if match is None:
+            raise ValueError
+        return date(int(match[1]), int(match[2]), int(match[3]))
+    except ValueError:
+        _invalid(
+            field,
+            f"{field} {value[:40]!r} is not a calendar date: write YYYY-MM-DD, e.g. 2026-12-25",
+            "invalid_exclude",
+        )
+
+
+def _parse_exclude(value: object) -> tuple[DateRange, ...]:
+    """Local dates and inclusive ranges on which no occurrence is due (see core/exclusion.py)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        _wrong_type("schedule.exclude", 'a list of dates "YYYY-MM-DD" or {"from", "to"} ranges', value)
+    if len(value) > MAX_EXCLUDE:
+        _invalid(
+            "schedule.exclude",
+            f"schedule.exclude has {len(value)} entries; at most {MAX_EXCLUDE} (use ranges "
+            f'{{"from": "YYYY-MM-DD", "to": "YYYY-MM-DD"}} for stretches of days)',
+            "invalid_exclude",
+        )
+    ranges: list[DateRange] = []
+    for index, item in enumerate(value):
+        field = f"schedule.exclude[{index}]"
+        if isinstance(item, dict):
+            _check_keys(item, ("from", "to"), field)
+            for key in ("from", "to"):
+                if key not in item:
+                    _invalid(
+                        f"{field}.{key}",
+                        f"{field} needs both from and to (inclusive dates)",
+                        "invalid_exclude",
+                    )
+            first = _local_date(item["from"], f"{field}.from")
+            last = _local_date(item["to"], f"{field}.to")
+            if last < first:
+                _invalid(
+                    f"{field}.to",
+                    f"{field}.to ({last.isoformat()}) is before its from ({first.isoformat()}); a range "
+                    f"is inclusive and runs forwards",
+                    "invalid_exclude",
+                )
+            ranges.append(DateRange(first, last))
+        elif isinstance(item, str):
+            day = _local_date(item, field)
+            ranges.append(DateRange(day, day))
+        else:
+            _wrong_type(field, 'a date "YYYY-MM-DD" or a {"from", "to"} range', item)
+    return tuple(ranges)
+
+
+def _check_start_horizon(start_at: datetime | None, now: datetime, limits: SpecLimits) -> None:
+    """Refuse a recurring schedule that cannot fire within the horizon a ``run_at`` has.
+
+    A ``start_at`` in year 9999 used to be stored, find no occurrence the clock can reach, and
+    complete the job at once: a 201 (or a PATCH) that quietly killed it. It is the same mistake
+    as a cron that never fires, so it gets the same answer.
+    """
+    if start_at is None:
+        return
+    horizon = now + timedelta(days=limits.run_at_horizon_days)
+    if start_at > horizon:
+        _invalid(
+            "schedule.start_at",
+            f"schedule.start_at is more than {limits.run_at_horizon_days} days ahead, so this "
+            "schedule would never fire within the server's horizon; pick an earlier start_at",
+            "cron_never_fires",
+        )
 
 
 def _optional_time(obj: dict[str, Any], key: str) -> datetime | None:
@@ -653,11 +764,16 @@ def _parse_retry(value: object, limits: SpecLimits) -> RetryPolicy:
             "retry.backoff_max_s",
             f"retry.backoff_max_s ({maximum:g}) must be at least retry.backoff_initial_s ({initial:g})",
         )
+    raw_window = obj.get("max_duration_s")
+    max_duration_s = (
+        None if raw_window is None else _integer(raw_window, "retry.max_duration_s", MAX_DURATION_S_RANGE)
+    )
     return RetryPolicy(
         max_attempts=max_attempts,
         backoff_initial_s=initial,
         backoff_max_s=maximum,
         backoff_multiplier=multiplier,
+        max_duration_s=max_duration_s,
     )
 
 
@@ -779,6 +895,13 @@ def parse_backfill_range(data: object) -> tuple[datetime, datetime]:
     start = parse_time(_require(obj, "from", ""), "from")
     end = parse_time(_require(obj, "to", ""), "to")
     return start, end
+
+
+def parse_replay_request(data: object) -> datetime:
+    """The body of POST /v1/jobs/{id}/replay for one occurrence: ``{"scheduled_for": …}``."""
+    obj = _object(data, None, "a JSON object")
+    _check_keys(obj, ("scheduled_for",), "")
+    return parse_time(_require(obj, "scheduled_for", ""), "scheduled_for")
 
 
 PREVIEW_FIELDS = ("schedule", "count", "from")

@@ -20,12 +20,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import REGISTRY, Gauge, generate_latest
 
+from duetime import logs
 from duetime._version import __version__
-from duetime.api.app import create_app
+from duetime.api.app import create_app, metrics_app, metrics_handler
+from duetime.api.request_id import request_id_middleware
+from duetime.api.server import runner_options
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import SpecLimits
+from duetime.engine.due_age import DueAgeSampler
 from duetime.engine.membership import MembershipKeeper
 from duetime.engine.retention import RetentionConfig, RetentionService
 from duetime.engine.service import Engine, EngineConfig
@@ -35,8 +38,10 @@ from duetime.runqueue.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
 from duetime.settings import Settings
 from duetime.storage.ports import Registry
 from duetime.storage.postgres import PostgresStore
+from duetime.storage.postgres.due_age import oldest_unclaimed_due
 from duetime.storage.postgres.membership import MembershipStore, Registration
 from duetime.storage.shardmap import ShardMap
+from duetime.workers import tracing
 from duetime.workers.dispatch import Dispatcher
 from duetime.workers.pool import WorkerPool
 from duetime.workers.remote import RemoteWorker
@@ -45,8 +50,7 @@ log = logging.getLogger("duetime")
 
 # `duetime_build_info{version="…"} 1` on every process's /metrics (API, engine, worker, `run`): a
 # dashboard joins on it to see which release each process runs, e.g. halfway through an upgrade.
-BUILD_INFO = Gauge("duetime_build_info", "The Duetime release this process runs (always 1)", ["version"])
-BUILD_INFO.labels(__version__).set(1)
+# duetime_build_info is registered in duetime.exposition, beside /metrics itself.
 
 
 def address_policy(settings: Settings) -> AddressPolicy:
@@ -105,6 +109,8 @@ class Node:
     store: PostgresStore | None = None
     url: str | None = None
     _runner: web.AppRunner | None = None
+    _metrics_runner: web.AppRunner | None = None
+    metrics_url: str | None = None
     _engine: Engine | None = None
     _pool: WorkerPool | None = None
     _keeper: LeaseKeeper | None = None
@@ -113,11 +119,14 @@ class Node:
     _publisher: NatsRunPublisher | None = None
     _published: PublishedLeaseKeeper | None = None
     _remote: RemoteWorker | None = None
+    _due_age: DueAgeSampler | None = None
     _membership: MembershipKeeper | None = None
     _retention: RetentionService | None = None
 
     async def start(self) -> None:
         tune_gc()
+        if self.workers and not tracing.enabled():
+            tracing.configure()  # OTEL_TRACES_EXPORTER; raises TracingUnavailable without the extra
         s = self.settings
         self.store = await PostgresStore.open(
             ShardMap.from_dsns(s.shard_dsns()),
@@ -136,6 +145,7 @@ class Node:
                 redis_url=s.redis_url,
                 host_concurrency=s.target_concurrency,
                 host_rate_per_s=s.target_rate,
+                topic_policy=s.topics(),
             )
             await self._dispatcher.start()
             self._pool = WorkerPool(
@@ -145,6 +155,14 @@ class Node:
             self._keeper.start()
             self._engine = Engine(self.store, queue, self._keeper, engine_config(s))
             await self._start_engine()
+        if self.engine:
+            store = self.store
+            self._due_age = DueAgeSampler(
+                lambda shards: oldest_unclaimed_due(store, shards),
+                s.shards,
+                interval_s=max(s.janitor_interval_s, 1.0),
+            )
+            self._due_age.start()
         app = (
             create_app(
                 self.store,
@@ -154,18 +172,40 @@ class Node:
                     run_at_horizon_days=s.run_at_horizon_days,
                     backfill_max_occurrences=s.backfill_max,
                     backfill_pace_per_s=s.backfill_pace_per_s,
+                    max_pending_triggers=s.max_pending_triggers,
                 ),
                 owner_rate_per_s=s.api_owner_rate,
                 max_jobs_per_owner=s.max_jobs_per_owner,
                 bulk_max=s.bulk_max,
+                access_log=s.access_log,
+                max_job_bytes_per_owner=s.max_job_bytes_per_owner,
+                body_timeout_s=s.http_body_timeout_s,
+                topic_policy=s.topics(),
+                metrics_token=s.metrics_token,
+                serve_metrics=s.metrics_port is None,
             )
             if self.api
-            else _ops_app(self.store, self._not_ready)
+            else _ops_app(self.store, self._not_ready, s, access_log=s.access_log)
         )
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        options = runner_options(header_timeout_s=s.http_header_timeout_s)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **options)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.http_host, s.http_port, reuse_port=True)
         await site.start()
+        if s.metrics_port is not None:
+            self._metrics_runner = web.AppRunner(
+                metrics_app(s.metrics_token), access_log=None, handle_signals=False, **options
+            )
+            await self._metrics_runner.setup()
+            metrics_site = web.TCPSite(self._metrics_runner, s.metrics_host, s.metrics_port, reuse_port=True)
+            await metrics_site.start()
+            bound = getattr(metrics_site, "_server", None)
+            mport = (
+                bound.sockets[0].getsockname()[1] if bound is not None and bound.sockets else s.metrics_port
+            )
+            mhost = s.metrics_host if ":" not in s.metrics_host else f"[{s.metrics_host}]"
+            self.metrics_url = f"http://{mhost}:{mport}"
+            log.info("metrics on %s/metrics", self.metrics_url)
         host = s.http_host if ":" not in s.http_host else f"[{s.http_host}]"
         port = s.http_port
         server = getattr(site, "_server", None)
@@ -188,6 +228,7 @@ class Node:
                 redis_url=s.redis_url,
                 host_concurrency=s.target_concurrency,
                 host_rate_per_s=s.target_rate,
+                topic_policy=s.topics(),
             )
             await self._dispatcher.start()
             self._remote = RemoteWorker(
@@ -270,6 +311,10 @@ class Node:
         s = self.settings
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._due_age is not None:
+            await self._due_age.stop()
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
         if self._membership is not None:
             await self._membership.stop()  # leave first: the others take the shards at once
         if self._retention is not None:
@@ -295,8 +340,16 @@ class Node:
             await self.store.close()
 
 
-def _ops_app(store: Registry, not_ready: Callable[[], str | None] = lambda: None) -> web.Application:
-    """/healthz, /readyz and /metrics for a process that does not serve the API."""
+def _ops_app(
+    store: Registry,
+    not_ready: Callable[[], str | None] = lambda: None,
+    settings: Settings | None = None,
+    *,
+    access_log: bool = False,
+) -> web.Application:
+    """/healthz, /readyz and /metrics for a process that does not serve the API: the same request
+    ids, access log and metrics content type as the API's, so one scrape config and one log
+    pipeline fit every process."""
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "version": __version__})
@@ -313,13 +366,11 @@ def _ops_app(store: Registry, not_ready: Callable[[], str | None] = lambda: None
             return web.json_response({"error": {"code": "not_ready", "message": reason}}, status=503)
         return web.json_response({"status": "ready"})
 
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(REGISTRY), content_type="text/plain")
-
-    app = web.Application()
+    app = web.Application(middlewares=[request_id_middleware(access_log=access_log)])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    if settings is None or settings.metrics_port is None:
+        app.router.add_get("/metrics", metrics_handler(settings.metrics_token if settings else None))
     return app
 
 
@@ -371,7 +422,7 @@ def _child_main(settings: Settings, started: Any) -> None:
     """One process of a multi-process `duetime run`: a full node for its shards."""
     import uvloop
 
-    logging.basicConfig(level=settings.log_level)
+    logs.configure(settings.log_level, settings.log_format)
     uvloop.run(_serve(Node(settings), lambda _url: started.set()))
 
 

@@ -27,7 +27,13 @@ _DEFAULTS: dict[str, Any] = {
     "name": None,
     "labels": {},
     "payload": None,
-    "retry": {"max_attempts": 5, "backoff_initial_s": 1.0, "backoff_max_s": 600.0, "backoff_multiplier": 2.0},
+    "retry": {
+        "max_attempts": 5,
+        "backoff_initial_s": 1.0,
+        "backoff_max_s": 600.0,
+        "backoff_multiplier": 2.0,
+        "max_duration_s": None,
+    },
     "misfire": "run_once",
     "misfire_grace_s": 60,
     "jitter_s": 0,
@@ -43,7 +49,11 @@ _CRON_DEFAULTS: dict[str, Any] = {
     "end_at": None,
     "dst_gap": "shift",
     "dst_overlap": "first",
+    "exclude": [],
 }
+# An ``every`` schedule without ``start_at`` keeps the stored one on a PUT (the server's default
+# would be the time of the call), so a file that leaves it out does not differ by it.
+_EVERY_DEFAULTS: dict[str, Any] = {"timezone": "UTC", "end_at": None, "exclude": []}
 
 
 class ApplyError(Exception):
@@ -133,14 +143,24 @@ def _target_differs(wanted: Mapping[str, Any], have: Mapping[str, Any]) -> bool:
 def _schedule_differs(wanted: Mapping[str, Any], have: Mapping[str, Any]) -> bool:
     if "run_at" in wanted:
         return "run_at" not in have or not _same_time(wanted["run_at"], have["run_at"])
-    full = {**_CRON_DEFAULTS, **wanted}
-    for key in set(full) | set(have):
+    if "every" in wanted:
+        full = {**_EVERY_DEFAULTS, **wanted}
+        keys = set(full) | (set(have) - ({"start_at"} - set(wanted)))
+    else:
+        full = {**_CRON_DEFAULTS, **wanted}
+        keys = set(full) | set(have)
+    for key in keys:
         if key in ("start_at", "end_at"):
             if not _same_time(full.get(key), have.get(key)):
                 return True
         elif full.get(key) != have.get(key):
             return True
     return False
+
+
+def _numbers(retry: Mapping[str, Any]) -> dict[str, float | None]:
+    """A retry policy with its numbers compared as numbers (``1`` is ``1.0``; None is unset)."""
+    return {k: None if v is None else float(v) for k, v in retry.items()}
 
 
 def changed_fields(spec: Mapping[str, Any], job: Job) -> tuple[str, ...]:
@@ -151,7 +171,7 @@ def changed_fields(spec: Mapping[str, Any], job: Job) -> tuple[str, ...]:
         wanted = spec.get(key, default)
         if key == "retry":
             wanted = {**default, **(spec.get("retry") or {})}
-            if {k: float(v) for k, v in wanted.items()} != {k: float(v) for k, v in have["retry"].items()}:
+            if _numbers(wanted) != _numbers(have["retry"]):
                 out.append(key)
         elif wanted != have.get(key):
             out.append(key)

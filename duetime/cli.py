@@ -8,8 +8,10 @@ the parts stop in the reverse order they started (API, engine and workers first,
 own grace period; the embedded database last). A second signal is only acknowledged; a third
 ends the process at once (an embedded database left running is restarted by the next ``run``).
 
-Failures a user can fix (a bad setting, a database that does not answer, a port in use) print
-one line to stderr and exit 2; a traceback means a bug in Duetime.
+Exit status: 0 success; 1 the operation failed (an API error such as 404, a database or server
+that does not answer, a port in use, a refused shard move); 2 a usage or settings error (a bad
+flag, a bad ``DUETIME_*`` value, a missing setting). A failure prints one line to stderr; a
+traceback means a bug in Duetime.
 
 The server's libraries (asyncpg, aiohttp, NATS, Redis, ...) come with the ``server`` extra, so
 this module imports none of them at the top: ``duetime --version`` and ``duetime jobs …`` work
@@ -36,9 +38,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from duetime import apply as apply_file
+from duetime import logs
 from duetime._version import __version__
 from duetime.client import DEFAULT_URL, DuetimeApiError, DuetimeClient, DuetimeConnectionError
-from duetime.core.errors import DuetimeError, StorageUnavailable
+from duetime.core.codec import format_time
+from duetime.core.errors import DuetimeError, NotFound, StorageUnavailable
 from duetime.core.ids import SHARDS
 from duetime.embedded_pg import EmbeddedPostgres, running_dsn
 from duetime.settings import (
@@ -50,7 +54,7 @@ from duetime.settings import (
     redact_dsn,
     unknown_variables,
 )
-from duetime.storage.base import Registry
+from duetime.storage.ports import ApiKeyInfo, Registry
 from duetime.storage.shardmap import ShardMap
 
 if TYPE_CHECKING:
@@ -88,6 +92,21 @@ def _owner(text: str) -> str:
             f"{text!r} is not a valid owner name: use 1 to 64 letters, digits, '_', '.' or '-'"
         )
     return text
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)?")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> float:
+    """``90s``, ``30m``, ``24h``, ``7d`` or plain seconds; at most 365 days."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write it like 90s, 30m, 24h or 7d")
+    seconds = float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
+    if seconds > 365 * 86400:
+        raise argparse.ArgumentTypeError(f"{text!r} is longer than a year")
+    return seconds
 
 
 def _shards(text: str) -> str:
@@ -131,6 +150,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     revoke = keys_sub.add_parser("revoke", help="revoke a key, given whole or by its prefix")
     revoke.add_argument("key", metavar="KEY_OR_PREFIX")
+    listing = keys_sub.add_parser("list", help="list API keys (their prefixes; keys are never stored)")
+    listing.add_argument("--owner", type=_owner, help="only this owner's keys")
+    listing.add_argument("--all", action="store_true", help="revoked keys too")
+    listing.add_argument("--json", action="store_true", help="print a JSON array")
+    rotate = keys_sub.add_parser(
+        "rotate-secret",
+        help="give an owner a new webhook signing secret; the old one still signs for --grace",
+        description="During the grace every webhook carries a webhook-signature under the new and "
+        "the old secret (space-separated, as Standard Webhooks allows), so receivers can switch to "
+        "the new secret one at a time. Workers pick the new secret up within a minute.",
+    )
+    rotate.add_argument("--owner", required=True, type=_owner, help="owner name")
+    rotate.add_argument(
+        "--grace",
+        type=_duration,
+        default=24 * 3600.0,
+        metavar="DURATION",
+        help="how long the old secret keeps signing: 90s, 30m, 24h, 7d (default 24h)",
+    )
+    rotate.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"owner", "signing_secret", "previous_valid_until"} alone',
+    )
     _add_shards_parser(sub)
     _add_cluster_parser(sub)
     _add_jobs_parser(sub)
@@ -227,6 +270,31 @@ async def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 async def cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
     store = await _open_store(database_settings(settings))
     try:
+        if args.keys_command == "list":
+            return _print_keys(await store.list_api_keys(args.owner, revoked=args.all), as_json=args.json)
+        if args.keys_command == "rotate-secret":
+            try:
+                rotation = await store.rotate_signing_secret(args.owner, args.grace)
+            except NotFound as exc:
+                print(f"duetime: {exc.message}", file=sys.stderr)
+                return EXIT_FAILED
+            until = format_time(rotation.previous_valid_until)
+            if args.json:
+                _say(
+                    json.dumps(
+                        {
+                            "owner": rotation.owner,
+                            "signing_secret": rotation.signing_secret,
+                            "previous_valid_until": until,
+                        }
+                    )
+                )
+            else:
+                _say(f'New webhook signing secret for owner "{rotation.owner}": {rotation.signing_secret}')
+                _say(
+                    f"The previous secret also signs every webhook until {until}; move receivers before then."
+                )
+            return EXIT_OK
         if args.keys_command == "create":
             api_key, secret = await store.create_api_key(args.owner)
             if args.json:
@@ -244,6 +312,32 @@ async def cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_FAILED
     _say(f"revoked {revoked} API key{'s' if revoked != 1 else ''}")
     return EXIT_OK
+
+
+def _print_keys(keys: Sequence[ApiKeyInfo], *, as_json: bool) -> int:
+    rows = [
+        {
+            "prefix": k.prefix,
+            "owner": k.owner,
+            "created_at": format_time(k.created_at),
+            "revoked_at": format_time(k.revoked_at) if k.revoked_at is not None else None,
+        }
+        for k in keys
+    ]
+    if as_json:
+        _say(json.dumps(rows, indent=2))
+        return EXIT_OK
+    _say(_table(rows, ("prefix", "owner", "created_at", "revoked_at")))
+    return EXIT_OK
+
+
+def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """Plain aligned columns (no borders), "-" for a missing value: easy to read and to grep."""
+    cells = [[str(r.get(c)) if r.get(c) is not None else "-" for c in columns] for r in rows]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return "\n".join(lines)
 
 
 async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
@@ -328,6 +422,11 @@ def _add_shards_parser(sub: Any) -> None:
     )
     move.add_argument("--shard", required=True, type=int, choices=range(1, SHARDS), metavar="N")
     move.add_argument("--to", required=True, metavar="DSN", help="the target database's PostgreSQL URL")
+    move.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check that the move can be made and say what it would copy; change nothing",
+    )
 
 
 async def cmd_shards(settings: Settings, args: argparse.Namespace) -> int:
@@ -340,15 +439,26 @@ async def cmd_shards(settings: Settings, args: argparse.Namespace) -> int:
         raise SettingsError("--to", target, "a PostgreSQL URL such as postgresql://user@host:5432/duetime")
     dsns = list(settings.shard_dsns())
     source = dsns[args.shard]
-    async with _about(target):
-        await migrate(target)
+    where = f"from {redact_dsn(source)} to {redact_dsn(target)}"
+    if args.dry_run:
+        _say(f"dry run: checking shard {args.shard} {where}; nothing will be changed")
+    else:
+        _say(f"moving shard {args.shard} {where}")
+        _say(f"migrating {redact_dsn(target)}")
+        async with _about(target):
+            await migrate(target)
     async with _about(source):
-        report = await move_shard(args.shard, source, target)
+        report = await move_shard(
+            args.shard, source, target, dry_run=args.dry_run, progress=lambda line: _say(f"  {line}")
+        )
     dsns[args.shard] = target
-    _say(
-        f"moved shard {args.shard}: {report.jobs} jobs, {report.runs} runs, {report.idempotency_keys} "
-        f"idempotency keys from {redact_dsn(source)} to {redact_dsn(target)}"
-    )
+    counts = f"{report.jobs} jobs, {report.runs} runs, {report.idempotency_keys} idempotency keys"
+    if args.dry_run:
+        _say(f"would move shard {args.shard}: {counts} {where}")
+        _say("After the move, this would be set on every api, engine and worker process:")
+        _say(f"DUETIME_SHARD_DSNS={redact_dsn(format_shard_dsns(dsns))}")
+        return EXIT_OK
+    _say(f"moved shard {args.shard}: {counts} {where}")
     _say("Set this on every api, engine and worker process and restart them:")
     _say(f"DUETIME_SHARD_DSNS={redact_dsn(format_shard_dsns(dsns))}")
     return EXIT_OK
@@ -401,22 +511,37 @@ _JOB_ACTIONS = ("pause", "resume", "trigger", "cancel", "replay")
 def _add_jobs_parser(sub: Any) -> None:
     """``duetime jobs …``: every call goes through ``duetime.client``, output is the API's JSON.
 
-    ``--url`` before the action names the server; after ``create`` it names the job's webhook, as
-    in the API's own spec. ``--server`` and ``--key`` are accepted in both places.
+    ``--url`` before the action names the server; after ``create`` (and ``update``) it names the
+    job's webhook, as it always has. ``--webhook-url`` says the latter without the ambiguity and
+    ``--server`` the former; ``--server`` and ``--key``/``--api-key`` are accepted in both places.
     """
     jobs = sub.add_parser(
         "jobs",
         help="register and manage jobs through the HTTP API (prints JSON)",
         description=f"Talk to a Duetime API as an owner. The server is --url/--server, else "
         f"${JOBS_URL_ENV}, else http://127.0.0.1:8080; the key is --key, else ${JOBS_KEY_ENV}. "
-        "Answers are printed as JSON; an error prints the API's message and exits 2.",
+        "Answers are printed as JSON. Exit status: 0 success, 1 the API answered an error (its "
+        "message is printed) or could not be reached, 2 a usage error.",
     )
     jobs.add_argument("--url", "--server", dest="server", default=None, help="the API's base URL")
-    jobs.add_argument("--key", default=None, help=f"API key (default ${JOBS_KEY_ENV})")
+    jobs.add_argument(
+        "--api-key",
+        "--key",
+        dest="key",
+        default=None,
+        help=f"API key (default ${JOBS_KEY_ENV}); visible to other users in `ps`, prefer the variable",
+    )
+    jobs.add_argument(
+        "--api-key-file",
+        dest="key_file",
+        default=None,
+        metavar="PATH",
+        help="read the API key from the first line of PATH (- for stdin)",
+    )
     jobs.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
     conn = argparse.ArgumentParser(add_help=False)
     conn.add_argument("--server", dest="server", default=argparse.SUPPRESS, help="the API's base URL")
-    conn.add_argument("--key", default=argparse.SUPPRESS, help="API key")
+    conn.add_argument("--api-key", "--key", dest="key", default=argparse.SUPPRESS, help="API key")
     actions = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
 
     create = actions.add_parser(
@@ -424,19 +549,40 @@ def _add_jobs_parser(sub: Any) -> None:
         parents=[conn],
         help="register a job from a JSON spec (file or stdin) and/or flags",
         description="The spec is read from --file (- for stdin); the flags fill in or override "
-        "its fields. Without a file, --url and one of --cron or --run-at make a webhook job.",
+        "its fields. Without a file, --webhook-url (or --url) and one of --cron, --every or --run-at "
+        "make a webhook job.",
     )
-    create.add_argument("-f", "--file", help="JSON job spec; - reads stdin")
-    create.add_argument("--name", help="the job's name")
-    create.add_argument("--url", dest="target_url", help="webhook URL (target type webhook)")
-    create.add_argument("--method", choices=("POST", "PUT"), help="webhook method (default POST)")
-    create.add_argument("--cron", help="cron expression (5 or 6 fields, or @daily etc.)")
-    create.add_argument("--tz", help="IANA zone for --cron (default UTC)")
-    create.add_argument("--run-at", help="one run at this RFC 3339 time")
-    create.add_argument("--payload", help="JSON sent as the body of each run")
-    create.add_argument(
-        "--overlap", choices=("allow", "skip", "buffer_one"), help="when a run is still in flight"
+    update = actions.add_parser(
+        "update",
+        parents=[conn],
+        help="change a job (PATCH): the fields of --file and the flags, the rest unchanged",
+        description="Sends a PATCH: only the fields given change. A --cron or --run-at replaces the "
+        "whole schedule; --webhook-url/--method change only those fields of the job's target.",
     )
+    update.add_argument("job_id", metavar="ID")
+    for parser in (create, update):
+        parser.add_argument("-f", "--file", help="JSON job spec (a patch, for update); - reads stdin")
+        parser.add_argument("--name", help="the job's name")
+        parser.add_argument(
+            "--webhook-url", "--url", dest="target_url", help="webhook URL (target type webhook)"
+        )
+        parser.add_argument("--method", choices=("POST", "PUT"), help="webhook method (default POST)")
+        parser.add_argument("--cron", help="cron expression (5 or 6 fields, or @daily etc.)")
+        parser.add_argument("--tz", help="IANA zone for --cron (default UTC)")
+        parser.add_argument("--run-at", help="one run at this RFC 3339 time")
+        parser.add_argument("--every", help="an interval such as 90m, 1h30m or 7d (exact elapsed time)")
+        parser.add_argument("--start-at", help="RFC 3339 first occurrence of --every (default: now)")
+        parser.add_argument(
+            "--exclude",
+            action="append",
+            metavar="DATE[..DATE]",
+            help="a local date YYYY-MM-DD, or an inclusive range FROM..TO, on which --cron or --every "
+            "is not due (in --tz); repeat for more",
+        )
+        parser.add_argument("--payload", help="JSON sent as the body of each run")
+        parser.add_argument(
+            "--overlap", choices=("allow", "skip", "buffer_one"), help="when a run is still in flight"
+        )
     create.add_argument("--idempotency-key", help="makes the create safe to repeat (and to retry)")
 
     for action in ("get", *_JOB_ACTIONS):
@@ -506,6 +652,9 @@ def _add_jobs_parser(sub: Any) -> None:
     preview.add_argument("--dst-gap", choices=("shift", "skip"))
     preview.add_argument("--dst-overlap", choices=("first", "both"))
     preview.add_argument("--run-at", help="preview a one-off schedule")
+    preview.add_argument("--every", help="preview an interval such as 90m")
+    preview.add_argument("--start-at", help="RFC 3339 first occurrence of --every")
+    preview.add_argument("--exclude", action="append", metavar="DATE[..DATE]", help="excluded local dates")
 
 
 class _JobsUsage(Exception):
@@ -519,7 +668,7 @@ def _json_arg(text: str, what: str) -> Any:
         raise _JobsUsage(f"{what} is not valid JSON: {exc}") from None
 
 
-def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
+def _spec_from_args(args: argparse.Namespace, *, patch: bool = False) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if args.file is not None:
         try:
@@ -534,13 +683,17 @@ def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
         spec["name"] = args.name
     if args.target_url is not None or args.method is not None:
         given = spec.get("target")
-        target: dict[str, Any] = {"type": "webhook", **(given if isinstance(given, dict) else {})}
+        # For a patch, only the given fields of the target: the rest is the job's (see update).
+        base: dict[str, Any] = {} if patch else {"type": "webhook"}
+        target: dict[str, Any] = {**base, **(given if isinstance(given, dict) else {})}
         if args.target_url is not None:
             target["url"] = args.target_url
         if args.method is not None:
             target["method"] = args.method
         spec["target"] = target
-    schedule = _schedule_from_args(args.cron, args.tz, args.run_at)
+    schedule = _schedule_from_args(
+        args.cron, args.tz, args.run_at, every=args.every, start_at=args.start_at, exclude=args.exclude
+    )
     if schedule is not None:
         spec["schedule"] = schedule
     if args.payload is not None:
@@ -548,27 +701,61 @@ def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.overlap is not None:
         spec["overlap"] = args.overlap
     if not spec:
-        raise _JobsUsage("give the job spec with --file (- for stdin) or flags such as --url and --cron")
+        if patch:
+            raise _JobsUsage("give the fields to change with --file (- for stdin) or flags such as --cron")
+        raise _JobsUsage(
+            "give the job spec with --file (- for stdin) or flags such as --webhook-url and --cron"
+        )
     return spec
 
 
+def _exclude_from_args(items: list[str]) -> list[Any]:
+    """``YYYY-MM-DD`` stays a date; ``FROM..TO`` becomes an inclusive range (the API checks both)."""
+    out: list[Any] = []
+    for item in items:
+        first, dots, last = item.partition("..")
+        out.append({"from": first, "to": last} if dots else item)
+    return out
+
+
 def _schedule_from_args(
-    cron: str | None, tz: str | None, run_at: str | None, **extra: str | None
+    cron: str | None,
+    tz: str | None,
+    run_at: str | None,
+    *,
+    every: str | None = None,
+    start_at: str | None = None,
+    exclude: list[str] | None = None,
+    **extra: str | None,
 ) -> dict[str, Any] | None:
-    if cron is not None and run_at is not None:
-        raise _JobsUsage("give either --cron or --run-at, not both")
+    given = [flag for flag, value in (("--cron", cron), ("--every", every), ("--run-at", run_at)) if value]
+    if len(given) > 1:
+        raise _JobsUsage(f"give one of --cron, --every or --run-at, not {' and '.join(given)}")
+    if start_at is not None and every is None:
+        raise _JobsUsage("--start-at goes with --every")
     if run_at is not None:
-        if tz is not None:
-            raise _JobsUsage("--tz applies to --cron; a --run-at carries its own UTC offset")
+        if tz is not None or exclude:
+            raise _JobsUsage(
+                "--tz and --exclude apply to --cron and --every; a --run-at carries its own offset"
+            )
         return {"run_at": run_at}
-    if cron is None:
-        if tz is not None or any(v is not None for v in extra.values()):
-            raise _JobsUsage("--tz, --dst-gap and --dst-overlap go with --cron")
+    if every is not None:
+        if any(v is not None for v in extra.values()):
+            raise _JobsUsage("--dst-gap and --dst-overlap go with --cron: an --every interval ignores DST")
+        schedule: dict[str, Any] = {"every": every}
+        if start_at is not None:
+            schedule["start_at"] = start_at
+    elif cron is not None:
+        schedule = {"cron": cron}
+        schedule.update({k: v for k, v in extra.items() if v is not None})
+    else:
+        if tz is not None or exclude or any(v is not None for v in extra.values()):
+            raise _JobsUsage("--tz, --exclude, --dst-gap and --dst-overlap go with --cron or --every")
         return None
-    schedule: dict[str, Any] = {"cron": cron}
     if tz is not None:
         schedule["timezone"] = tz
-    schedule.update({k: v for k, v in extra.items() if v is not None})
+    if exclude:
+        schedule["exclude"] = _exclude_from_args(exclude)
     return schedule
 
 
@@ -625,6 +812,15 @@ def _jobs_call(client: DuetimeClient, args: argparse.Namespace) -> Any:
         return _bulk(client, args)
     if action == "create":
         return client.create_job(_spec_from_args(args), idempotency_key=args.idempotency_key).raw
+    if action == "update":
+        patch = _spec_from_args(args, patch=True)
+        target = patch.get("target")
+        flagged = args.target_url is not None or args.method is not None
+        if flagged and isinstance(target, dict) and "type" not in target:
+            # PATCH replaces the target whole: start from the job's own (its header values come
+            # back as the "<redacted>" placeholder, which the API keeps as they are).
+            patch["target"] = {**client.get_job(args.job_id).raw["target"], **target}
+        return client.update_job(args.job_id, patch).raw
     if action == "get":
         return client.get_job(args.job_id).raw
     if action in _JOB_ACTIONS:
@@ -653,20 +849,58 @@ def _jobs_call(client: DuetimeClient, args: argparse.Namespace) -> Any:
             return {"items": [run.raw for run in runs], "next_cursor": None}
         return client.list_runs(args.job_id, limit=args.limit, cursor=args.cursor).raw
     schedule = _schedule_from_args(
-        args.cron, args.tz, args.run_at, dst_gap=args.dst_gap, dst_overlap=args.dst_overlap
+        args.cron,
+        args.tz,
+        args.run_at,
+        every=args.every,
+        start_at=args.start_at,
+        exclude=args.exclude,
+        dst_gap=args.dst_gap,
+        dst_overlap=args.dst_overlap,
     )
     if (schedule is None) == (args.job_id is None):
-        raise _JobsUsage("preview takes a job ID or a schedule (--cron or --run-at), one of the two")
+        raise _JobsUsage("preview takes a job ID or a schedule (--cron, --every or --run-at), one of the two")
     if schedule is not None:
         return client.preview_schedule(schedule, count=args.count, start=args.start).raw
     return client.preview_job(args.job_id, count=args.count, start=args.start).raw
 
 
+def _jobs_key(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """The key from --api-key-file, --api-key/--key (with a warning), else $DUETIME_API_KEY.
+
+    A key in argv is readable by every user of the machine through `ps` and /proc; the flag
+    keeps working (the contract names it) but says so, and the file/stdin and the variable don't.
+    """
+    if args.key_file is not None:
+        if args.key is not None:
+            raise _JobsUsage("give the key once: --api-key-file or --api-key, not both")
+        try:
+            if args.key_file == "-":
+                line = sys.stdin.readline()
+            else:
+                with open(args.key_file, encoding="utf-8") as f:
+                    line = f.readline()
+        except OSError as exc:
+            raise _JobsUsage(f"cannot read the API key from {args.key_file}: {exc.strerror}") from None
+        key = line.strip()
+        if not key:
+            raise _JobsUsage(f"no API key on the first line of {args.key_file}")
+        return key
+    if args.key is not None:
+        print(
+            f"duetime: warning: an API key on the command line is visible to other users of this "
+            f"machine (ps); set ${JOBS_KEY_ENV} or use --api-key-file - instead",
+            file=sys.stderr,
+        )
+        return str(args.key)
+    return environ.get(JOBS_KEY_ENV) or None
+
+
 def run_jobs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """``duetime jobs …``: synchronous, no settings or database needed, only the API's URL and key."""
     url = args.server or environ.get(JOBS_URL_ENV) or DEFAULT_URL
-    key = args.key or environ.get(JOBS_KEY_ENV) or None
     try:
+        key = _jobs_key(args, environ)
         client = DuetimeClient(url, key, timeout_s=args.timeout)
         answer = _jobs_call(client, args)
     except _JobsUsage as exc:
@@ -674,12 +908,12 @@ def run_jobs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return EXIT_USAGE
     except DuetimeApiError as exc:
         where = f", field {exc.field}" if exc.field else ""
-        hint = f" (set ${JOBS_KEY_ENV} or pass --key)" if exc.status == 401 and key is None else ""
+        hint = f" (set ${JOBS_KEY_ENV} or use --api-key-file)" if exc.status == 401 and key is None else ""
         print(f"duetime: {exc.message}{hint} [{exc.code}{where}; HTTP {exc.status}]", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_FAILED
     except DuetimeConnectionError as exc:
         print(f"duetime: {exc.message}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_FAILED
     except ValueError as exc:  # e.g. --timeout 0
         print(f"duetime: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -789,14 +1023,6 @@ def _describe(exc: BaseException) -> str | None:
     return None
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     environ = dict(os.environ)
@@ -817,9 +1043,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"duetime: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
-    _configure_logging(settings.log_level)
+    logs.configure(settings.log_level, settings.log_format)
     for warning in unknown_variables(environ):
         log.warning("%s", warning)
+    if args.command in ("run", "engine", "worker"):
+        from duetime.workers import tracing
+
+        try:
+            tracing.configure(environ)  # before any part starts: a missing extra is a settings error
+        except tracing.TracingUnavailable as exc:
+            print(f"duetime: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     stop = _SignalStop()
     try:
         with asyncio.Runner(loop_factory=_new_loop) as runner:
@@ -834,4 +1068,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if message is None:
             raise
         print(f"duetime: {message}", file=sys.stderr)
-        return EXIT_USAGE
+        # A setting the command cannot work with is the user's to fix before trying again; any
+        # other failure (a database or port, a refused move) is the operation failing.
+        return EXIT_USAGE if isinstance(exc, SettingsError) else EXIT_FAILED

@@ -6,11 +6,15 @@ so the two clients cannot drift apart in what they send or how they read the ans
 one sends it with ``urllib.request`` (no dependency beyond the standard library), the async one
 with aiohttp.
 
-Retries follow the contract's rule that retries happen in one layer only: the client retries
-nothing the server answered, and a *connection* failure (refused, reset, timed out) only for calls
+Retries follow the contract's rule that retries happen in one layer only, and only for calls
 that are safe to repeat: reads, ``DELETE``, ``PATCH`` (a merge patch applied twice is applied
-once), previews, and a create that carries an ``Idempotency-Key``. A create without a key, a
-pause, a trigger or a replay are never resent: the first one may have landed.
+once), previews, and a create that carries an ``Idempotency-Key``. Those are retried after a
+*connection* failure (refused, reset, timed out) and after a 429 or a 503, which say when to come
+back (``Retry-After``, honoured up to ``retry_after_max_s``). A create without a key, a pause, a
+trigger or a replay are never resent: the first one may have landed.
+
+Without a URL or key the clients read ``DUETIME_URL`` and ``DUETIME_API_KEY``, as ``duetime jobs``
+does. The sync client keeps its connections open (HTTP/1.1 keep-alive) and reuses them.
 
 The client imports nothing else of Duetime, so an owner can copy this one file. docs/client.md
 has examples.
@@ -19,15 +23,19 @@ has examples.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import email.utils
+import http.client
 import json
+import os
+import select
+import ssl
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.client import HTTPException
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, NotRequired, TypedDict, TypeVar
 
 if TYPE_CHECKING:
@@ -41,11 +49,13 @@ __all__ = [
     "ClientRequestError",
     "ConflictError",
     "CronScheduleSpec",
+    "DateRangeSpec",
     "DuetimeApiError",
     "DuetimeClient",
     "DuetimeClientError",
     "DuetimeConnectionError",
     "DuetimeTimeoutError",
+    "EveryScheduleSpec",
     "Job",
     "JobSpec",
     "NotFoundError",
@@ -70,6 +80,10 @@ DEFAULT_URL: Final = "http://127.0.0.1:8080"
 DEFAULT_TIMEOUT_S: Final = 30.0
 DEFAULT_RETRIES: Final = 2
 DEFAULT_RETRY_BACKOFF_S: Final = 0.2
+DEFAULT_RETRY_AFTER_MAX_S: Final = 30.0
+URL_ENV: Final = "DUETIME_URL"
+API_KEY_ENV: Final = "DUETIME_API_KEY"
+RETRIED_STATUSES: Final = frozenset({429, 503})
 USER_AGENT: Final = "duetime-client/1"
 
 T = TypeVar("T")
@@ -95,6 +109,10 @@ class OneOffScheduleSpec(TypedDict):
     run_at: str
 
 
+# An inclusive range of local dates ``YYYY-MM-DD`` (the functional form: "from" is a keyword).
+DateRangeSpec = TypedDict("DateRangeSpec", {"from": str, "to": str})
+
+
 class CronScheduleSpec(TypedDict):
     cron: str
     timezone: NotRequired[str]
@@ -102,6 +120,17 @@ class CronScheduleSpec(TypedDict):
     end_at: NotRequired[str | None]
     dst_gap: NotRequired[Literal["shift", "skip"]]
     dst_overlap: NotRequired[Literal["first", "both"]]
+    exclude: NotRequired[list[str | DateRangeSpec] | None]
+
+
+class EveryScheduleSpec(TypedDict):
+    """``start_at + k × every`` in exact elapsed time; ``every`` like ``"90m"`` or ``"1h30m"``."""
+
+    every: str
+    start_at: NotRequired[str | None]
+    end_at: NotRequired[str | None]
+    timezone: NotRequired[str]
+    exclude: NotRequired[list[str | DateRangeSpec] | None]
 
 
 class RetrySpec(TypedDict, total=False):
@@ -109,11 +138,12 @@ class RetrySpec(TypedDict, total=False):
     backoff_initial_s: float
     backoff_max_s: float
     backoff_multiplier: float
+    max_duration_s: int | None
 
 
 class JobSpec(TypedDict):
     target: WebhookTargetSpec | QueueTargetSpec
-    schedule: OneOffScheduleSpec | CronScheduleSpec
+    schedule: OneOffScheduleSpec | CronScheduleSpec | EveryScheduleSpec
     name: NotRequired[str | None]
     labels: NotRequired[dict[str, str]]
     payload: NotRequired[Any]
@@ -212,13 +242,28 @@ _ERRORS_BY_STATUS: Final[dict[int, type[DuetimeApiError]]] = {
 }
 
 
+def retry_after_of(headers: Mapping[str, str], now: datetime | None = None) -> int | None:
+    """``Retry-After`` in whole seconds: delay-seconds or an HTTP date (RFC 9110); None if absent."""
+    for name, value in headers.items():
+        if name.lower() != "retry-after":
+            continue
+        text = value.strip()
+        if text.isdigit():
+            return int(text)
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        return max(0, int((when - (now or datetime.now(UTC))).total_seconds() + 0.999))
+    return None
+
+
 def error_from_response(status: int, headers: Mapping[str, str], body: bytes) -> DuetimeApiError:
     """The typed error for a non-2xx answer, also when a proxy answered with a non-JSON body."""
     cls = _ERRORS_BY_STATUS.get(status) or (ServerError if status >= 500 else ClientRequestError)
-    retry_after: int | None = None
-    for name, value in headers.items():
-        if name.lower() == "retry-after" and value.strip().isdigit():
-            retry_after = int(value.strip())
+    retry_after = retry_after_of(headers)
     try:
         detail = json.loads(body)["error"]
         code, message = str(detail["code"]), str(detail["message"])
@@ -634,22 +679,29 @@ async def _async_pages(fetch: Callable[[str | None], Awaitable[Page[T]]]) -> Asy
 class _Base:
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | None = None,
         key: str | None = None,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retries: int = DEFAULT_RETRIES,
         retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S,
+        retry_after_max_s: float = DEFAULT_RETRY_AFTER_MAX_S,
     ) -> None:
+        """``url`` defaults to ``$DUETIME_URL``, else http://127.0.0.1:8080; ``key`` to
+        ``$DUETIME_API_KEY``. A 429 or 503 asking to wait longer than ``retry_after_max_s`` is
+        raised at once rather than waited for."""
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
         if retries < 0:
             raise ValueError("retries must be 0 or more")
-        self.url = url.rstrip("/")
-        self._key = key
+        if retry_after_max_s < 0:
+            raise ValueError("retry_after_max_s must be 0 or more")
+        self.url = (url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
+        self._key = key if key is not None else (os.environ.get(API_KEY_ENV) or None)
         self.timeout_s = timeout_s
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
+        self.retry_after_max_s = retry_after_max_s
 
     def _url_for(self, op: Operation[Any]) -> str:
         url = self.url + op.path
@@ -675,6 +727,19 @@ class _Base:
     def _delay(self, attempt: int) -> float:
         return float(self.retry_backoff_s * (2 ** (attempt - 1)))
 
+    def _answer_delay(
+        self, op: Operation[Any], attempt: int, status: int, headers: Mapping[str, str]
+    ) -> float | None:
+        """How long to wait before resending after this answer, or None to return it as it is.
+
+        Only a 429 or 503 to a call that is safe to repeat is resent, after its ``Retry-After``
+        (else the backoff); one that asks for more than ``retry_after_max_s`` is not waited for."""
+        if status not in RETRIED_STATUSES or attempt >= self._attempts(op):
+            return None
+        after = retry_after_of(headers)
+        delay = float(after) if after is not None else self._delay(attempt)
+        return None if delay > self.retry_after_max_s else delay
+
     @staticmethod
     def _read(op: Operation[T], status: int, headers: Mapping[str, str], body: bytes) -> T:
         if not 200 <= status < 300:
@@ -690,24 +755,43 @@ class _Base:
 
 
 class DuetimeClient(_Base):
-    """Blocking client on ``urllib.request``: one connection per call, nothing to clean up.
+    """Blocking client on ``http.client``: keeps its connections open and reuses them.
+
+    Safe to share between threads (each call takes an idle connection or opens one); ``close()``
+    (or ``with``) closes the idle ones.
 
     >>> client = DuetimeClient("http://127.0.0.1:8080", key="dt_...")
     >>> job = client.create_job({"target": {...}, "schedule": {"cron": "0 3 * * *"}})
     """
 
+    MAX_IDLE = 8
+
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | None = None,
         key: str | None = None,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retries: int = DEFAULT_RETRIES,
         retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S,
+        retry_after_max_s: float = DEFAULT_RETRY_AFTER_MAX_S,
     ) -> None:
-        super().__init__(url, key, timeout_s=timeout_s, retries=retries, retry_backoff_s=retry_backoff_s)
-        # No redirect following: a 3xx would resend the Authorization header to wherever it points.
-        self._opener = urllib.request.build_opener(_NoRedirect)
+        super().__init__(
+            url,
+            key,
+            timeout_s=timeout_s,
+            retries=retries,
+            retry_backoff_s=retry_backoff_s,
+            retry_after_max_s=retry_after_max_s,
+        )
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url must be http:// or https:// with a host, not {self.url!r}")
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = parts.port
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
 
     def __enter__(self) -> DuetimeClient:
         return self
@@ -715,8 +799,18 @@ class DuetimeClient(_Base):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def __del__(self) -> None:
+        # A client dropped without close() (the common case in scripts) closes its idle sockets
+        # itself rather than leaving them to the garbage collector's ResourceWarning.
+        with contextlib.suppress(Exception):
+            self.close()
+
     def close(self) -> None:
-        """Nothing is pooled; present so both clients are used the same way."""
+        """Close the idle connections (a later call opens a new one)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
     def send(self, op: Operation[T]) -> T:
         attempt = 1
@@ -728,32 +822,65 @@ class DuetimeClient(_Base):
                     raise
                 time.sleep(self._delay(attempt))
                 attempt += 1
-            else:
+                continue
+            delay = self._answer_delay(op, attempt, status, headers)
+            if delay is None:
                 return self._read(op, status, headers, body)
+            time.sleep(delay)
+            attempt += 1
+
+    def _connection(self) -> http.client.HTTPConnection:
+        """An idle connection the server has not closed meanwhile, else a new one."""
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                break
+            if _still_open(conn):
+                conn.timeout = self.timeout_s
+                if conn.sock is not None:
+                    conn.sock.settimeout(self.timeout_s)
+                return conn
+            conn.close()
+        if self._https:
+            return http.client.HTTPSConnection(
+                self._host, self._port, timeout=self.timeout_s, context=ssl.create_default_context()
+            )
+        return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
+
+    def _release(self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse) -> None:
+        if response.will_close:
+            conn.close()
+            return
+        with self._lock:
+            if len(self._idle) < self.MAX_IDLE:
+                self._idle.append(conn)
+                return
+        conn.close()
 
     def _transport(self, op: Operation[Any]) -> tuple[int, dict[str, str], bytes]:
         url = self._url_for(op)
-        request = urllib.request.Request(
-            url, data=self._body_for(op), headers=self._headers_for(op), method=op.method
-        )
+        target = urllib.parse.urlsplit(url)
+        path = target.path + (f"?{target.query}" if target.query else "")
+        conn = self._connection()
         try:
-            with self._opener.open(request, timeout=self.timeout_s) as response:
-                return response.status, dict(response.headers.items()), response.read()
-        except urllib.error.HTTPError as exc:
-            with exc:
-                return exc.code, dict(exc.headers.items()), exc.read()
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, TimeoutError):
-                raise DuetimeTimeoutError(
-                    f"no answer from {self.url} within {self.timeout_s:g} s", url=url
-                ) from exc
-            raise DuetimeConnectionError(f"cannot reach {self.url}: {exc.reason}", url=url) from exc
+            # No redirect is followed (http.client follows none): a 3xx would carry the key elsewhere.
+            conn.request(op.method, path, body=self._body_for(op), headers=self._headers_for(op))
+            response = conn.getresponse()
+            body = response.read()
         except TimeoutError as exc:
+            conn.close()
             raise DuetimeTimeoutError(
                 f"no answer from {self.url} within {self.timeout_s:g} s", url=url
             ) from exc
-        except (OSError, HTTPException) as exc:
+        except ConnectionRefusedError as exc:
+            conn.close()
+            raise DuetimeConnectionError(f"cannot reach {self.url}: {exc}", url=url) from exc
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
             raise DuetimeConnectionError(f"connection to {self.url} failed: {exc!r}", url=url) from exc
+        self._release(conn, response)
+        return response.status, dict(response.headers.items()), body
 
     # The calls, one per /v1 endpoint.
 
@@ -835,7 +962,7 @@ class DuetimeClient(_Base):
 
     def preview_schedule(
         self,
-        schedule: OneOffScheduleSpec | CronScheduleSpec | Mapping[str, Any],
+        schedule: OneOffScheduleSpec | CronScheduleSpec | EveryScheduleSpec | Mapping[str, Any],
         *,
         count: int | None = None,
         start: datetime | str | None = None,
@@ -848,9 +975,17 @@ class DuetimeClient(_Base):
         return self.send(Operations.preview_job(job_id, count, start))
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
+def _still_open(conn: http.client.HTTPConnection) -> bool:
+    """False when the server closed an idle connection (it is readable: EOF or stray bytes), the
+    check urllib3 makes before reusing one, so a request is not sent into a closed socket."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
 
 
 # --- async ------------------------------------------------------------------------------------------
@@ -865,16 +1000,24 @@ class AsyncDuetimeClient(_Base):
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | None = None,
         key: str | None = None,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retries: int = DEFAULT_RETRIES,
         retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S,
+        retry_after_max_s: float = DEFAULT_RETRY_AFTER_MAX_S,
         session: aiohttp.ClientSession | None = None,
     ) -> None:
         """``session``: share one you own (it is then not closed here); else one is made on first use."""
-        super().__init__(url, key, timeout_s=timeout_s, retries=retries, retry_backoff_s=retry_backoff_s)
+        super().__init__(
+            url,
+            key,
+            timeout_s=timeout_s,
+            retries=retries,
+            retry_backoff_s=retry_backoff_s,
+            retry_after_max_s=retry_after_max_s,
+        )
         self._session = session
         self._owns_session = session is None
 
@@ -899,8 +1042,12 @@ class AsyncDuetimeClient(_Base):
                     raise
                 await asyncio.sleep(self._delay(attempt))
                 attempt += 1
-            else:
+                continue
+            delay = self._answer_delay(op, attempt, status, headers)
+            if delay is None:
                 return self._read(op, status, headers, body)
+            await asyncio.sleep(delay)
+            attempt += 1
 
     async def _transport(self, op: Operation[Any]) -> tuple[int, dict[str, str], bytes]:
         import aiohttp
@@ -1011,7 +1158,7 @@ class AsyncDuetimeClient(_Base):
 
     async def preview_schedule(
         self,
-        schedule: OneOffScheduleSpec | CronScheduleSpec | Mapping[str, Any],
+        schedule: OneOffScheduleSpec | CronScheduleSpec | EveryScheduleSpec | Mapping[str, Any],
         *,
         count: int | None = None,
         start: datetime | str | None = None,

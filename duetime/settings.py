@@ -22,6 +22,7 @@ from typing import Any, Literal, cast
 
 from duetime.core.errors import DuetimeError
 from duetime.core.ids import SHARDS
+from duetime.core.topics import OWNER_PLACEHOLDER, TopicPolicy, TopicRule
 
 IPNetwork = IPv4Network | IPv6Network
 RunQueueKind = Literal["inprocess", "nats"]
@@ -30,6 +31,9 @@ ENV_PREFIX = "DUETIME_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # Variables read by other parts of the tree (tests, load test) rather than by ``Settings``.
 FOREIGN_PREFIXES = ("DUETIME_TEST_", "DUETIME_LOADTEST_")
+# Read by the client side (`duetime jobs`, duetime.client) rather than by a server process: a shell
+# that exports them for the CLI must not make every server warn about them.
+CLIENT_VARIABLES = ("DUETIME_URL", "DUETIME_API_KEY")
 
 
 class SettingsError(DuetimeError):
@@ -310,10 +314,46 @@ def _subject(variable: str, raw: str) -> str:
     return text
 
 
+def _topic_rule(variable: str, raw: str) -> TopicRule:
+    try:
+        return TopicRule(raw.strip().lower())
+    except ValueError:
+        raise SettingsError(variable, raw, "one of " + ", ".join(r.value for r in TopicRule)) from None
+
+
+def _topic_prefix(variable: str, raw: str) -> str:
+    text = raw.strip()
+    if OWNER_PLACEHOLDER not in text or any(c.isspace() for c in text) or len(text) > 200:
+        raise SettingsError(variable, raw, "a prefix containing {owner}, without spaces, e.g. '{owner}.'")
+    return text
+
+
+def _topic_allowlist(variable: str, raw: str) -> tuple[str, ...]:
+    items = tuple(p.strip() for p in raw.split(",") if p.strip())
+    for item in items:
+        if any(c.isspace() for c in item) or "*" in item[:-1]:
+            raise SettingsError(variable, raw, "comma-separated topics, each with at most one * at its end")
+    return items
+
+
+def _token(variable: str, raw: str) -> str:
+    text = raw.strip()
+    if not 16 <= len(text) <= 512 or any(not 0x21 <= ord(c) <= 0x7E for c in text):
+        raise SettingsError(variable, "<hidden>", "16 to 512 printable ASCII characters without spaces")
+    return text
+
+
 def _log_level(variable: str, raw: str) -> str:
     text = raw.strip().upper()
     if text not in LOG_LEVELS:
         raise SettingsError(variable, raw, "one of " + ", ".join(LOG_LEVELS))
+    return text
+
+
+def _log_format(variable: str, raw: str) -> str:
+    text = raw.strip().lower()
+    if text not in ("text", "json"):
+        raise SettingsError(variable, raw, "'text' (for a terminal) or 'json' (one object per line)")
     return text
 
 
@@ -367,6 +407,56 @@ class Settings:
             "DUETIME_HTTP_PORT", "TCP port of the HTTP API; 0 picks a free port.", _integer(0, 65535)
         ),
     )
+    http_header_timeout_s: float = field(
+        default=10.0,
+        metadata=_meta(
+            "DUETIME_HTTP_HEADER_TIMEOUT_S",
+            "Seconds a connection has, from when it opens or its previous answer was sent, to deliver "
+            "a complete request line and headers; then it is closed. This is also how long an idle "
+            "keep-alive connection stays open (put a reverse proxy's upstream keep-alive below it).",
+            _seconds(),
+            shown="10",
+        ),
+    )
+    http_body_timeout_s: float = field(
+        default=30.0,
+        metadata=_meta(
+            "DUETIME_HTTP_BODY_TIMEOUT_S",
+            "Seconds a client has to send a request body once its headers are in; a slower one is "
+            "answered 408 `request_timeout` and the connection is closed.",
+            _seconds(),
+            shown="30",
+        ),
+    )
+    metrics_token: str | None = field(
+        default=None,
+        metadata=_meta(
+            "DUETIME_METRICS_TOKEN",
+            "When set, `/metrics` answers only requests carrying `Authorization: Bearer <this "
+            "token>` (401 otherwise). Unset: `/metrics` is open to whoever reaches its port.",
+            _token,
+            shown="unset",
+        ),
+    )
+    metrics_host: str = field(
+        default="127.0.0.1",
+        metadata=_meta(
+            "DUETIME_METRICS_HOST",
+            "With DUETIME_METRICS_PORT: the address the separate `/metrics` listener binds.",
+            _host,
+        ),
+    )
+    metrics_port: int | None = field(
+        default=None,
+        metadata=_meta(
+            "DUETIME_METRICS_PORT",
+            "When set, `/metrics` is served only on its own listener (DUETIME_METRICS_HOST:this "
+            "port; 0 picks a free one) and no longer on the API's port, so it can stay on a private "
+            "interface. Unset: `/metrics` is on DUETIME_HTTP_PORT.",
+            _integer(0, 65535),
+            shown="unset",
+        ),
+    )
     nats_url: str | None = field(
         default=None,
         metadata=_meta(
@@ -401,6 +491,36 @@ class Settings:
             "Comma-separated networks webhooks may reach although they are not public, "
             "e.g. `10.20.0.0/16,fd12:3456::/48`.",
             _cidrs,
+            shown="empty",
+        ),
+    )
+    topic_policy: TopicRule = field(
+        default=TopicRule.OPEN,
+        metadata=_meta(
+            "DUETIME_TOPIC_POLICY",
+            "Which queue topics an owner may use, besides the always-refused names of Duetime and "
+            "the brokers: `open` (any), `owner_prefix` (topics start with DUETIME_TOPIC_PREFIX, so "
+            "owners cannot reach each other's streams), `allowlist` (only DUETIME_TOPIC_ALLOWLIST). "
+            "Checked at registration (422 `topic_not_allowed`) and again before every publish.",
+            _topic_rule,
+        ),
+    )
+    topic_prefix: str = field(
+        default="{owner}.",
+        metadata=_meta(
+            "DUETIME_TOPIC_PREFIX",
+            "DUETIME_TOPIC_POLICY=owner_prefix: the prefix every topic must start with; `{owner}` "
+            "is replaced by the job's owner, e.g. `tenants.{owner}.`.",
+            _topic_prefix,
+        ),
+    )
+    topic_allowlist: tuple[str, ...] = field(
+        default=(),
+        metadata=_meta(
+            "DUETIME_TOPIC_ALLOWLIST",
+            "DUETIME_TOPIC_POLICY=allowlist: comma-separated topics an owner may use; `{owner}` is "
+            "the owner and a trailing `*` matches any rest, e.g. `{owner}.*,shared.alerts`.",
+            _topic_allowlist,
             shown="empty",
         ),
     )
@@ -525,22 +645,42 @@ class Settings:
         ),
     )
     api_owner_rate: float = field(
-        default=5000.0,
+        default=1000.0,
         metadata=_meta(
             "DUETIME_API_OWNER_RATE",
             "Requests per second one owner may make to one API process (a token bucket with bursts "
             "of twice that); more answer 429 with Retry-After. 0 turns the limit off.",
             _seconds(allow_zero=True),
-            shown="5000",
+            shown="1000",
         ),
     )
     max_jobs_per_owner: int = field(
-        default=10_000_000,
+        default=100_000,
         metadata=_meta(
             "DUETIME_MAX_JOBS_PER_OWNER",
             "Active (scheduled or paused) jobs one owner may have; creating more answers 409 "
             "`job_limit_reached`. Counted per API process, refreshed every 10 s. 0 turns it off.",
             _integer(0),
+        ),
+    )
+    max_job_bytes_per_owner: int = field(
+        default=1 << 30,
+        metadata=_meta(
+            "DUETIME_MAX_JOB_BYTES_PER_OWNER",
+            "Bytes the specs (payloads included) of one owner's active jobs may take as PostgreSQL "
+            "stores them; creating more answers 409 `job_bytes_limit_reached`. Counted per API "
+            "process like DUETIME_MAX_JOBS_PER_OWNER. 0 turns it off.",
+            _integer(0),
+            shown="1073741824 (1 GiB)",
+        ),
+    )
+    max_pending_triggers: int = field(
+        default=100,
+        metadata=_meta(
+            "DUETIME_MAX_PENDING_TRIGGERS",
+            "Triggered runs (POST …/trigger) one job may have waiting behind the run in progress; "
+            "one more answers 409 `too_many_triggers`.",
+            _integer(1, 100_000),
         ),
     )
     min_cron_interval_s: int = field(
@@ -707,6 +847,25 @@ class Settings:
         default="INFO",
         metadata=_meta("DUETIME_LOG_LEVEL", "One of " + ", ".join(LOG_LEVELS) + ".", _log_level),
     )
+    log_format: str = field(
+        default="text",
+        metadata=_meta(
+            "DUETIME_LOG_FORMAT",
+            "`text` (for a terminal) or `json`: one JSON object per line with `ts` (RFC 3339), `level`, "
+            "`logger`, `msg` and `request_id` while answering a request; the same in every process.",
+            _log_format,
+        ),
+    )
+    access_log: bool = field(
+        default=False,
+        metadata=_meta(
+            "DUETIME_ACCESS_LOG",
+            "Log one line per HTTP request answered (logger `duetime.access`: method, route, status, "
+            "duration, request id), in the DUETIME_LOG_FORMAT of the process.",
+            _boolean,
+            shown="0",
+        ),
+    )
     data_dir: Path = field(
         default=Path(".duetime"),
         metadata=_meta(
@@ -769,6 +928,15 @@ class Settings:
         """The logical shards this process's engine serves."""
         return self.shards
 
+    def topics(self) -> TopicPolicy:
+        """The topic rules of registration and publish, with this deployment's run queue prefix."""
+        return TopicPolicy(
+            rule=self.topic_policy,
+            prefix=self.topic_prefix,
+            allowlist=self.topic_allowlist,
+            reserved_subjects=(self.nats_run_subject,),
+        )
+
     def with_database(self, dsn: str) -> Settings:
         """The same settings on one given database (the embedded one), for the parts that read them."""
         return replace(self, database_url=dsn, shard_map=None)
@@ -784,6 +952,8 @@ def unknown_variables(environ: Mapping[str, str] = os.environ) -> list[str]:
     out: list[str] = []
     for name in sorted(environ):
         if not name.startswith(ENV_PREFIX) or name in known or name.startswith(FOREIGN_PREFIXES):
+            continue
+        if name in CLIENT_VARIABLES:
             continue
         close = difflib.get_close_matches(name, known, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""

@@ -20,8 +20,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
-from duetime.core.misfire import FireNow, SkipTo, decide
+from duetime.core import jitter
+from duetime.core.misfire import CatchUp, FireNow, SkipTo, decide
 from duetime.core.runpath import Claim, Leased, Skip
 from duetime.engine.clock import Clock, SystemClock
 from duetime.engine.wheel import TimerWheel, WheelDriver
@@ -360,10 +362,30 @@ class Engine:
                     spec,
                     row.scheduled_for,
                     row.db_now,
+                    due_at=row.due_at,
+                    deferred=row.due_at > jitter.due_at(row.job_id, row.scheduled_for, spec.jitter_s),
                     run_all_cap=self.config.run_all_cap,
                     record_cap=self.config.record_cap,
                 )
-                metrics.MISFIRES.labels(spec.misfire.value).inc()
+                if row.due_at < row.db_now - timedelta(seconds=spec.misfire_grace_s):
+                    metrics.MISFIRES.labels(spec.misfire.value).inc()
+                if isinstance(decision, CatchUp):
+                    # The row moves on to its first occurrence not yet due; the backlog starts
+                    # now in rows of its own (together, or back to back), claimed right after.
+                    metrics.CATCH_UP_RUNS.inc(len(decision.runs))
+                    metrics.SKIPPED.inc(len(decision.skipped) + decision.unrecorded)
+                    skips.append(
+                        Skip(
+                            row.job_id,
+                            row.shard,
+                            row.lease_token,
+                            decision.skipped,
+                            decision.next_scheduled_for,
+                            catch_up=decision.runs,
+                            chained=decision.chained,
+                        )
+                    )
+                    continue
                 if isinstance(decision, SkipTo):
                     metrics.SKIPPED.inc(len(decision.skipped) + decision.unrecorded)
                     skips.append(

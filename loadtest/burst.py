@@ -765,6 +765,10 @@ async def run_burst(a: BurstArgs) -> dict[str, Any]:
             env = {
                 "DUETIME_DATABASE_URL": dsn,
                 "DUETIME_HTTP_PORT": "0",
+                # A benchmark seeds one owner with up to millions of jobs: the owner caps are off.
+                "DUETIME_API_OWNER_RATE": "0",
+                "DUETIME_MAX_JOBS_PER_OWNER": "0",
+                "DUETIME_MAX_JOB_BYTES_PER_OWNER": "0",
                 "DUETIME_WEBHOOK_ALLOW_PRIVATE": "1",
                 "DUETIME_REDIS_URL": REDIS_URL,
                 "DUETIME_NATS_URL": NATS_URL,

@@ -170,6 +170,7 @@ async def api_latency(dsn: str, requests: int, clients: int) -> dict[str, dict[s
         "DUETIME_DATABASE_URL": dsn,
         "DUETIME_API_OWNER_RATE": "0",
         "DUETIME_MAX_JOBS_PER_OWNER": "0",
+        "DUETIME_MAX_JOB_BYTES_PER_OWNER": "0",
     }
     out: dict[str, dict[str, float]] = {}
     async with (

@@ -47,6 +47,9 @@ FENCE_REJECTED = Counter(
 )
 MISFIRES = Counter("duetime_misfires_total", "Overdue occurrences handled by policy", ["policy"])
 SKIPPED = Counter("duetime_skipped_occurrences_total", "Missed occurrences skipped by policy")
+CATCH_UP_RUNS = Counter(
+    "duetime_catch_up_runs_total", "Late occurrences handed to runs of their own to catch up (run_all, grace)"
+)
 QUEUE_DEPTH = Gauge("duetime_run_queue_depth", "Runs fenced and waiting for a worker")
 CALLS = Counter("duetime_calls_total", "Target calls by outcome", ["outcome"])
 START_LATENESS = Histogram(
@@ -68,6 +71,11 @@ RELEASED = Counter("duetime_released_total", "Claimed rows given back unfired (s
 OVERLAP_SPLITS = Counter(
     "duetime_overlap_splits_total",
     "Occurrences of overlap=allow jobs started in a row of their own because the previous run was in flight",
+)
+OLDEST_UNCLAIMED_DUE = Gauge(
+    "duetime_oldest_unclaimed_due_seconds",
+    "Age of the oldest due row of the shard that no engine has claimed (0 = none waits)",
+    ["shard"],
 )
 # Membership and dealing (engine/membership.py): what this engine serves and what it sees.
 SERVING = Gauge("duetime_engine_shards", "Logical shards this engine serves now (dealt to it)")

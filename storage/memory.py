@@ -50,7 +50,9 @@ from duetime.storage.ports import (
     CompletionStats,
     IdempotencyRequest,
     NameHolderChanged,
+    OwnerRun,
     Page,
+    SigningKeys,
 )
 from duetime.storage.postgres.completion import (
     BatchWriter,
@@ -62,11 +64,15 @@ from duetime.storage.postgres.completion import (
 from duetime.storage.registry_rules import (
     BULK_TARGET,
     bulk_states,
+    check_trigger_step,
     encode_cursor,
+    encode_owner_runs_cursor,
     hash_key,
     job_cursor,
     name_taken,
+    owner_runs_cursor,
     refuse_apply,
+    require_failed_occurrence,
     run_cursor,
 )
 
@@ -207,8 +213,8 @@ def _finished(run: dict[str, Any]) -> datetime:
     return codec.parse_time(run["finished_at"])
 
 
-def _is_cron(spec: dict[str, Any]) -> bool:
-    return "cron" in spec["schedule"]
+def _is_recurring(spec: dict[str, Any]) -> bool:
+    return "cron" in spec["schedule"] or "every" in spec["schedule"]
 
 
 class MemoryStore:
@@ -514,8 +520,13 @@ class MemoryStore:
         self._cascade_state(job_id, step.plan.state)
         return self._write(row, plan=step.plan, revoke=step.revoke)
 
-    async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        return self._row_only(owner, job_id, OwnerAction.TRIGGER)
+    async def trigger_job(self, owner: str, job_id: uuid.UUID, *, max_pending: int = 0) -> Job:
+        self._check()
+        row = self._owned(owner, job_id)
+        step = self._step(OwnerAction.TRIGGER, row)
+        assert step is not None, "trigger is never a no-op"
+        check_trigger_step(row.plan(), step.plan, max_pending)
+        return self._write(row, plan=step.plan, revoke=step.revoke)
 
     async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job:
         return self._row_only(owner, job_id, OwnerAction.REPLAY)
@@ -526,6 +537,29 @@ class MemoryStore:
         step = self._step(what, row)
         assert step is not None, f"{what.value} is never a no-op"
         return self._write(row, plan=step.plan, revoke=step.revoke)
+
+    async def replay_occurrence(self, owner: str, job_id: uuid.UUID, scheduled_for: datetime) -> Job:
+        self._check()
+        row = self._owned(owner, job_id)
+        owner_move(OwnerAction.BACKFILL, JobState(row.state))
+        if not _is_recurring(row.spec):
+            raise InvalidRequest(
+                "only an occurrence of a recurring (cron or every) job can be replayed by its "
+                "scheduled_for; replay a dead one-off job without a body",
+                code="not_recurring",
+                field="scheduled_for",
+            )
+        attempts = [
+            h
+            for h in self._runs
+            if h.job_id == job_id and h.run.scheduled_for == scheduled_for and h.run.attempt > 0
+        ]
+        final = max(attempts, key=lambda h: (h.run.attempt, h.run_id)).run.outcome.value if attempts else None
+        require_failed_occurrence(final, codec.format_time(scheduled_for))
+        now = self._now()
+        self._insert_occurrence(row, now, scheduled_for, seq=None, now=now)
+        self._wake([row.shard])
+        return row.job()
 
     async def backfill_job(
         self,
@@ -590,6 +624,39 @@ class MemoryStore:
             backfill_seq=seq,
         )
 
+    async def list_owner_runs(
+        self,
+        owner: str,
+        *,
+        outcome: str | None,
+        since: datetime | None,
+        limit: int,
+        cursor: str | None,
+    ) -> Page[OwnerRun]:
+        self._check()
+        after = owner_runs_cursor(cursor)
+
+        def key(h: _HistoryRow) -> tuple[datetime, uuid.UUID, int]:
+            assert h.run.finished_at is not None
+            return h.run.finished_at, h.job_id, h.run_id
+
+        mine = {j for j, r in self._jobs.items() if r.owner == owner and r.parent_id is None}
+        rows = sorted(
+            (
+                h
+                for h in self._runs
+                if h.job_id in mine
+                and (outcome is None or h.run.outcome.value == outcome)
+                and (since is None or (h.run.finished_at is not None and h.run.finished_at >= since))
+                and (after is None or key(h) < after)
+            ),
+            key=key,
+            reverse=True,
+        )[: limit + 1]
+        page = rows[:limit]
+        next_cursor = encode_owner_runs_cursor(*key(page[-1])) if len(rows) > limit else None
+        return Page([OwnerRun(h.job_id, h.run) for h in page], next_cursor)
+
     async def list_runs(self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None) -> Page[Run]:
         self._check()
         before = run_cursor(cursor)
@@ -607,6 +674,15 @@ class MemoryStore:
         self._check()
         return sum(
             1
+            for r in self._jobs.values()
+            if r.owner == owner and r.parent_id is None and r.state in ("scheduled", "paused")
+        )
+
+    async def active_job_bytes(self, owner: str) -> int:
+        """The specs' size as compact JSON (PostgreSQL counts them as stored, compressed)."""
+        self._check()
+        return sum(
+            len(json.dumps(r.spec, separators=(",", ":")).encode())
             for r in self._jobs.values()
             if r.owner == owner and r.parent_id is None and r.state in ("scheduled", "paused")
         )
@@ -639,6 +715,14 @@ class MemoryStore:
         self._check()
         return self._owners.get(owner)
 
+    async def signing_keys(self, owner: str) -> SigningKeys | None:
+        """No rotation here (that is an operator's command on the real store): the current one."""
+        self._check()
+        secret = self._owners.get(owner)
+        return (
+            None if secret is None else SigningKeys(current=secret, previous=None, previous_valid_until=None)
+        )
+
     async def ping(self) -> None:
         self._check()
 
@@ -653,6 +737,7 @@ class MemoryStore:
             next_run_at=row.next_run_at,
             grace_s=int(row.spec["misfire_grace_s"]),
             now=now,
+            recurring=_is_recurring(row.spec),
         )
         return Claim(
             job_id=row.job_id,
@@ -803,6 +888,19 @@ class MemoryStore:
         (apply_plans, insert_runs, delete_occurrences; then release_next_backfill,
         parent_last_run, complete_drained_jobs). Returns the shards to wake."""
         now = self._now()
+        last_seq: dict[uuid.UUID, int] = {}
+        for _occ_id, parent_id, scheduled_for, place in writer.catch_up:  # insert_catch_up
+            parent_row = self._jobs[parent_id]
+            seq = None
+            if place is not None:
+                if parent_id not in last_seq:
+                    last_seq[parent_id] = max(
+                        (c.backfill_seq or 0 for c in self._children(parent_id)), default=0
+                    )
+                seq = last_seq[parent_id] + place
+            self._insert_occurrence(
+                parent_row, now if place is None else None, scheduled_for, seq=seq, now=now
+            )
         for w in writer.plans:
             plan = w.plan
             row = self._jobs[w.job_id]
@@ -829,7 +927,7 @@ class MemoryStore:
             if occurrence is not None and occurrence.parent_id is not None:
                 del self._jobs[job_id]
         # after the commit
-        shards = self._release_next_backfill(writer.backfill_parents, now)
+        shards = self._release_next_backfill(writer.backfill_parents, now) | writer.catch_up_shards
         for parent, last in writer.parent_last.items():
             job = self._jobs.get(parent)
             if job is not None and (job.last_run is None or _finished(job.last_run) <= _finished(last)):
@@ -859,7 +957,7 @@ class MemoryStore:
                 and p.next_run_at is None
                 and p.phase == "idle"
                 and p.parent_id is None
-                and _is_cron(p.spec)
+                and _is_recurring(p.spec)
                 and not self._children(p.job_id)
             ):
                 p.state = "completed"

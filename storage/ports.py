@@ -68,6 +68,14 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
+class OwnerRun:
+    """A run of the owner's history across jobs: the run and the job it belongs to."""
+
+    job_id: uuid.UUID
+    run: Run
+
+
+@dataclass(frozen=True, slots=True)
 class Page(Generic[T]):
     items: list[T]
     next_cursor: str | None
@@ -98,6 +106,51 @@ class BulkResult:
 class NameHolderChanged(Exception):
     """``apply_job``: the job holding the name is not the one the caller built its spec against
     (a concurrent PUT created or cancelled it). The caller reads the holder again and retries."""
+
+
+@dataclass(frozen=True, slots=True)
+class SigningKeys:
+    """An owner's webhook signing secrets: the current one, and the one it replaced with the end
+    of its grace (both None when the secret was never rotated)."""
+
+    current: str
+    previous: str | None
+    previous_valid_until: datetime | None
+
+    def valid_at(self, now: datetime) -> tuple[str, ...]:
+        """The secrets that sign at ``now``: the current one, then the previous during its grace."""
+        if (
+            self.previous is not None
+            and self.previous_valid_until is not None
+            and now < self.previous_valid_until
+        ):
+            return (self.current, self.previous)
+        return (self.current,)
+
+
+@dataclass(frozen=True, slots=True)
+class SecretRotation:
+    owner: str
+    signing_secret: str
+    previous_valid_until: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyInfo:
+    """What may be shown of an API key: its prefix (the key itself is never stored)."""
+
+    prefix: str
+    owner: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class DueBacklog:
+    """One shard's reading: seconds since its earliest unclaimed due row fell due (0 = none)."""
+
+    shard: int
+    oldest_age_s: float
 
 
 class Registry(Protocol):
@@ -164,8 +217,9 @@ class Registry(Protocol):
 
     async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
 
-    async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        """Queue one extra run now, besides the schedule. Conflict unless the job is scheduled."""
+    async def trigger_job(self, owner: str, job_id: uuid.UUID, *, max_pending: int = 0) -> Job:
+        """Queue one extra run now, besides the schedule. Conflict unless the job is scheduled, and
+        (``too_many_triggers``) when ``max_pending`` (> 0) triggers already wait."""
         ...
 
     async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
@@ -183,12 +237,34 @@ class Registry(Protocol):
         """Queue a run of every occurrence of a recurring job in [start, end) (see core.backfill)."""
         ...
 
+    async def replay_occurrence(self, owner: str, job_id: uuid.UUID, scheduled_for: datetime) -> Job:
+        """Run one failed occurrence of a recurring job once more, now, in a row of its own (its
+        own ``scheduled_for``, so its own Idempotency-Key). Conflict ``occurrence_not_failed``
+        when the history has no failed final attempt for it."""
+        ...
+
     async def list_runs(
         self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None
     ) -> Page[Run]: ...
 
+    async def list_owner_runs(
+        self,
+        owner: str,
+        *,
+        outcome: str | None,
+        since: datetime | None,
+        limit: int,
+        cursor: str | None,
+    ) -> Page[OwnerRun]:
+        """The owner's runs across all jobs, newest (by finished_at) first (GET /v1/runs)."""
+        ...
+
     async def count_active_jobs(self, owner: str) -> int:
         """Scheduled and paused jobs of this owner (for the per-owner cap)."""
+        ...
+
+    async def active_job_bytes(self, owner: str) -> int:
+        """Bytes the specs of this owner's scheduled and paused jobs take (for the per-owner cap)."""
         ...
 
     async def owner_for_key(self, api_key: str) -> str | None: ...
@@ -332,3 +408,7 @@ class RunStore(Protocol):
     # -- what workers read besides the run path
 
     async def signing_secret(self, owner: str) -> str | None: ...
+
+    async def signing_keys(self, owner: str) -> SigningKeys | None:
+        """The owner's current secret and, during a rotation's grace, the previous one."""
+        ...

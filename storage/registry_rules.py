@@ -10,8 +10,10 @@ import base64
 import binascii
 import hashlib
 import uuid
+from datetime import UTC, datetime, timedelta
 
 from duetime.core.errors import Conflict, InvalidRequest
+from duetime.core.lifecycle import RowPlan
 from duetime.core.model import JobState
 
 #: The cursor of a first page of jobs (ids are listed in ascending order, after the cursor).
@@ -98,3 +100,59 @@ def bulk_states(action: str, state: JobState | None) -> frozenset[JobState]:
     """The states a bulk ``action`` selects, narrowed to ``state`` when the caller gave one."""
     applies = BULK_APPLIES[action]
     return applies if state is None else applies & {state}
+
+
+#: Outcomes of a last attempt that make an occurrence "failed" (what replay of an occurrence takes).
+FAILED_OUTCOMES = frozenset({"failed", "timed_out", "lease_expired"})
+
+
+def require_failed_occurrence(final_outcome: str | None, scheduled_for: str) -> None:
+    """Refuse a replay of an occurrence whose history has no failed final attempt."""
+    if final_outcome in FAILED_OUTCOMES:
+        return
+    seen = "has no run in the history" if final_outcome is None else f"ended {final_outcome}"
+    raise Conflict(
+        f"occurrence {scheduled_for} {seen}; only an occurrence whose last attempt failed can be "
+        "replayed (GET /v1/jobs/{id}/runs lists them)",
+        code="occurrence_not_failed",
+    )
+
+
+def owner_runs_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID, int] | None:
+    """Where a page of an owner's runs across jobs starts: before (finished_at, job id, run id).
+
+    The job id breaks ties between databases (run ids are per database), so the order is one
+    total order over every shard, newest first.
+    """
+    if not cursor:
+        return None
+    raw = decode_cursor(cursor, 8 + 16 + 8)
+    micros = int.from_bytes(raw[:8], "big", signed=True)
+    try:
+        finished = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+    except OverflowError as exc:
+        raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor") from exc
+    return finished, uuid.UUID(bytes=raw[8:24]), int.from_bytes(raw[24:], "big")
+
+
+def encode_owner_runs_cursor(finished: datetime, job_id: uuid.UUID, run_id: int) -> str:
+    micros = (finished - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    return encode_cursor(micros.to_bytes(8, "big", signed=True) + job_id.bytes + run_id.to_bytes(8, "big"))
+
+
+def check_pending_triggers(waiting: int, max_pending: int) -> None:
+    """Refuse one more queued trigger when ``max_pending`` (> 0) already wait: each is a call of
+    someone's URL later, so an owner may not queue them without bound (409 too_many_triggers)."""
+    if 0 < max_pending <= waiting:
+        raise Conflict(
+            f"this job already has {waiting} triggered runs waiting, the most this server queues "
+            f"per job ({max_pending}, DUETIME_MAX_PENDING_TRIGGERS); wait for them to run",
+            code="too_many_triggers",
+        )
+
+
+def check_trigger_step(before: RowPlan, after: RowPlan, max_pending: int) -> None:
+    """The trigger cap, judged on what the owner table made of a trigger: only a trigger that
+    queues (a run of the job is already under way) counts against it."""
+    if len(after.pending_triggers) > len(before.pending_triggers):
+        check_pending_triggers(len(before.pending_triggers), max_pending)

@@ -21,6 +21,7 @@ import aiohttp
 from duetime.core import signing, ssrf
 from duetime.core.model import Broker, Outcome, QueueTarget, Target, WebhookTarget
 from duetime.core.runpath import CallResult, Delivery, Verdict
+from duetime.core.topics import TopicPolicy
 from duetime.workers import webhook
 from duetime.workers.limits import HostLimiter
 from duetime.workers.queues import QueuePublisher
@@ -61,13 +62,16 @@ class Dispatcher:
         broker_timeout_s: float = 10.0,
         clock: Callable[[], datetime] = _utcnow,
         ssl_context: ssl.SSLContext | None = None,
+        topic_policy: TopicPolicy | None = None,
     ) -> None:
         self._policy = policy
         self._total_concurrency = total_concurrency
         self._limiter = HostLimiter(host_concurrency, host_rate_per_s, host_burst)
         self._total = asyncio.Semaphore(total_concurrency)
         self.broker_timeout_s = broker_timeout_s
-        self._queues = QueuePublisher(nats_url=nats_url, redis_url=redis_url, timeout_s=broker_timeout_s)
+        self._queues = QueuePublisher(
+            nats_url=nats_url, redis_url=redis_url, timeout_s=broker_timeout_s, topic_policy=topic_policy
+        )
         self._clock = clock
         self._ssl_context = ssl_context
         self._session: aiohttp.ClientSession | None = None

@@ -13,15 +13,18 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from duetime.core.errors import StorageUnavailable
 from duetime.core.model import Broker, Outcome, QueueTarget, WebhookTarget
 from duetime.core.runpath import AttemptReport, CallResult, Delivery, FencedRun, Verdict
+from duetime.core.signing import idempotency_key
 from duetime.runqueue import metrics
 from duetime.runqueue.inprocess import RunQueue
 from duetime.runqueue.leases import LeaseKeeper
-from duetime.storage.ports import RunStore
+from duetime.storage.ports import RunStore, SigningKeys
+from duetime.workers import tracing
 from duetime.workers.dispatch import Dispatcher
 
 log = logging.getLogger("duetime.workers")
@@ -30,18 +33,28 @@ WATCHDOG_S = 300
 
 
 class SecretCache:
-    """Owners' signing secrets, read once a minute at most: a burst must not query per run."""
+    """Owners' signing secrets, read once a minute at most: a burst must not query per run.
+
+    What is cached is the owner's keys with the end of the previous secret's grace, not the list
+    of secrets to sign with: the grace is checked against the clock at every call, so a call made
+    after it ended never carries the old secret's signature, whatever the cache's age. A rotation
+    reaches a worker within ``ttl_s``; the grace should be longer than that.
+    """
 
     def __init__(self, store: RunStore, ttl_s: float = 60.0) -> None:
         self._store = store
         self._ttl = ttl_s
-        self._cache: dict[str, tuple[float, str]] = {}
+        self._cache: dict[str, tuple[float, SigningKeys]] = {}
         # One read per owner in flight: at a burst's first second (and at every expiry) a
         # thousand workers miss together, and they share one query instead of queueing a
         # thousand behind the pool.
-        self._loading: dict[str, asyncio.Future[str]] = {}
+        self._loading: dict[str, asyncio.Future[SigningKeys]] = {}
 
-    async def get(self, owner: str) -> str:
+    async def get(self, owner: str) -> tuple[str, ...]:
+        """The secrets that sign a call made now: the current one first."""
+        return (await self._keys(owner)).valid_at(datetime.now(UTC))
+
+    async def _keys(self, owner: str) -> SigningKeys:
         hit = self._cache.get(owner)
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
@@ -51,18 +64,18 @@ class SecretCache:
             loading.add_done_callback(lambda f: self._loaded(owner, f))
         return await asyncio.shield(loading)
 
-    def _loaded(self, owner: str, fut: asyncio.Future[str]) -> None:
+    def _loaded(self, owner: str, fut: asyncio.Future[SigningKeys]) -> None:
         if self._loading.get(owner) is fut:
             del self._loading[owner]
         if not fut.cancelled():
             fut.exception()  # retrieved here too, in case every waiter was cancelled
 
-    async def _load(self, owner: str) -> str:
-        secret = await self._store.signing_secret(owner)
-        if secret is None:
+    async def _load(self, owner: str) -> SigningKeys:
+        keys = await self._store.signing_keys(owner)
+        if keys is None:
             raise LookupError(f"owner {owner!r} has no signing secret")
-        self._cache[owner] = (time.monotonic() + self._ttl, secret)
-        return secret
+        self._cache[owner] = (time.monotonic() + self._ttl, keys)
+        return keys
 
 
 class Completer:
@@ -250,6 +263,18 @@ class WorkerPool:
         """One attempt each for runs whose target is a Redis stream, sent together. Queue
         messages carry no signature, so no signing secret is read."""
         deliveries = [Delivery.of(run, signing_secret="") for run in runs]
+        with tracing.run_spans([_run_info(d) for d in deliveries]) as spans:
+            if spans is not None:
+                deliveries = [
+                    replace(d, traceparent=t.traceparent) for d, t in zip(deliveries, spans, strict=True)
+                ]
+            reports = await self._redis_batch(runs, deliveries)
+            for report, span in zip(reports, spans or (), strict=False):
+                v = report.verdict
+                span.end(v.outcome.value, v.status_code, v.error)
+        return reports
+
+    async def _redis_batch(self, runs: list[FencedRun], deliveries: list[Delivery]) -> list[AttemptReport]:
         limit = self._dispatcher.broker_timeout_s + self._watchdog_s
         try:
             async with asyncio.timeout(limit):
@@ -275,14 +300,36 @@ class WorkerPool:
         return reports
 
     async def call(self, run: FencedRun) -> AttemptReport:
+        """One attempt of ``run``; with tracing on, inside its span, whose traceparent it sends."""
+        if not tracing.enabled():
+            return await self._call(run, None)
+        info = tracing.RunInfo(
+            job_id=str(run.public_id),
+            idempotency_key=idempotency_key(str(run.public_id), run.scheduled_for),
+            attempt=run.attempt,
+            fencing_token=run.lease_token,
+            target_type=run.spec.parsed.target.type,
+        )
+        with tracing.run_spans([info]) as spans:
+            assert spans is not None
+            report = await self._call(run, spans[0].traceparent)
+            v = report.verdict
+            spans[0].end(v.outcome.value, v.status_code, v.error)
+        return report
+
+    async def _call(self, run: FencedRun, traceparent: str | None) -> AttemptReport:
         spec = run.spec.parsed
         now = datetime.now(UTC)
         try:
-            secret = await self._secrets.get(run.owner)
+            secrets = await self._secrets.get(run.owner)
         except (LookupError, StorageUnavailable) as exc:
             verdict = Verdict(Outcome.FAILED, True, None, f"signing secret unavailable: {exc}")
             return AttemptReport(run, verdict, None, now)
-        delivery = Delivery.of(run, signing_secret=secret)
+        delivery = replace(
+            Delivery.of(run, signing_secret=secrets[0]),
+            extra_signing_secrets=secrets[1:],
+            traceparent=traceparent,
+        )
         # A last-resort watchdog: the dispatcher has its own timeouts, so this only fires when a
         # call hangs where nothing else would notice (a client library that never answers). A
         # worker that waits forever would fill the run queue and stall the engine's fencer.
@@ -303,6 +350,16 @@ class WorkerPool:
         metrics.START_LATENESS.observe(max((result.started_at - run.due_at).total_seconds(), 0.0))
         metrics.TARGET_LATENCY.observe((result.finished_at - result.started_at).total_seconds())
         return AttemptReport.of(run, result)
+
+
+def _run_info(d: Delivery) -> tracing.RunInfo:
+    return tracing.RunInfo(
+        job_id=d.job_id,
+        idempotency_key=idempotency_key(d.job_id, d.scheduled_for),
+        attempt=d.attempt,
+        fencing_token=d.fencing_token,
+        target_type="queue",
+    )
 
 
 REDIS_BATCH = 500  # one pipeline's worth (workers/queues.py _RedisBatcher max_batch)

@@ -29,6 +29,8 @@ from redis.backoff import NoBackoff
 from duetime.core import signing
 from duetime.core.model import Broker, Outcome, QueueTarget
 from duetime.core.runpath import Delivery, Verdict
+from duetime.core.topics import TopicPolicy
+from duetime.workers.tracing import TRACEPARENT
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +58,16 @@ _REDIS_TRANSIENT = (
 def message_headers(d: Delivery) -> dict[str, str]:
     """The contract's headers for a queue message (no signature: the broker is the operator's)."""
     key = signing.idempotency_key(d.job_id, d.scheduled_for)
-    return {
+    headers = {
         signing.IDEMPOTENCY_KEY: key,
         signing.JOB_ID: d.job_id,
         signing.SCHEDULED_FOR: signing.format_occurrence(d.scheduled_for),
         signing.ATTEMPT: str(d.attempt),
         signing.FENCING_TOKEN: str(d.fencing_token),
     }
+    if d.traceparent is not None:
+        headers[TRACEPARENT] = d.traceparent
+    return headers
 
 
 def redis_fields(d: Delivery, body: bytes) -> dict[str, bytes | str]:
@@ -74,6 +79,7 @@ def redis_fields(d: Delivery, body: bytes) -> dict[str, bytes | str]:
         FIELD_SCHEDULED_FOR: headers[signing.SCHEDULED_FOR],
         FIELD_ATTEMPT: headers[signing.ATTEMPT],
         FIELD_FENCING_TOKEN: headers[signing.FENCING_TOKEN],
+        **({TRACEPARENT: headers[TRACEPARENT]} if TRACEPARENT in headers else {}),
     }
 
 
@@ -213,7 +219,15 @@ class _RedisBatcher:
 class QueuePublisher:
     """One lazily made connection per configured broker, shared by all deliveries."""
 
-    def __init__(self, *, nats_url: str | None, redis_url: str | None, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        *,
+        nats_url: str | None,
+        redis_url: str | None,
+        timeout_s: float = 10.0,
+        topic_policy: TopicPolicy | None = None,
+    ) -> None:
+        self._topics = topic_policy if topic_policy is not None else TopicPolicy()
         self._nats_url = nats_url
         self._redis_url = redis_url
         self._timeout_s = timeout_s
@@ -223,7 +237,20 @@ class QueuePublisher:
         self._redis_batcher: _RedisBatcher | None = None
         self._closed = False
 
+    def refused(self, d: Delivery, target: QueueTarget) -> Verdict | None:
+        """The final failure of a run whose topic may not be published to (now), else None.
+
+        Registration judged the topic, but the operator may have tightened the rules since, and
+        a stored job must never reach Duetime's run queue or another owner's stream."""
+        reason = self._topics.refusal(target.broker, target.topic, d.owner)
+        if reason is None:
+            return None
+        return _failed(f"topic_not_allowed: {self._topics.message(target.topic, reason)}", retryable=False)
+
     async def publish(self, d: Delivery, target: QueueTarget, body: bytes) -> Verdict:
+        refused = self.refused(d, target)
+        if refused is not None:
+            return refused
         if target.broker is Broker.NATS:
             return await self._publish_nats(d, target.topic, body)
         return await self._publish_redis(d, target.topic, body)
@@ -340,13 +367,23 @@ class QueuePublisher:
         if self._redis_url is None:
             return [_failed("broker not configured (set DUETIME_REDIS_URL)", retryable=False)] * len(ds)
         keys = [_redis_key(d) for d in ds]
-        replies = await self._redis_pipeline().xadd_many(
-            [(key, redis_fields(d, signing.encode_body(d.payload))) for key, d in zip(keys, ds, strict=True)]
-        )
-        return [
-            self._redis_verdict(key, reply) if isinstance(reply, BaseException) else PUBLISHED
-            for key, reply in zip(keys, replies, strict=True)
+        verdicts: list[Verdict | None] = [
+            self.refused(d, QueueTarget(broker=Broker.REDIS, topic=k)) for d, k in zip(ds, keys, strict=True)
         ]
+        sent = [
+            (k, redis_fields(d, signing.encode_body(d.payload)))
+            for d, k, v in zip(ds, keys, verdicts, strict=True)
+            if v is None
+        ]
+        replies = iter(await self._redis_pipeline().xadd_many(sent) if sent else [])
+        out: list[Verdict] = []
+        for key, refused in zip(keys, verdicts, strict=True):
+            if refused is not None:
+                out.append(refused)
+                continue
+            reply = next(replies)
+            out.append(self._redis_verdict(key, reply) if isinstance(reply, BaseException) else PUBLISHED)
+        return out
 
     def _redis_verdict(self, key: str, exc: BaseException) -> Verdict:
         if isinstance(exc, TimeoutError):

@@ -16,11 +16,12 @@ scheduler, the one layer that retries.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 import socket
 import ssl
-from typing import TYPE_CHECKING
+from datetime import UTC, datetime
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -29,20 +30,14 @@ from yarl import URL
 
 from duetime.core import signing, ssrf
 from duetime.core.errors import InvalidRequest, TargetNotAllowed
+from duetime.core.headers import is_reserved_header
 from duetime.core.model import Outcome, WebhookTarget
+from duetime.core.retry import retry_after_s
 from duetime.core.runpath import Delivery, Verdict
-
-if TYPE_CHECKING:
-    from datetime import datetime
+from duetime.workers.tracing import TRACEPARENT
 
 MAX_RESPONSE_READ = 64 * 1024
 USER_AGENT = "Duetime-Webhook/1"
-
-# Set by us, never by a job's own headers: the contract's headers and the ones that frame the
-# request (a job must not be able to change the body's length or the Host it is routed by).
-RESERVED_HEADERS: frozenset[str] = signing.CONTRACT_HEADERS | frozenset(
-    {"content-type", "content-length", "transfer-encoding", "host", "connection"}
-)
 
 
 # RFC 9110 field-name token, and a value with no control characters but tab.
@@ -73,13 +68,17 @@ def contract_headers(d: Delivery, body: bytes, now: datetime) -> dict[str, str]:
         signing.FENCING_TOKEN: str(d.fencing_token),
         signing.WEBHOOK_ID: key,
         signing.WEBHOOK_TIMESTAMP: str(timestamp),
-        signing.WEBHOOK_SIGNATURE: signing.sign(d.signing_secret, key, timestamp, body),
+        # During a secret rotation's grace, one signature per secret, space-separated.
+        signing.WEBHOOK_SIGNATURE: " ".join(
+            signing.sign(secret, key, timestamp, body)
+            for secret in (d.signing_secret, *d.extra_signing_secrets)
+        ),
     }
 
 
 def request_headers(target: WebhookTarget, contract: dict[str, str]) -> dict[str, str]:
     """The job's headers first, then ours; a job header that names one of ours is dropped."""
-    headers = {k: v for k, v in target.headers.items() if k.lower() not in RESERVED_HEADERS}
+    headers = {k: v for k, v in target.headers.items() if not is_reserved_header(k)}
     headers["Content-Type"] = "application/json"
     headers.update(contract)
     return headers
@@ -214,6 +213,8 @@ async def call(
     if bad is not None:
         return Verdict(Outcome.FAILED, False, None, f"job header {bad[:100]!r} is not a valid HTTP header")
     headers = request_headers(target, contract_headers(d, body, now))
+    if d.traceparent is not None:
+        headers[TRACEPARENT] = d.traceparent
     timeout = aiohttp.ClientTimeout(total=target.timeout_s)
     try:
         async with session.request(
@@ -225,6 +226,10 @@ async def call(
             timeout=timeout,
         ) as response:
             verdict = classify_status(response.status)
+            wait = retry_after_s(response.status, response.headers.get("Retry-After"), datetime.now(UTC))
+            if wait is not None:
+                # Read here, applied by the retry layer (core/retry.py): nothing retries in this module.
+                verdict = dataclasses.replace(verdict, retry_after_s=wait)
             await _drain(response)
             return verdict
     except TargetNotAllowed as exc:

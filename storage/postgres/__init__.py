@@ -10,6 +10,8 @@
 - ``maintenance``: the janitor's statements
 - ``queue_leases``: the leases of runs published on the NATS run queue
 - ``shards``: moving a logical shard between databases
+- ``keys``: API keys listed, signing secrets rotated
+- ``due_age``: each shard's oldest due row no engine has claimed (a gauge's reading)
 - ``store``: ``PostgresStore``, composed of those parts
 
 Their SQL lives in ``storage/sql/<concept>.sql``.

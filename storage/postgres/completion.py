@@ -14,14 +14,17 @@ from typing import Any, TypeVar
 import asyncpg
 
 from duetime.core import codec, jitter
+from duetime.core.ids import new_job_id
 from duetime.core.lifecycle import (
     OVERLAP_SKIP_REASON,
     RowPlan,
     after_attempt,
     after_occurrence_attempt,
+    retry_window_exceeded,
     split_point,
 )
 from duetime.core.model import JobSpec, JobState, Outcome, Phase, Run
+from duetime.core.retry import WINDOW_EXCEEDED
 from duetime.core.runpath import AttemptReport, FencedRun, RunSpec, Skip, Verdict
 from duetime.core.states import PHASE_EVENTS, RunEvent, phase_allows
 from duetime.storage.ports import CompletionStats
@@ -264,6 +267,9 @@ class BatchWriter:
         self.finished_occurrences: list[uuid.UUID] = []
         self.parent_last: dict[uuid.UUID, dict[str, Any]] = {}
         self.backfill_parents: set[uuid.UUID] = set()
+        # catch-up occurrence rows: (row id, parent id, scheduled_for, position in a chain or None)
+        self.catch_up: list[tuple[uuid.UUID, uuid.UUID, datetime, int | None]] = []
+        self.catch_up_shards: set[int] = set()
 
     def _history(self, row: asyncpg.Record, run: Run, fencing_token: int) -> dict[str, Any]:
         self.runs.append(HistoryWrite(row["parent_id"] or row["job_id"], row["shard"], run, fencing_token))
@@ -275,10 +281,23 @@ class BatchWriter:
         spec = _locked_spec(row, rep)
         parent = row["parent_id"]
         lateness = None
+        nominal_due = jitter.due_at(parent or rep.job_id, rep.scheduled_for, spec.jitter_s)
+        if row["run_kind"] == "manual":
+            nominal_due = rep.scheduled_for  # a trigger is due when it was asked for, no jitter
         if rep.started_at is not None:
-            nominal_due = jitter.due_at(parent or rep.job_id, rep.scheduled_for, spec.jitter_s)
             lateness = int((rep.started_at - nominal_due).total_seconds() * 1000)
         verdict = rep.verdict
+        error = verdict.error
+        if retry_window_exceeded(
+            spec,
+            attempt=rep.attempt,
+            outcome=verdict.outcome,
+            retryable=verdict.retryable,
+            now=now,
+            due=nominal_due,
+            retry_after_s=verdict.retry_after_s,
+        ):
+            error = WINDOW_EXCEEDED  # the status code stays in its own field
         run = Run(
             scheduled_for=rep.scheduled_for,
             attempt=rep.attempt,
@@ -286,7 +305,7 @@ class BatchWriter:
             finished_at=rep.finished_at,
             outcome=verdict.outcome,
             status_code=verdict.status_code,
-            error=verdict.error,
+            error=error,
             lateness_ms=lateness,
         )
         last = self._history(row, run, rep.lease_token)
@@ -300,6 +319,8 @@ class BatchWriter:
                 outcome=verdict.outcome,
                 retryable=verdict.retryable,
                 now=now,
+                due=nominal_due,
+                retry_after_s=verdict.retry_after_s,
             )
             if nxt is None:
                 self.finished_occurrences.append(rep.job_id)
@@ -320,6 +341,8 @@ class BatchWriter:
             outcome=verdict.outcome,
             retryable=verdict.retryable,
             now=now,
+            due=nominal_due,
+            retry_after_s=verdict.retry_after_s,
         )
         if plan.overlap_skipped:
             last = self._overlap_skips(row, plan, spec.overlap.value, now) or last
@@ -371,12 +394,22 @@ class BatchWriter:
 
     def skip(self, row: asyncpg.Record, item: Skip, now: datetime) -> None:
         self.seen.add(item.job_id)
-        last = self._skipped(
-            row,
-            item.skipped,
-            "missed while the system was down or the job paused; skipped by the job's misfire policy",
-            now,
-        )
+        reason = "missed while the system was down or the job paused; skipped by the job's misfire policy"
+        if item.catch_up:
+            reason = (
+                "missed while the system was down or the job paused; skipped because a catch-up runs "
+                "only the latest occurrences (the engine's run_all cap)"
+            )
+        last = self._skipped(row, item.skipped, reason, now)
+        for position, occurrence in enumerate(item.catch_up, start=1):
+            self.catch_up.append(
+                (new_job_id(item.shard), item.job_id, occurrence, position if item.chained else None)
+            )
+        if item.catch_up:
+            if item.chained:
+                self.backfill_parents.add(item.job_id)
+            else:
+                self.catch_up_shards.add(item.shard)
         spec = _locked_spec(row, None)
         current = plan_of(row)
         if item.next_scheduled_for is None:
@@ -395,6 +428,11 @@ class BatchWriter:
         self.plans.append(PlanWrite(row["job_id"], plan_of(row), split_at=row["split_at"]))
 
     async def flush(self, conn: asyncpg.Connection) -> None:
+        if self.catch_up:
+            # Before the plans: a job whose schedule ends with its catch-up must see these rows
+            # in apply_plans' hold, or it would be completed before they run.
+            cols = list(zip(*self.catch_up, strict=True))
+            await conn.execute(Q["insert_catch_up"], *[list(c) for c in cols])
         if self.plans:
             await conn.execute(Q["apply_plans"], *_plan_arrays(self.plans))
         if self.runs:
@@ -407,10 +445,10 @@ class BatchWriter:
         commit, so they never take locks in the opposite order of an owner action. Losing them
         to a crash costs a stale ``last_run`` (the history has the run) or a backfilled run that
         waits for the janitor's next round. Returns the shards that have a run due now."""
-        shards: set[int] = set()
+        shards: set[int] = set(self.catch_up_shards)
         if self.backfill_parents:
             rows = await conn.fetch(Q["release_next_backfill"], list(self.backfill_parents))
-            shards = {r["shard"] for r in rows}
+            shards |= {r["shard"] for r in rows}
         if self.parent_last:
             parents = list(self.parent_last)
             await conn.execute(Q["parent_last_run"], parents, list(self.parent_last.values()))

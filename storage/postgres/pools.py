@@ -7,20 +7,67 @@ are the only state the parts share.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
-from collections.abc import AsyncIterator, Iterable
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Protocol, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import asyncpg
 
-from duetime.core.errors import StorageUnavailable
+from duetime.core.errors import Contended, StorageUnavailable
 from duetime.storage.postgres.hints import Hints
 from duetime.storage.shardmap import ShardMap
 
 # SQLSTATE classes that mean "the database is not there or will not take writes now".
-_UNAVAILABLE_STATES = ("08", "57", "53", "25006", "40001", "40P01")
+_UNAVAILABLE_STATES = ("08", "57", "53", "25006")
+# A deadlock or a serialization failure: a healthy database chose this transaction to give way.
+# It is retried inside the store (``retried``), and never reported as an outage.
+_CONTENTION_STATES = ("40001", "40P01")
+CONTENTION_TRIES = 5
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+def is_contention(exc: BaseException) -> bool:
+    return (
+        isinstance(exc, asyncpg.PostgresError) and (getattr(exc, "sqlstate", "") or "") in _CONTENTION_STATES
+    )
+
+
+async def retried(op: Callable[[], Awaitable[T]], *, tries: int = CONTENTION_TRIES) -> T:
+    """``op()``, run again (with a short random pause) when PostgreSQL aborted it as a deadlock or
+    a serialization failure; ``op`` must be a whole transaction (or one statement) so a retry
+    starts clean. After ``tries`` the error goes to ``translated`` (409 ``concurrent_update``)."""
+    for attempt in range(1, tries + 1):
+        try:
+            return await op()
+        except (asyncpg.PostgresError, Contended) as exc:
+            # Contended is the same failure after ``translated`` saw it inside ``op``.
+            if not (isinstance(exc, Contended) or is_contention(exc)) or attempt == tries:
+                raise
+            log.debug("retrying after %s (attempt %d of %d)", type(exc).__name__, attempt, tries)
+            await asyncio.sleep(random.uniform(0.0, 0.005 * 2**attempt))
+    raise AssertionError("unreachable")
+
+
+P = ParamSpec("P")
+
+
+def contention_retried(method: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """An owner action, run again whole when PostgreSQL gave it up as a deadlock (``retried``):
+    the action opens its own transaction and computes everything from the row it locks."""
+
+    @functools.wraps(method)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        return await retried(lambda: method(*args, **kwargs))
+
+    return wrapper
 
 
 def utcnow() -> datetime:
@@ -44,6 +91,11 @@ async def translated() -> AsyncIterator[None]:
     try:
         yield
     except (asyncpg.PostgresError, OSError, asyncpg.exceptions.InterfaceError, TimeoutError) as exc:
+        if is_contention(exc):
+            raise Contended(
+                "another change to this job was being written at the same moment and this one "
+                "gave way; nothing was changed, send it again"
+            ) from exc
         if _is_unavailable(exc):
             raise StorageUnavailable(
                 "the job database is unavailable right now; nothing was changed, try again"

@@ -22,11 +22,21 @@ from duetime.core.lifecycle import OwnerStep, RowPlan, initial_plan, owner_step,
 from duetime.core.model import Job, JobSpec, JobState, Overlap, Phase, Run
 from duetime.core.states import OwnerAction, owner_move
 from duetime.storage.base import Backfill, IdempotencyRequest, Page
+from duetime.storage.ports import OwnerRun
 from duetime.storage.postgres.inserts import InsertBatcher
-from duetime.storage.postgres.pools import StoreBase, translated, utcnow
+from duetime.storage.postgres.pools import StoreBase, contention_retried, translated, utcnow
 from duetime.storage.postgres.rows import job_from_row, plan_of, run_from_row
 from duetime.storage.queries import Q
-from duetime.storage.registry_rules import encode_cursor, hash_key, job_cursor, run_cursor
+from duetime.storage.registry_rules import (
+    check_trigger_step,
+    encode_cursor,
+    encode_owner_runs_cursor,
+    hash_key,
+    job_cursor,
+    owner_runs_cursor,
+    require_failed_occurrence,
+    run_cursor,
+)
 
 
 @dataclass(slots=True)
@@ -134,6 +144,7 @@ class RegistryPart(StoreBase):
         """The job's row under lock for one owner action; engines are woken after the commit."""
         async with translated(), self.pool_for_shard(shard_of(job_id)).acquire() as conn:
             async with conn.transaction():
+                await conn.execute(Q["lock_family"], job_id, owner)
                 row = await conn.fetchrow(Q["lock_job"], job_id, owner)
                 if row is None:
                     raise NotFound(f"no job {job_id}", ident=str(job_id))
@@ -178,6 +189,7 @@ class RegistryPart(StoreBase):
         action.wake = plan
         return job_from_row(out)
 
+    @contention_retried
     async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
         async with self._locked(owner, job_id) as action:
             return await self._update_locked(action, job_id, spec)
@@ -199,6 +211,7 @@ class RegistryPart(StoreBase):
             action, spec=new_json, spec_version=version, plan=step.plan, revoke=step.revoke
         )
 
+    @contention_retried
     async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job:
         async with self._locked(owner, job_id) as action:
             step = self._step(OwnerAction.CANCEL, action.row)
@@ -208,9 +221,11 @@ class RegistryPart(StoreBase):
             await action.conn.execute(Q["drop_idle_occurrences"], job_id)
             return await self._write(action, plan=step.plan, revoke=step.revoke)
 
+    @contention_retried
     async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job:
         return await self._cascaded(owner, job_id, OwnerAction.PAUSE)
 
+    @contention_retried
     async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job:
         return await self._cascaded(owner, job_id, OwnerAction.RESUME)
 
@@ -223,9 +238,15 @@ class RegistryPart(StoreBase):
             await action.conn.fetch(Q["cascade_state"], job_id, step.plan.state.value)
             return await self._write(action, plan=step.plan, revoke=step.revoke)
 
-    async def trigger_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        return await self._row_only(owner, job_id, OwnerAction.TRIGGER)
+    @contention_retried
+    async def trigger_job(self, owner: str, job_id: uuid.UUID, *, max_pending: int = 0) -> Job:
+        async with self._locked(owner, job_id) as action:
+            step = self._step(OwnerAction.TRIGGER, action.row)
+            assert step is not None, "trigger is never a no-op"
+            check_trigger_step(plan_of(action.row), step.plan, max_pending)
+            return await self._write(action, plan=step.plan, revoke=step.revoke)
 
+    @contention_retried
     async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job:
         return await self._row_only(owner, job_id, OwnerAction.REPLAY)
 
@@ -236,6 +257,37 @@ class RegistryPart(StoreBase):
             assert step is not None, f"{what.value} is never a no-op"
             return await self._write(action, plan=step.plan, revoke=step.revoke)
 
+    async def replay_occurrence(self, owner: str, job_id: uuid.UUID, scheduled_for: datetime) -> Job:
+        now = utcnow()
+        async with self._locked(owner, job_id) as action:
+            row, conn = action.row, action.conn
+            owner_move(OwnerAction.BACKFILL, JobState(row["state"]))
+            spec = codec.spec_from_json(row["spec"])
+            if not spec.recurring:
+                raise InvalidRequest(
+                    "only an occurrence of a recurring (cron or every) job can be replayed by its "
+                    "scheduled_for; replay a dead one-off job without a body",
+                    code="not_recurring",
+                    field="scheduled_for",
+                )
+            final = await conn.fetchval(Q["final_outcome_of_occurrence"], job_id, scheduled_for)
+            require_failed_occurrence(final, codec.format_time(scheduled_for))
+            shard = row["shard"]
+            await conn.execute(
+                Q["insert_occurrences"],
+                [new_job_id(shard)],
+                [shard],
+                [owner],
+                [row["spec"]],
+                [now],
+                [scheduled_for],
+                [job_id],
+                [None],
+            )
+            action.wake = RowPlan(state=JobState.SCHEDULED, next_run_at=now, scheduled_for=None, attempt=0)
+            return job_from_row(row)
+
+    @contention_retried
     async def backfill_job(
         self,
         owner: str,
@@ -302,6 +354,40 @@ class RegistryPart(StoreBase):
         page = rows[:limit]
         next_cursor = encode_cursor(page[-1]["run_id"].to_bytes(8, "big")) if len(rows) > limit else None
         return Page([run_from_row(r) for r in page], next_cursor)
+
+    async def list_owner_runs(
+        self,
+        owner: str,
+        *,
+        outcome: str | None,
+        since: datetime | None,
+        limit: int,
+        cursor: str | None,
+    ) -> Page[OwnerRun]:
+        after = owner_runs_cursor(cursor)
+        finished, job, run_id = after if after is not None else (None, None, None)
+        found: list[asyncpg.Record] = []
+        async with translated():
+            for pool in self.pools():
+                found.extend(
+                    await pool.fetch(
+                        Q["list_owner_runs"], owner, outcome, since, finished, job, run_id, limit + 1
+                    )
+                )
+        found.sort(key=lambda r: (r["finished_at"], r["job_id"], r["run_id"]), reverse=True)
+        page = found[:limit]
+        next_cursor = None
+        if len(found) > limit:
+            last = page[-1]
+            next_cursor = encode_owner_runs_cursor(last["finished_at"], last["job_id"], last["run_id"])
+        return Page([OwnerRun(r["job_id"], run_from_row(r)) for r in page], next_cursor)
+
+    async def active_job_bytes(self, owner: str) -> int:
+        total = 0
+        async with translated():
+            for pool in self.pools():
+                total += int(await pool.fetchval(Q["active_job_bytes"], owner))
+        return total
 
     async def count_active_jobs(self, owner: str) -> int:
         total = 0

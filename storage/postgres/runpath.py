@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import asyncpg
 
 from duetime.core import codec
 from duetime.core.runpath import Claim, FencedRun, FenceItem, Leased, RunSpec
-from duetime.storage.postgres.pools import StoreBase, translated
+from duetime.storage.postgres.pools import StoreBase, retried, translated
 from duetime.storage.queries import Q
 
 
@@ -44,13 +45,19 @@ class RunPathPart(StoreBase):
         out: list[FencedRun] = []
         async with translated():
             for dsn, group in self.by_db(items).items():
-                rows = await self.pool_for_dsn(dsn).fetch(
-                    Q["fence_runs"],
+                pool: asyncpg.Pool = self.pool_for_dsn(dsn)
+                args: tuple[Any, ...] = (
                     [g.job_id for g in group],
                     [g.lease_token for g in group],
                     float(lease_s),
                     [g.scheduled_for for g in group],
                 )
+
+                # The fence is one statement: a deadlock PostgreSQL broke is simply run again.
+                async def fence(pool: asyncpg.Pool = pool, args: tuple[Any, ...] = args) -> list[Any]:
+                    return list(await pool.fetch(Q["fence_runs"], *args))
+
+                rows = await retried(fence)
                 out.extend(
                     FencedRun(
                         job_id=r["job_id"],

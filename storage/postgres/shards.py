@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import asyncpg
@@ -78,10 +78,30 @@ async def _pipe_copy(
     return int(str(status[1]).rsplit(" ", 1)[-1])
 
 
-async def move_shard(shard: int, source_dsn: str, target_dsn: str) -> ShardMoveReport:
+Progress = Callable[[str], None]
+
+
+async def _holds_shard(conn: asyncpg.Connection, shard: int) -> bool:
+    if not await conn.fetchval(Q["has_schema"]):
+        return False
+    there = await conn.fetchrow(Q["shard_rows"], shard)
+    return bool(there["total"] or await conn.fetchval(Q["shard_runs_count"], shard))
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+async def move_shard(
+    shard: int, source_dsn: str, target_dsn: str, *, dry_run: bool = False, progress: Progress = _quiet
+) -> ShardMoveReport:
     """Copy every row of one logical shard from its database to another, then delete it at the
     source. Refuses while any of its rows is claimed or running (drain its engines first) and when
-    the target already holds rows of the shard. Writes on the source wait while the copy runs."""
+    the target already holds rows of the shard. Writes on the source wait while the copy runs.
+
+    ``dry_run`` makes the same checks without locking or changing anything and reports what would
+    move. ``progress`` gets one line per step, so an operator watching a long copy sees which
+    table it is in (and that the source's writes are being held) rather than silence."""
     if source_dsn == target_dsn:
         raise InvalidRequest(f"shard {shard} already lives in that database", code="same_database")
     async with translated():
@@ -90,30 +110,42 @@ async def move_shard(shard: int, source_dsn: str, target_dsn: str) -> ShardMoveR
             dst = await asyncpg.connect(target_dsn)
             try:
                 async with src.transaction():
-                    await src.execute(Q["lock_for_shard_move"])
+                    if not dry_run:
+                        progress("locking the source tables against writes (reads go on)")
+                        await src.execute(Q["lock_for_shard_move"])
                     here = await src.fetchrow(Q["shard_rows"], shard)
                     if here["busy"]:
                         raise Conflict(
                             f"shard {shard} has {here['busy']} claimed or running rows: stop or restart "
                             "its engines without it (and let its workers finish) before moving it"
                         )
-                    there = await dst.fetchrow(Q["shard_rows"], shard)
-                    if there["total"] or await dst.fetchval(Q["shard_runs_count"], shard):
+                    if await _holds_shard(dst, shard):
                         raise Conflict(
                             f"the target already holds rows of shard {shard}; a shard lives in one "
                             "database only (delete them there if they are a leftover of an earlier move)"
                         )
+                    if dry_run:
+                        return ShardMoveReport(
+                            shard,
+                            here["total"],
+                            await src.fetchval(Q["shard_runs_count"], shard),
+                            await src.fetchval(Q["shard_idempotency_keys_count"], shard),
+                        )
                     copied: dict[str, int] = {}
                     async with dst.transaction():
                         for table, query, columns in _MOVE_TABLES:
+                            progress(f"copying {table} of shard {shard}")
                             copied[table] = await _pipe_copy(
                                 src, dst, Q[query], shard=shard, table=table, columns=columns
                             )
+                            progress(f"copied {copied[table]} {table}")
                         if copied["jobs"] != here["total"]:
                             raise Conflict(
                                 f"copied {copied['jobs']} jobs of shard {shard} but the source has "
                                 f"{here['total']}; nothing was changed"
                             )
+                        progress("committing the copy at the target")
+                    progress("deleting the shard's rows at the source")
                     await src.execute(Q["delete_shard_idempotency_keys"], shard)
                     await src.execute(Q["delete_shard_runs"], shard)
                     await src.execute(Q["delete_shard_jobs"], shard)

@@ -15,6 +15,7 @@ import asyncpg
 from duetime.storage.postgres.completion import CompletionPart
 from duetime.storage.postgres.hints import DueConnections, Hints, listen_due
 from duetime.storage.postgres.inserts import InsertBatcher
+from duetime.storage.postgres.keys import KeysPart
 from duetime.storage.postgres.maintenance import MaintenancePart
 from duetime.storage.postgres.names import NamesPart
 from duetime.storage.postgres.pools import open_pools
@@ -26,7 +27,14 @@ from duetime.storage.shardmap import ShardMap
 
 
 class PostgresStore(
-    SelectionPart, NamesPart, RunPathPart, CompletionPart, MaintenancePart, QueueLeasePart, RetentionPart
+    SelectionPart,
+    NamesPart,
+    RunPathPart,
+    CompletionPart,
+    MaintenancePart,
+    QueueLeasePart,
+    RetentionPart,
+    KeysPart,
 ):
     """Registry + run store on asyncpg pools, one pool per distinct database in the shard map."""
 

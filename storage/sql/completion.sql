@@ -47,6 +47,21 @@ SELECT * FROM unnest($1::uuid[], $2::smallint[], $3::timestamptz[], $4::int[], $
 -- name: delete_occurrences
 DELETE FROM jobs WHERE job_id = ANY($1::uuid[]) AND parent_id IS NOT NULL;
 
+-- name: insert_catch_up
+-- A catch-up (core/misfire.py): occurrences that are already due, each in an occurrence row
+-- copied from its job's row. Under overlap=allow ($4 null) all are due now; under skip and
+-- buffer_one they wait in line after whatever backfill of the job already waits ($4 is their
+-- place in the line) and release_next_backfill lets the first one go after the commit.
+INSERT INTO jobs (job_id, shard, owner, spec, spec_version, state, next_run_at, scheduled_for, attempt,
+                  parent_id, backfill_seq)
+SELECT u.j, p.shard, p.owner, p.spec, 1, 'scheduled',
+       CASE WHEN u.q IS NULL THEN now() END, u.sf, 0, p.job_id,
+       CASE WHEN u.q IS NOT NULL THEN
+           (SELECT COALESCE(max(c.backfill_seq), 0) FROM jobs c WHERE c.parent_id = p.job_id) + u.q
+       END
+FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[], $4::bigint[]) AS u(j, parent, sf, q)
+JOIN jobs p ON p.job_id = u.parent;
+
 -- name: release_next_backfill
 -- skip/buffer_one: a backfilled run ended, so the next waiting one of the same job may start,
 -- unless another of its runs is already on its way (the janitor may have been first).
@@ -76,6 +91,6 @@ WHERE j.job_id = u.job_id
 -- only: a paused job whose schedule ended stays paused, as before.
 UPDATE jobs p SET state = 'completed', updated_at = now()
 WHERE p.job_id = ANY($1::uuid[]) AND p.state = 'scheduled' AND p.next_run_at IS NULL
-  AND p.phase = 'idle' AND p.parent_id IS NULL AND p.spec->'schedule' ? 'cron'
+  AND p.phase = 'idle' AND p.parent_id IS NULL AND p.spec->'schedule' ?| array['cron', 'every']
   AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = p.job_id)
 RETURNING p.job_id;

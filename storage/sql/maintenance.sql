@@ -54,6 +54,6 @@ RETURNING j.job_id;
 -- statement above lost to a crash.
 UPDATE jobs p SET state = 'completed', updated_at = now()
 WHERE p.shard = $1 AND p.state = 'scheduled' AND p.next_run_at IS NULL
-  AND p.phase = 'idle' AND p.parent_id IS NULL AND p.spec->'schedule' ? 'cron'
+  AND p.phase = 'idle' AND p.parent_id IS NULL AND p.spec->'schedule' ?| array['cron', 'every']
   AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = p.job_id)
 RETURNING p.job_id;

@@ -32,8 +32,31 @@ SELECT body_hash, job_id FROM idempotency_keys WHERE owner = $1 AND key = $2;
 -- name: get_job
 SELECT * FROM jobs WHERE job_id = $1 AND owner = $2 AND parent_id IS NULL;
 
+-- name: lock_family
+-- An owner action locks the job's row and its occurrence rows together, in job id order, before
+-- it touches any of them: the order fence_runs, lock_for_completion, take_runs and the heartbeats
+-- lock in. Locking the job's row first and its occurrence rows later (cascade_state, cascade_spec)
+-- while an engine's batch held an occurrence row and waited for the job's row was a deadlock.
+-- It runs twice (lock_job repeats it): occurrence rows inserted by a transaction this one waited
+-- for (a backfill) are not in the first statement's snapshot; once the job's row is held nobody
+-- can insert more, so the second statement locks them all, still in id order.
+SELECT count(*) FROM (
+    SELECT job_id FROM jobs
+    WHERE owner = $2 AND (job_id = $1 OR parent_id = $1)
+    ORDER BY job_id
+    FOR UPDATE
+) family;
+
 -- name: lock_job
-SELECT * FROM jobs WHERE job_id = $1 AND owner = $2 AND parent_id IS NULL FOR UPDATE;
+WITH family AS (
+    SELECT job_id FROM jobs
+    WHERE owner = $2 AND (job_id = $1 OR parent_id = $1)
+    ORDER BY job_id
+    FOR UPDATE
+)
+SELECT j.* FROM jobs j
+WHERE j.job_id = $1 AND j.owner = $2 AND j.parent_id IS NULL
+  AND (SELECT count(*) FROM family) > 0;
 
 -- name: list_jobs
 SELECT * FROM jobs
@@ -63,8 +86,31 @@ RETURNING *;
 -- name: count_active_jobs
 SELECT count(*) FROM jobs WHERE owner = $1 AND state IN ('scheduled', 'paused') AND parent_id IS NULL;
 
+-- name: active_job_bytes
+-- pg_column_size reads a TOASTed spec's stored (compressed) size from its pointer, without
+-- fetching or decompressing the value: the sum costs a pass over the owner's rows, not their data.
+SELECT COALESCE(sum(pg_column_size(spec)), 0)::bigint FROM jobs
+WHERE owner = $1 AND state IN ('scheduled', 'paused') AND parent_id IS NULL;
+
 -- name: job_exists
 SELECT 1 FROM jobs WHERE job_id = $1 AND owner = $2 AND parent_id IS NULL;
+
+-- name: final_outcome_of_occurrence
+-- The outcome of an occurrence's last attempt (replay of one occurrence takes only a failed one).
+SELECT outcome FROM runs WHERE job_id = $1 AND scheduled_for = $2 AND attempt > 0
+ORDER BY attempt DESC, run_id DESC LIMIT 1;
+
+-- name: list_owner_runs
+-- GET /v1/runs: an owner's runs across jobs, newest first, one database's share; the caller
+-- merges the databases by the same key. Runs are written under the job's (parent's) id.
+SELECT r.*, r.job_id AS public_job_id FROM runs r
+JOIN jobs j ON j.job_id = r.job_id
+WHERE j.owner = $1 AND j.parent_id IS NULL
+  AND ($2::text IS NULL OR r.outcome = $2)
+  AND ($3::timestamptz IS NULL OR r.finished_at >= $3)
+  AND ($4::timestamptz IS NULL OR (r.finished_at, r.job_id, r.run_id) < ($4, $5::uuid, $6::bigint))
+ORDER BY r.finished_at DESC, r.job_id DESC, r.run_id DESC
+LIMIT $7;
 
 -- name: list_runs
 SELECT * FROM runs WHERE job_id = $1 AND run_id < $2 ORDER BY run_id DESC LIMIT $3;

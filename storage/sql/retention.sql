@@ -22,7 +22,7 @@ WHERE r.run_id = head.run_id AND coalesce(r.finished_at, r.scheduled_for) < $1;
 SELECT j.job_id FROM jobs j
 WHERE j.parent_id IS NULL AND j.state IN ('completed', 'cancelled', 'dead') AND j.updated_at < $1
   AND j.phase = 'idle'
-  AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = j.job_id AND c.phase <> 'idle')
+  AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = j.job_id AND c.phase IN ('claimed', 'running'))
 ORDER BY j.updated_at
 LIMIT $2;
 
@@ -33,7 +33,7 @@ SELECT j.job_id FROM jobs j
 WHERE j.job_id = ANY($2::uuid[])
   AND j.parent_id IS NULL AND j.state IN ('completed', 'cancelled', 'dead') AND j.updated_at < $1
   AND j.phase = 'idle'
-  AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = j.job_id AND c.phase <> 'idle')
+  AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = j.job_id AND c.phase IN ('claimed', 'running'))
 FOR UPDATE OF j SKIP LOCKED;
 
 -- name: retention_all_runs_of_jobs

@@ -7,7 +7,8 @@
 -- The claim: the next batch of idle rows due within the lookahead on one shard, skipping rows
 -- another engine holds. A new lease token (the fencing token: it only grows), the claimer's id
 -- and a lease that runs until the row is due plus the lease length, in one statement. The
--- misfired rows also carry their spec, so the engine can apply the job's misfire policy.
+-- late rows also carry their spec, so the engine can apply the job's misfire policy or start a
+-- catch-up: rows past their grace, and recurring rows a second or more behind their due time.
 WITH due AS (
     SELECT job_id FROM jobs
     WHERE shard = $1 AND state = 'scheduled' AND phase = 'idle'
@@ -25,20 +26,31 @@ FROM due
 WHERE j.job_id = due.job_id
 RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_for, j.attempt, j.run_kind,
     CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0 AND j.parent_id IS NULL
-              AND j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
+              AND (j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
+                   OR (j.next_run_at <= now() - interval '1 second'
+                       AND COALESCE(j.spec->'schedule' ?| array['cron', 'every'], false)))
          THEN j.spec END AS misfire_spec,
     now() AS db_now;
 
 -- name: retake_claims
 -- An engine restarting under the same id takes back what it had claimed: a new token fences
 -- whatever the old process may still hold.
+WITH locked AS (
+    SELECT job_id FROM jobs
+    WHERE claimed_by = $1 AND phase = 'claimed' AND shard = ANY($2::smallint[])
+    ORDER BY job_id
+    FOR UPDATE
+)
 UPDATE jobs j SET
     lease_token = j.lease_token + 1,
     leased_until = greatest(j.next_run_at, now()) + make_interval(secs => $3)
-WHERE j.claimed_by = $1 AND j.phase = 'claimed' AND j.shard = ANY($2::smallint[])
+FROM locked
+WHERE j.job_id = locked.job_id AND j.claimed_by = $1 AND j.phase = 'claimed'
 RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_for, j.attempt, j.run_kind,
     CASE WHEN j.run_kind = 'scheduled' AND j.attempt = 0 AND j.parent_id IS NULL
-              AND j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
+              AND (j.next_run_at < now() - make_interval(secs => (j.spec->>'misfire_grace_s')::int)
+                   OR (j.next_run_at <= now() - interval '1 second'
+                       AND COALESCE(j.spec->'schedule' ?| array['cron', 'every'], false)))
          THEN j.spec END AS misfire_spec,
     now() AS db_now;
 
@@ -46,14 +58,22 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_
 -- The fence before a call: claimed → running only where the token still matches and the owner
 -- has not paused, cancelled or rescheduled the job. What it returns may be called; what it does
 -- not return must not be. It also returns the spec as it is now, so an update is honoured.
+-- Rows are locked in job id order first, as every other statement on these rows does: a batch
+-- holds the rows of many jobs (and a job's occurrence rows beside its own), and locking them in
+-- the order of its input deadlocked with owner actions (issue 17).
+WITH locked AS (
+    SELECT job_id FROM jobs
+    WHERE job_id = ANY($1::uuid[])  -- the batch by primary key, whatever the statistics say (0002)
+    ORDER BY job_id
+    FOR UPDATE
+)
 UPDATE jobs j SET
     phase = 'running',
     scheduled_for = u.scheduled_for,
     leased_until = now() + make_interval(secs => $3)
-FROM unnest($1::uuid[], $2::bigint[], $4::timestamptz[]) AS u(job_id, token, scheduled_for)
-WHERE j.job_id = u.job_id AND j.lease_token = u.token
+FROM locked, unnest($1::uuid[], $2::bigint[], $4::timestamptz[]) AS u(job_id, token, scheduled_for)
+WHERE j.job_id = locked.job_id AND u.job_id = locked.job_id AND j.lease_token = u.token
   AND j.phase = 'claimed' AND j.state = 'scheduled'
-  AND j.job_id = ANY($1::uuid[])  -- the batch by primary key, whatever the statistics say (0002)
 RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.scheduled_for, j.next_run_at, j.attempt,
     j.spec::text AS spec, j.spec_version, j.run_kind, j.parent_id;
 
@@ -93,8 +113,12 @@ WHERE j.job_id = held.job_id;
 
 -- name: release_claims
 -- Give back rows that were claimed but not fired (shutdown): they become claimable at once.
+-- Locked in job id order first, like fence_runs.
+WITH locked AS (
+    SELECT job_id FROM jobs WHERE job_id = ANY($1::uuid[]) ORDER BY job_id FOR UPDATE
+)
 UPDATE jobs j SET phase = 'idle', claimed_by = NULL, leased_until = NULL
-FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
-WHERE j.job_id = u.job_id AND j.lease_token = u.token AND j.phase = 'claimed'
-  AND j.job_id = ANY($1::uuid[])
+FROM locked, unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+WHERE j.job_id = locked.job_id AND u.job_id = locked.job_id AND j.lease_token = u.token
+  AND j.phase = 'claimed'
 RETURNING j.job_id;

@@ -45,9 +45,9 @@ UPDATE jobs j SET
     next_run_at = CASE WHEN $2 = 'cancelled' THEN NULL ELSE j.next_run_at END,
     pending_triggers = CASE WHEN $2 = 'cancelled' THEN '{}'::timestamptz[] ELSE j.pending_triggers END,
     split_at = u.split_at,
-    phase = CASE WHEN $4::bool AND j.phase = 'claimed' THEN 'idle' ELSE j.phase END,
-    claimed_by = CASE WHEN $4::bool AND j.phase = 'claimed' THEN NULL ELSE j.claimed_by END,
-    leased_until = CASE WHEN $4::bool AND j.phase = 'claimed' THEN NULL ELSE j.leased_until END,
+    phase = CASE WHEN $4::bool AND phase = 'claimed' THEN 'idle' ELSE phase END,
+    claimed_by = CASE WHEN $4::bool AND phase = 'claimed' THEN NULL ELSE j.claimed_by END,
+    leased_until = CASE WHEN $4::bool AND phase = 'claimed' THEN NULL ELSE j.leased_until END,
     updated_at = now()
 FROM unnest($1::uuid[], $3::timestamptz[]) AS u(job_id, split_at)
 WHERE j.job_id = u.job_id AND j.owner = $5 AND j.job_id = ANY($1::uuid[]);

@@ -33,3 +33,11 @@ DELETE FROM runs WHERE shard = $1;
 
 -- name: delete_shard_jobs
 DELETE FROM jobs WHERE shard = $1;
+
+-- name: shard_idempotency_keys_count
+-- `shards move --dry-run`: how many Idempotency-Key records would move with the shard's jobs.
+SELECT count(*) FROM idempotency_keys k JOIN jobs j ON j.job_id = k.job_id WHERE j.shard = $1;
+
+-- name: has_schema
+-- A dry run does not migrate the target: one without the tables holds no rows of any shard.
+SELECT to_regclass('jobs') IS NOT NULL AND to_regclass('runs') IS NOT NULL;

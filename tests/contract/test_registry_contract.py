@@ -169,3 +169,16 @@ async def test_api_keys_owners_and_signing_secrets(store: Store) -> None:
     assert await store.revoke_api_key(second) == 1
     assert await store.owner_for_key("dt_never-issued") is None
     await store.ping()
+
+
+async def test_queued_triggers_stop_at_the_cap_with_too_many_triggers(store: Store) -> None:
+    """Each queued trigger is a later call of someone's URL (issue 17, item 2)."""
+    o = new_owner()
+    job, _ = await store.create_job(o, cron("0 0 1 1 *"))
+    jid = uuid.UUID(job.id)
+    for _ in range(3):  # the first runs now, the next two queue behind it
+        await store.trigger_job(o, jid, max_pending=2)
+    with pytest.raises(Conflict) as info:
+        await store.trigger_job(o, jid, max_pending=2)
+    assert info.value.code == "too_many_triggers"
+    await store.trigger_job(o, jid)  # no cap given: accepted

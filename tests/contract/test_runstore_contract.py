@@ -10,6 +10,9 @@ from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from duetime.core.errors import Conflict, InvalidRequest
 from duetime.core.ids import shard_of
 from duetime.core.model import JobState, Outcome, Overlap, RetryPolicy
 from duetime.core.runpath import Verdict
@@ -231,6 +234,115 @@ async def test_missed_occurrences_are_skipped_under_the_claim(store: Store) -> N
     [skipped] = (await store.list_runs(o, jid, limit=10, cursor=None)).items
     assert skipped.outcome is Outcome.SKIPPED and skipped.attempt == 0
     assert (await store.get_job(o, jid)).next_run_at == job.next_run_at
+
+
+async def test_a_catch_up_hands_its_backlog_to_rows_of_their_own(store: Store) -> None:
+    """overlap=allow: every backlog occurrence is due at once, each in a row of its own; the job's
+    row moves on to its next occurrence under the same write."""
+    o, e = new_owner(), engine_id()
+    job, _ = await store.create_job(o, cron("0 * * * *"))
+    jid = uuid.UUID(job.id)
+    assert job.next_run_at is not None
+    await store.trigger_job(o, jid)
+    row = (await claim(store, e, [jid]))[jid]
+    base = now().replace(microsecond=0)
+    backlog = tuple(base - timedelta(seconds=s) for s in (3, 2, 1))
+    item = Skip(jid, row.shard, row.lease_token, (), job.next_run_at, catch_up=backlog)
+    assert (await store.skip_missed([item])).applied == 1
+    got = [
+        r for r in await store.claim_due(row.shard, e, lookahead_s=0, lease_s=30, limit=500) if r.owner == o
+    ]
+    assert sorted(r.scheduled_for for r in got) == list(backlog)
+    assert all(r.misfire_spec is None for r in got), "occurrence rows are never judged again"
+    runs = await fence(store, got)
+    assert {r.public_id for r in runs} == {jid}
+    await store.complete_runs([report(r, Outcome.SUCCEEDED) for r in runs])
+    history = (await store.list_runs(o, jid, limit=10, cursor=None)).items
+    assert sorted(r.scheduled_for for r in history) == list(backlog)
+    assert (await store.get_job(o, jid)).next_run_at == job.next_run_at
+
+
+async def test_a_chained_catch_up_goes_back_to_back(store: Store) -> None:
+    """overlap=skip/buffer_one: one backlog row at a time, the next released when it ends."""
+    o, e = new_owner(), engine_id()
+    job, _ = await store.create_job(o, cron("0 * * * *", overlap=Overlap.SKIP))
+    jid = uuid.UUID(job.id)
+    assert job.next_run_at is not None
+    await store.trigger_job(o, jid)
+    row = (await claim(store, e, [jid]))[jid]
+    base = now().replace(microsecond=0)
+    backlog = tuple(base - timedelta(seconds=s) for s in (3, 2, 1))
+    item = Skip(jid, row.shard, row.lease_token, (), job.next_run_at, catch_up=backlog, chained=True)
+    assert (await store.skip_missed([item])).applied == 1
+    seen = []
+    for _ in backlog:
+        got = [
+            r
+            for r in await store.claim_due(row.shard, e, lookahead_s=0, lease_s=30, limit=500)
+            if r.owner == o
+        ]
+        assert len(got) == 1, "one at a time"
+        seen.append(got[0].scheduled_for)
+        [run] = await fence(store, got)
+        await store.complete_runs([report(run, Outcome.SUCCEEDED)])
+    assert seen == list(backlog), "oldest first"
+    assert [
+        r for r in await store.claim_due(row.shard, e, lookahead_s=0, lease_s=30, limit=500) if r.owner == o
+    ] == []
+
+
+async def test_a_failed_occurrence_is_replayed_in_a_row_of_its_own(store: Store) -> None:
+    o, e = new_owner(), engine_id()
+    job, _ = await store.create_job(o, cron("0 * * * *"))
+    jid = uuid.UUID(job.id)
+    await store.trigger_job(o, jid)  # a run due now, failing for good (not retried)
+    [run] = await fence(store, (await claim(store, e, [jid])).values())
+    await store.complete_runs([report(run, Outcome.FAILED, retryable=False)])
+    with pytest.raises(Conflict) as caught:
+        await store.replay_occurrence(o, jid, run.scheduled_for + timedelta(seconds=1))
+    assert caught.value.code == "occurrence_not_failed"
+    replayed = await store.replay_occurrence(o, jid, run.scheduled_for)
+    assert replayed.id == job.id
+    due_now = await store.claim_due(run.shard, e, lookahead_s=0, lease_s=30, limit=500)
+    [again] = await fence(store, [r for r in due_now if r.owner == o])
+    assert (again.public_id, again.scheduled_for) == (jid, run.scheduled_for)
+    await store.complete_runs([report(again, Outcome.SUCCEEDED)])
+    with pytest.raises(Conflict) as caught:
+        await store.replay_occurrence(o, jid, run.scheduled_for)  # it succeeded now
+    assert caught.value.code == "occurrence_not_failed"
+    one_off_id = await due_job(store, o)
+    with pytest.raises(InvalidRequest):
+        await store.replay_occurrence(o, one_off_id, now())
+
+
+async def test_an_owners_runs_across_jobs_newest_first(store: Store) -> None:
+    o, other, e = new_owner(), new_owner(), engine_id()
+    ids = [await due_job(store, o) for _ in range(3)] + [await due_job(store, other)]
+    await asyncio.sleep(1.1)
+    claimed = await claim(store, e, ids)
+    runs = await fence(store, claimed.values())
+    by_id = {r.job_id: r for r in runs}
+    outcomes = [Outcome.SUCCEEDED, Outcome.FAILED, Outcome.FAILED, Outcome.FAILED]
+    for job_id, outcome in zip(ids, outcomes, strict=True):
+        await store.complete_runs([report(by_id[job_id], outcome)])  # one after another: ordered
+    page = await store.list_owner_runs(o, outcome=None, since=None, limit=10, cursor=None)
+    assert [r.job_id for r in page.items] == list(reversed(ids[:3])), "newest first, only the owner's"
+    assert page.next_cursor is None
+    failed = await store.list_owner_runs(o, outcome="failed", since=None, limit=10, cursor=None)
+    assert [r.job_id for r in failed.items] == [ids[2], ids[1]]
+    assert all(r.run.outcome is Outcome.FAILED for r in failed.items)
+    later = await store.list_owner_runs(
+        o, outcome=None, since=now() + timedelta(seconds=5), limit=10, cursor=None
+    )
+    assert later.items == []
+    seen, cursor = [], None
+    while True:
+        one = await store.list_owner_runs(o, outcome=None, since=None, limit=1, cursor=cursor)
+        seen += [r.job_id for r in one.items]
+        cursor = one.next_cursor
+        if cursor is None:
+            break
+    assert seen == list(reversed(ids[:3])), "following next_cursor lists each run once"
 
 
 async def test_the_nats_queue_leases_pass_from_engine_to_one_worker(store: Store) -> None:

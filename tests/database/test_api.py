@@ -109,7 +109,11 @@ async def error_of(resp: Any, status: int) -> dict[str, Any]:
     body = json.loads(text)
     assert set(body) == {"error"}
     error: dict[str, Any] = body["error"]
-    assert set(error) <= {"code", "message", "field"}
+    if status >= 500:  # a 5xx names the request id its log lines carry
+        assert error["request_id"] == resp.headers["X-Request-Id"], (error, resp.headers)
+        assert set(error) <= {"code", "message", "field", "request_id"}
+    else:
+        assert set(error) <= {"code", "message", "field"}
     assert isinstance(error["code"], str) and error["code"]
     assert isinstance(error["message"], str) and error["message"]
     return error
@@ -151,12 +155,14 @@ async def test_create_answers_201_with_location_and_the_job_with_defaults(
         "end_at": None,
         "dst_gap": "shift",
         "dst_overlap": "first",
+        "exclude": [],
     }
     assert job["retry"] == {
         "max_attempts": 5,
         "backoff_initial_s": 1.0,
         "backoff_max_s": 600.0,
         "backoff_multiplier": 2.0,
+        "max_duration_s": None,
     }
     assert (job["misfire"], job["misfire_grace_s"], job["jitter_s"]) == ("run_once", 60, 0)
     for name in ("created_at", "updated_at", "next_run_at"):

@@ -41,8 +41,10 @@ from schemathesis.specs.openapi.checks import (
 
 from duetime.api.app import create_app
 from duetime.api.openapi import build_openapi
+from duetime.api.server import runner_options
 from duetime.core.ids import shard_of
 from duetime.core.ssrf import AddressPolicy
+from duetime.core.topics import TopicPolicy, TopicRule
 from duetime.core.validation import SpecLimits
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
@@ -110,7 +112,20 @@ class LiveApi:
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
         store = await PostgresStore.open(ShardMap.single(self._dsn))
-        runner = web.AppRunner(create_app(store, policy=AddressPolicy()), access_log=None)
+        # The node's own edge and limits (issue 17), so their answers are checked too: a rate a
+        # single-threaded fuzzer does exceed now and then (429), the owner caps, the topic rule,
+        # the trigger cap, and the HTTP server's timeouts and parser-log filter.
+        app = create_app(
+            store,
+            policy=AddressPolicy(),
+            limits=SpecLimits(max_pending_triggers=3),
+            owner_rate_per_s=200.0,
+            max_jobs_per_owner=1000,
+            max_job_bytes_per_owner=4 << 20,
+            topic_policy=TopicPolicy(rule=TopicRule.OWNER_PREFIX),
+            body_timeout_s=10.0,
+        )
+        runner = web.AppRunner(app, access_log=None, **runner_options(header_timeout_s=10.0))
         try:
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -155,16 +170,17 @@ async def _seed_jobs(store: PostgresStore, dsn: str, owner: str) -> list[str]:
         for n, outcome in enumerate(("succeeded", "failed", "timed_out", "lease_expired", "skipped")):
             await conn.execute(
                 "INSERT INTO runs (job_id, shard, scheduled_for, attempt, started_at, finished_at, outcome,"
-                " status_code, error, lateness_ms) VALUES ($1, $2, $3, $4, $5, $5, $6, $7, $8, $9)",
+                " status_code, error, lateness_ms) VALUES ($1, $2, $3, $4, $5, $10, $6, $7, $8, $9)",
                 first,
                 shard_of(first),
                 now - timedelta(minutes=10 - n),
                 n + 1,
-                None if outcome == "skipped" else now,
+                None if outcome == "skipped" else now,  # a skipped run never started
                 outcome,
                 200 if outcome == "succeeded" else None,
                 None if outcome == "succeeded" else f"{outcome} on attempt {n + 1}",
                 None if outcome == "skipped" else 12,
+                now,  # but it finished (was recorded), as every run the engine writes
             )
     finally:
         await conn.close()

@@ -160,6 +160,38 @@ async def test_cli_list_by_label_and_bulk(served: Served) -> None:
         code, out, err = await cli(served, key, "bulk", "cancel", "--label", "n=0", "--state", "paused")
         assert code == 0 and json.loads(out)["changed"] == 3, err
         code, out, err = await cli(served, key, "bulk", "resume", "--label", "Bad=x")
-        assert code == 2 and "invalid_label" in err
+        assert code == 1 and "invalid_label" in err  # the API refused it: the operation failed
         code, out, err = await cli(served, key, "bulk", "resume")
         assert code == 2 and "--label" in err
+
+
+async def test_apply_of_every_schedules_and_retry_windows_is_a_no_op_the_second_time(
+    served: Served, tmp_path: Path
+) -> None:
+    """An ``every`` schedule without ``start_at`` (its default is the time of the call) and a
+    retry without ``max_duration_s``: the second apply, dry or real, finds nothing to change."""
+    assert served.node.store is not None
+    key, _ = await served.node.store.create_api_key(f"apply-every-{uuid.uuid4().hex[:8]}")
+    path = tmp_path / "jobs.json"
+    target = {"type": "webhook", "url": served.receiver.url + "/apply"}
+    jobs = [
+        {"name": "every/a", "target": target, "schedule": {"every": "90m", "exclude": ["2030-12-24"]}},
+        {"name": "every/b", "target": target, "schedule": {"every": "7d"}, "retry": {"max_attempts": 3}},
+        {
+            "name": "cron/c",
+            "target": target,
+            "schedule": {"cron": "0 3 * * *"},
+            "retry": {"max_duration_s": 600},
+        },
+    ]
+    path.write_text(json.dumps(jobs), encoding="utf-8")
+    code, out, err = await cli(served, key, "apply", str(path))
+    assert code == 0, err
+    assert out.strip().splitlines()[-1] == "3 created, 0 updated, 0 unchanged, 0 cancelled"
+    await asyncio.sleep(1.1)  # a fresh default start_at would now be another second
+    code, out, err = await cli(served, key, "apply", "--dry-run", str(path))
+    assert code == 0, err
+    assert all(line.split()[1] == "unchanged" for line in out.strip().splitlines()[:-1]), out
+    code, out, err = await cli(served, key, "apply", str(path))
+    assert code == 0, err
+    assert out.strip().splitlines()[-1] == "0 created, 0 updated, 3 unchanged, 0 cancelled"

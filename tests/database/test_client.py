@@ -356,8 +356,8 @@ async def duetime_jobs(
     return proc.returncode, json.loads(out) if proc.returncode == 0 else out.decode(), err.decode()
 
 
-def _one_error_line(code: int, out: Any, err: str) -> str:
-    assert code == 2, (code, out, err)
+def _one_error_line(code: int, out: Any, err: str, *, status: int) -> str:
+    assert code == status, (code, out, err)
     assert out == "" and "Traceback" not in err
     [line] = err.strip().splitlines()
     assert line.startswith("duetime: ")
@@ -448,7 +448,67 @@ async def test_cli_jobs_lifecycle(served: Served) -> None:
         assert (code, cancelled["state"]) == (0, "cancelled"), err
 
 
-async def test_cli_errors_exit_2_with_the_apis_message(served: Served) -> None:
+async def test_cli_every_and_exclude(served: Served) -> None:
+    code, job, err = await duetime_jobs(
+        served,
+        "create",
+        "--url",
+        served.receiver.url + "/cli-every",
+        "--every",
+        "1h30m",
+        "--start-at",
+        "2030-01-01T00:00:00Z",
+        "--tz",
+        "Europe/Berlin",
+        "--exclude",
+        "2030-01-01",
+        "--exclude",
+        "2030-01-03..2030-01-04",
+    )
+    assert code == 0, err
+    assert job["schedule"] == {
+        "every": "1h30m",
+        "start_at": "2030-01-01T00:00:00Z",
+        "end_at": None,
+        "timezone": "Europe/Berlin",
+        "exclude": ["2030-01-01", {"from": "2030-01-03", "to": "2030-01-04"}],
+    }
+    # 1 January in Berlin runs to 23:00Z, so 22:30Z (23:30 local) is still excluded; the first
+    # occurrence is 00:00Z on the 2nd (01:00 local)
+    assert job["next_run_at"] == "2030-01-02T00:00:00Z"
+    code, preview, err = await duetime_jobs(
+        served,
+        "preview",
+        "--every",
+        "7d",
+        "--start-at",
+        "2030-01-01T00:00:00Z",
+        "--exclude",
+        "2030-01-08",
+        "--count",
+        "2",
+    )
+    assert code == 0, err
+    assert [i["at"] for i in preview["items"]] == ["2030-01-01T00:00:00Z", "2030-01-15T00:00:00Z"]
+    assert [e["at"] for e in preview["excluded"]] == ["2030-01-08T00:00:00Z"]
+    results = await asyncio.gather(
+        duetime_jobs(served, "create", "--url", "https://example.com/x", "--every", "90"),
+        duetime_jobs(
+            served, "create", "--url", "https://example.com/x", "--start-at", "2030-01-01T00:00:00Z"
+        ),
+        duetime_jobs(
+            served, "create", "--url", "https://example.com/x", "--every", "1h", "--cron", "* * * * *"
+        ),
+    )
+    bad_every = _one_error_line(*results[0], status=1)
+    lone_start, both = (_one_error_line(*r, status=2) for r in results[1:])
+    assert "[invalid_every, field schedule.every; HTTP 422]" in bad_every
+    assert "--start-at goes with --every" in lone_start
+    assert "not --cron and --every" in both
+    await duetime_jobs(served, "cancel", job["id"])
+
+
+async def test_cli_errors_exit_1_with_the_apis_message_and_2_for_usage(served: Served) -> None:
     missing = str(uuid.uuid4())
     results = await asyncio.gather(
         duetime_jobs(served, "get", missing),
@@ -460,14 +520,16 @@ async def test_cli_errors_exit_2_with_the_apis_message(served: Served) -> None:
         duetime_jobs(served, "create", "-f", "/nonexistent/spec.json"),
         duetime_jobs(served, "preview"),
     )
-    lines = [_one_error_line(*result) for result in results]
+    # the operation failed (the API said no, or could not be reached): 1; the command line: 2
+    lines = [_one_error_line(*result, status=1) for result in results[:4]]
+    lines += [_one_error_line(*result, status=2) for result in results[4:]]
     not_found, bad_cron, no_key, unreachable, empty, both, no_file, no_preview = lines
     assert not_found == f"duetime: no job {missing} [not_found; HTTP 404]"
     assert "[invalid_cron, field schedule.cron; HTTP 422]" in bad_cron
-    assert "DUETIME_API_KEY" in no_key and "HTTP 401" in no_key
+    assert "DUETIME_API_KEY" in no_key and "--api-key" in no_key and "HTTP 401" in no_key
     assert "cannot reach http://127.0.0.1:9" in unreachable
     assert "--file" in empty
-    assert "not both" in both
+    assert "not --cron and --run-at" in both
     assert "cannot read /nonexistent/spec.json" in no_file
     assert "job ID or a schedule" in no_preview
 
@@ -555,3 +617,55 @@ async def test_example_receiver_verifies_fences_and_deduplicates(served: Served)
         assert len(done) == 2
     finally:
         await runner.cleanup()
+
+
+async def test_cli_jobs_update_patches_only_what_it_is_given(served: Served) -> None:
+    # --webhook-url names the job's target; the server comes from --server/--api-key, not the env
+    code, job, err = await duetime_jobs(
+        None,
+        "--server",
+        served.url,
+        "--api-key",
+        served.key,
+        "create",
+        "--webhook-url",
+        served.receiver.url + "/upd",
+        "--method",
+        "PUT",
+        "--cron",
+        "0 0 1 1 *",
+        "--name",
+        "before",
+    )
+    assert code == 0, err
+    code, changed, err = await duetime_jobs(
+        served, "update", job["id"], "--name", "after", "--cron", "0 3 * * *", "--tz", "Europe/Berlin"
+    )
+    assert code == 0, err
+    assert changed["name"] == "after"
+    assert changed["schedule"]["cron"] == "0 3 * * *" and changed["schedule"]["timezone"] == "Europe/Berlin"
+    assert changed["target"] == job["target"]  # untouched
+    code, moved, err = await duetime_jobs(served, "update", job["id"], "--url", served.receiver.url + "/upd2")
+    assert code == 0, err
+    assert moved["target"]["url"].endswith("/upd2") and moved["target"]["method"] == "PUT"  # merged
+    code, out, err = await duetime_jobs(served, "update", job["id"])
+    assert "fields to change" in _one_error_line(code, out, err, status=2)
+    code, out, err = await duetime_jobs(served, "update", str(uuid.uuid4()), "--name", "x")
+    assert "HTTP 404" in _one_error_line(code, out, err, status=1)
+    code, _, err = await duetime_jobs(served, "cancel", job["id"])
+    assert code == 0, err
+
+
+async def test_cli_reads_the_key_from_stdin_and_warns_when_it_is_a_visible_flag(served: Served) -> None:
+    """A key in argv shows in `ps` to every user of the machine (issue 17, item 9)."""
+    code, out, err = await duetime_jobs(
+        None, "--url", served.url, "--api-key-file", "-", "list", stdin=(served.key + "\n").encode()
+    )
+    assert code == 0, (out, err)
+    assert "items" in out and err == ""
+    for flag in ("--api-key", "--key"):
+        code, out, err = await duetime_jobs(None, "--url", served.url, flag, served.key, "list")
+        assert code == 0, (flag, out, err)
+        assert "visible to other users" in err and served.key not in err
+    code, out, err = await duetime_jobs(served, "list")  # DUETIME_API_KEY: no warning
+    assert code == 0 and err == "", err

@@ -109,6 +109,27 @@ async def test_put_keeps_the_state_and_recomputes_a_changed_schedule(
     assert body["next_run_at"].endswith("T03:00:00Z")
 
 
+async def test_a_repeated_put_of_an_every_schedule_without_start_at_is_a_no_op(
+    client: Client, store: PostgresStore
+) -> None:
+    """``start_at`` of an ``every`` schedule defaults to the time of the call: a PUT that leaves
+    it out keeps the stored one (as a PATCH would), so the same body again changes nothing."""
+    headers = await new_owner(store)
+    body = spec(schedule={"every": "1h"})
+    status, made = await put(client, headers, "hourly", body)
+    assert status == 201, made
+    await asyncio.sleep(1.1)  # a new default start_at would now be a different second
+    status, again = await put(client, headers, "hourly", body)
+    assert status == 200, again
+    assert again == made  # nothing written: same start_at, same updated_at
+    status, changed = await put(client, headers, "hourly", spec(schedule={"every": "2h"}))
+    assert status == 200 and changed["schedule"]["start_at"] == made["schedule"]["start_at"]
+    assert changed["schedule"]["every"] == "2h" and changed["updated_at"] != made["updated_at"]
+    moved = "2030-01-01T00:00:00Z"
+    status, body2 = await put(client, headers, "hourly", spec(schedule={"every": "2h", "start_at": moved}))
+    assert status == 200 and body2["schedule"]["start_at"] == moved
+
+
 async def test_put_refuses_a_change_to_a_completed_or_dead_job_but_not_a_no_op(
     client: Client, store: PostgresStore, db: asyncpg.Connection
 ) -> None:

@@ -67,7 +67,7 @@ def test_every_v1_route_is_described_and_nothing_else(
         (path, method) for path, item in document["paths"].items() for method in item if method in METHODS
     }
     assert routed == described
-    assert len(routed) == 18
+    assert len(routed) == 19
 
 
 def test_every_operation_declares_auth_errors_and_its_own_answers(document: dict[str, Any]) -> None:
@@ -91,7 +91,7 @@ def test_every_operation_declares_auth_errors_and_its_own_answers(document: dict
                 schema = answer["content"]["application/json"]["schema"]
                 if int(status) >= 400:
                     assert schema == {"$ref": "#/components/schemas/Error"}, (path, method, status)
-    assert len(operation_ids) == 18
+    assert len(operation_ids) == 19
     ops = document["paths"]
     assert set(ops["/v1/jobs"]["post"]["responses"]) >= {"200", "201"}
     assert "202" in ops["/v1/jobs/{job_id}/trigger"]["post"]["responses"]
@@ -147,3 +147,81 @@ async def test_live_answers_conform_to_the_schemas(
     assert not job_schema.is_valid({**job, "state": "running"})
     assert not job_schema.is_valid({**job, "target": {**job["target"], "extra": 1}})
     assert not error_schema.is_valid({"error": {"code": "Not Snake", "message": "x"}})
+
+
+def test_every_operation_lists_every_status_it_can_answer(document: dict[str, Any]) -> None:
+    """The statuses any /v1 call can answer are on every operation, 429 included; a body adds the
+    body's statuses; create lists 409 (job_limit_reached)."""
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            statuses = set(operation["responses"])
+            assert {"401", "429", "500", "503"} <= statuses, (path, method)
+            if "requestBody" in operation:
+                assert {"400", "413", "415", "422"} <= statuses, (path, method)
+            assert "Retry-After" in operation["responses"]["429"]["headers"]
+    create = document["paths"]["/v1/jobs"]["post"]["responses"]
+    assert "job_limit_reached" in create["409"]["description"]
+    error = document["components"]["schemas"]["Error"]["properties"]["error"]
+    assert "request_id" in error["properties"] and "request_id" not in error["required"]
+
+
+async def test_the_answers_of_the_limits_are_described(pg_dsn: str, document: dict[str, Any]) -> None:
+    """Real 429 and 409 job_limit_reached answers, each a status its operation lists."""
+    store = await PostgresStore.open(ShardMap.single(pg_dsn), pool_size=2)
+    app = create_app(store, policy=AddressPolicy(), owner_rate_per_s=1.0, max_jobs_per_owner=1)
+    error_schema = _schema_validator(document, "Error")
+    try:
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            api_key, _ = await store.create_api_key(f"limits-{uuid.uuid4().hex[:12]}")
+            headers = {"Authorization": f"Bearer {api_key}"}
+            spec = {
+                "target": {"type": "webhook", "url": "https://1.1.1.1/x"},
+                "schedule": {"cron": "0 0 1 1 *"},
+            }
+            first = await client.post("/v1/jobs", json=spec, headers=headers)
+            assert first.status == 201
+            second = await client.post("/v1/jobs", json=spec, headers=headers)
+            assert second.status == 409
+            body = await second.json()
+            error_schema.validate(body)
+            assert body["error"]["code"] == "job_limit_reached"
+            assert "409" in document["paths"]["/v1/jobs"]["post"]["responses"]
+            limited = None
+            for _ in range(5):
+                resp = await client.get("/v1/jobs", headers=headers)
+                if resp.status == 429:
+                    limited = resp
+                    break
+            assert limited is not None and limited.headers["Retry-After"].isdigit()
+            error_schema.validate(await limited.json())
+            assert "429" in document["paths"]["/v1/jobs"]["get"]["responses"]
+    finally:
+        await store.close()
+
+
+def test_the_api_doc_does_not_deny_the_rate_limit() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text(encoding="utf-8")
+    assert "does not answer 429" not in text and "does not rate-limit" not in text
+    assert "| 429 |" in text and "job_limit_reached" in text
+
+
+def test_every_v1_operation_lists_429_and_the_owner_limits_are_described() -> None:
+    """The per-owner rate and limits answer on every /v1 call (issue 17, item 2)."""
+    from duetime.api.openapi import build_openapi
+    from duetime.core.validation import SpecLimits
+
+    doc = build_openapi(SpecLimits())
+    operations = {
+        op["operationId"]: op
+        for path, item in doc["paths"].items()
+        if path.startswith("/v1/")
+        for op in item.values()
+    }
+    assert operations
+    for op_id, op in operations.items():
+        assert "429" in op["responses"], op_id
+        assert "Retry-After" in op["responses"]["429"]["headers"], op_id
+    assert "job_limit_reached" in operations["create_job"]["responses"]["409"]["description"]
+    assert "too_many_triggers" in operations["trigger_job"]["responses"]["409"]["description"]

@@ -206,6 +206,32 @@ async def test_bounded_schedule_ends_and_one_off_shows_its_run_at(api: Api) -> N
     assert body["timezone"] == "UTC" and body["has_more"] is False
 
 
+async def test_a_step_past_its_range_is_accepted_and_the_preview_warns(api: Api) -> None:
+    """Vixie cron reads ``9-12/5`` as September alone; so do we, and the preview says so."""
+    schedule = {"cron": "0 19-23/5 1 9-12/5 7", "timezone": "UTC"}
+    status, body = await api.post(
+        "/v1/schedules/preview", {"schedule": schedule, "count": 3, "from": "2099-01-01T00:00:00Z"}
+    )
+    assert status == 200, body
+    # day 1 or a Sunday (both day fields restricted), of September, at 19:00
+    assert [i["at"] for i in body["items"]] == [
+        "2099-09-01T19:00:00Z",
+        "2099-09-06T19:00:00Z",
+        "2099-09-13T19:00:00Z",
+    ]
+    assert len(body["warnings"]) == 2
+    assert "hour field: step 5 in '19-23/5'" in body["warnings"][0]
+    assert "month field: step 5 in '9-12/5'" in body["warnings"][1]
+    status, body = await api.post("/v1/schedules/preview", {"schedule": {"cron": "*/15 * * * *"}})
+    assert status == 200 and body["warnings"] == []
+    status, job = await api.post(
+        "/v1/jobs", {"target": QUEUE_TARGET, "schedule": {"cron": "56-59/4 * * * *"}}
+    )
+    assert status == 201, job
+    assert job["schedule"]["cron"] == "56-59/4 * * * *"
+    assert parse(job["next_run_at"]).minute == 56
+
+
 async def test_count_defaults_to_ten_and_from_to_now(api: Api) -> None:
     before = datetime.now(UTC)
     status, body = await api.post("/v1/schedules/preview", {"schedule": {"cron": "* * * * *"}})

@@ -52,8 +52,10 @@ async def duetime(*args: str, env: dict[str, str], cwd: Path) -> tuple[int, str,
     return proc.returncode, out.decode(), err.decode()
 
 
-def _one_line_error(code: int, out: str, err: str) -> str:
-    assert code == 2, (code, out, err)
+def _one_line_error(code: int, out: str, err: str, *, status: int = 2) -> str:
+    """One ``duetime: …`` line on stderr and ``status``: 2 for a usage or settings error, 1 for an
+    operation that failed (a database that does not answer, a refused action)."""
+    assert code == status, (code, out, err)
     assert out == ""
     assert "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]
@@ -191,17 +193,17 @@ async def test_bad_shard_dsns_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert "hunter2" not in err
 
 
-async def test_a_database_that_does_not_answer_is_one_line_and_exit_2(tmp_path: Path) -> None:
+async def test_a_database_that_does_not_answer_is_one_line_and_exit_1(tmp_path: Path) -> None:
     env = _env(DUETIME_DATABASE_URL="postgresql://root@127.0.0.1:9/duetime")
     code, out, err = await duetime("migrate", env=env, cwd=tmp_path)
-    line = _one_line_error(code, out, err)
+    line = _one_line_error(code, out, err, status=1)
     assert "127.0.0.1" in line
 
 
-async def test_a_database_that_does_not_exist_is_one_line_and_exit_2(tmp_path: Path) -> None:
+async def test_a_database_that_does_not_exist_is_one_line_and_exit_1(tmp_path: Path) -> None:
     env = _env(DUETIME_DATABASE_URL=_dsn_for(f"duetime_missing_{secrets.token_hex(4)}"))
     code, out, err = await duetime("keys", "create", "--owner", "a", env=env, cwd=tmp_path)
-    line = _one_line_error(code, out, err)
+    line = _one_line_error(code, out, err, status=1)
     assert "does not exist" in line
 
 
@@ -318,7 +320,7 @@ async def test_run_serves_on_an_embedded_database_and_stops_it(open_dir: Path) -
 
         # A second `duetime run` on the same data dir is refused while this one runs.
         code, out, err = await duetime("run", env=env, cwd=open_dir)
-        line = _one_line_error(code, out, err)
+        line = _one_line_error(code, out, err, status=1)
         assert "already running the embedded PostgreSQL" in line
     finally:
         if served.proc.returncode is None:
@@ -349,3 +351,108 @@ async def test_parts_without_a_database_say_what_to_set(command: str, tmp_path: 
     code, out, err = await duetime(command, env=_env(), cwd=tmp_path)
     line = _one_line_error(code, out, err)
     assert "DUETIME_DATABASE_URL is not set" in line
+
+
+# --- keys list, rotate-secret; exit statuses ------------------------------------------------------
+
+
+async def test_keys_list_shows_prefixes_never_keys(pg_dsn: str, store: PostgresStore, tmp_path: Path) -> None:
+    owner = f"list-{secrets.token_hex(3)}"
+    first, _ = await store.create_api_key(owner)
+    second, _ = await store.create_api_key(owner)
+    await store.revoke_api_key(second)
+    env = _env(DUETIME_DATABASE_URL=pg_dsn)
+    code, out, err = await duetime("keys", "list", "--owner", owner, "--json", env=env, cwd=tmp_path)
+    assert code == 0, err
+    listed = json.loads(out)
+    assert [k["prefix"] for k in listed] == [first[:10]]
+    assert listed[0]["owner"] == owner and listed[0]["revoked_at"] is None
+    assert listed[0]["created_at"].endswith("Z")
+    code, out, err = await duetime("keys", "list", "--owner", owner, "--all", env=env, cwd=tmp_path)
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    assert header.split() == ["PREFIX", "OWNER", "CREATED_AT", "REVOKED_AT"]
+    assert sorted(r.split()[0] for r in rows) == sorted([first[:10], second[:10]])
+    assert first not in out and second not in out  # the whole key is never shown
+
+
+async def test_keys_rotate_secret_json_and_its_failures(
+    pg_dsn: str, store: PostgresStore, tmp_path: Path
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    owner = f"rot-{secrets.token_hex(3)}"
+    _, old = await store.create_api_key(owner)
+    env = _env(DUETIME_DATABASE_URL=pg_dsn)
+    code, out, err = await duetime(
+        "keys", "rotate-secret", "--owner", owner, "--grace", "2h", "--json", env=env, cwd=tmp_path
+    )
+    assert code == 0, err
+    body = json.loads(out)
+    assert set(body) == {"owner", "signing_secret", "previous_valid_until"}
+    assert body["owner"] == owner and body["signing_secret"].startswith("whsec_")
+    assert body["signing_secret"] != old
+    until = datetime.fromisoformat(body["previous_valid_until"].replace("Z", "+00:00"))
+    assert abs(until - (datetime.now(UTC) + timedelta(hours=2))) < timedelta(minutes=1)
+    keys = await store.signing_keys(owner)
+    assert keys is not None and (keys.current, keys.previous) == (body["signing_secret"], old)
+    # an owner that does not exist: the operation fails (1); a bad duration: usage (2)
+    code, out, err = await duetime("keys", "rotate-secret", "--owner", "nobody-here", env=env, cwd=tmp_path)
+    assert "no owner 'nobody-here'" in _one_line_error(code, out, err, status=1)
+    code, out, err = await duetime(
+        "keys", "rotate-secret", "--owner", owner, "--grace", "soon", env=env, cwd=tmp_path
+    )
+    assert code == 2 and "not a duration" in err
+
+
+async def test_the_clients_variables_draw_no_warning(pg_dsn: str, tmp_path: Path) -> None:
+    env = _env(DUETIME_DATABASE_URL=pg_dsn, DUETIME_URL="http://x:1", DUETIME_API_KEY="dt_x")
+    code, _, err = await duetime("migrate", env=env, cwd=tmp_path)
+    assert code == 0, err
+    assert "not a Duetime setting" not in err
+
+
+async def test_shards_move_dry_run_changes_nothing_and_the_move_reports_progress(
+    empty_databases: list[str], tmp_path: Path
+) -> None:
+    from duetime.core.ids import shard_of
+    from duetime.core.model import CronSchedule, JobSpec, WebhookTarget
+
+    a, b = empty_databases
+    env = _env(DUETIME_DATABASE_URL=a)
+    assert (await duetime("migrate", env=env, cwd=tmp_path))[0] == 0
+    store = await PostgresStore.open(ShardMap.single(a), pool_size=2)
+    try:
+        await store.create_api_key("mover")
+        on_three = 0
+        while on_three < 3:
+            job, _ = await store.create_job(
+                "mover",
+                JobSpec(target=WebhookTarget(url="https://example.com/m"), schedule=CronSchedule("@yearly")),
+            )
+            on_three += shard_of(__import__("uuid").UUID(job.id)) == 3
+    finally:
+        await store.close()
+    code, out, err = await duetime(
+        "shards", "move", "--shard", "3", "--to", b, "--dry-run", env=env, cwd=tmp_path
+    )
+    assert code == 0, err
+    assert "nothing will be changed" in out
+    assert "would move shard 3: 3 jobs, 0 runs, 0 idempotency keys" in out
+    conn = await asyncpg.connect(b)
+    try:
+        assert await conn.fetchval("SELECT to_regclass('jobs')") is None  # not even migrated
+    finally:
+        await conn.close()
+    code, out, err = await duetime("shards", "move", "--shard", "3", "--to", b, env=env, cwd=tmp_path)
+    assert code == 0, err
+    lines = out.splitlines()
+    steps = [line.strip() for line in lines if line.startswith("  ")]
+    assert steps[0].startswith("locking the source tables")
+    assert "copied 3 jobs" in steps and "deleting the shard's rows at the source" in steps
+    assert any(line.startswith("moved shard 3: 3 jobs") for line in lines)
+    # a second move finds the target holding the shard: refused, the operation failed (1)
+    code, out, err = await duetime(
+        "shards", "move", "--shard", "3", "--to", b, "--dry-run", env=env, cwd=tmp_path
+    )
+    assert code == 1 and "already holds rows of shard 3" in err

@@ -577,3 +577,58 @@ async def test_unconfigured_broker_is_final(broker: Broker, variable: str) -> No
         await d.close()
     assert (result.outcome, result.retryable) == (Outcome.FAILED, False)
     assert result.error == f"broker not configured (set {variable})"
+
+
+@pytest.mark.parametrize(
+    ("broker", "topic"),
+    [(Broker.NATS, "duetime.runs.0"), (Broker.NATS, "_INBOX.x"), (Broker.REDIS, "__keyspace@0__:x")],
+)
+async def test_a_forbidden_topic_fails_for_good_without_a_publish(broker: Broker, topic: str) -> None:
+    """A job stored before its topic became forbidden (issue 17, item 1): checked again at publish."""
+    nc = await nats.connect(NATS_URL)
+    seen: list[Any] = []
+
+    async def record(msg: Any) -> None:
+        seen.append(msg)
+
+    sub = await nc.subscribe(">" if broker is Broker.NATS else "never.matches", cb=record)
+    r = aioredis.Redis.from_url(REDIS_URL)
+    before = await r.exists(topic)
+    d = Dispatcher(policy=ALLOW_PRIVATE, nats_url=NATS_URL, redis_url=REDIS_URL)
+    await d.start()
+    try:
+        results = [await d.deliver(delivery(QueueTarget(broker=broker, topic=topic)))]
+        if broker is Broker.REDIS:
+            batch = await d.deliver_redis_many([delivery(QueueTarget(broker=broker, topic=topic))])
+            verdicts = batch.verdicts
+            assert verdicts[0].error is not None and "topic_not_allowed" in verdicts[0].error
+        await nc.flush()
+        await asyncio.sleep(0.2)
+    finally:
+        await d.close()
+        await sub.unsubscribe()
+        await nc.close()
+    for result in results:
+        assert result.outcome is Outcome.FAILED and not result.retryable
+        assert result.error is not None and result.error.startswith("topic_not_allowed:"), result.error
+    assert [m for m in seen if m.subject == topic] == []
+    assert await r.exists(topic) == before
+    await r.aclose()
+
+
+async def test_the_owner_rule_is_applied_at_publish() -> None:
+    from duetime.core.topics import TopicPolicy, TopicRule
+
+    d = Dispatcher(
+        policy=ALLOW_PRIVATE,
+        nats_url=NATS_URL,
+        redis_url=REDIS_URL,
+        topic_policy=TopicPolicy(rule=TopicRule.OWNER_PREFIX),
+    )
+    await d.start()
+    try:
+        other = await d.deliver(delivery(QueueTarget(broker=Broker.NATS, topic="bob.events"), owner="alice"))
+    finally:
+        await d.close()
+    assert other.outcome is Outcome.FAILED and not other.retryable
+    assert other.error is not None and "alice." in other.error

@@ -105,8 +105,12 @@ async def test_the_api_keeps_no_clear_keys_in_its_cache(store: PostgresStore) ->
     app = create_app(store, policy=AddressPolicy())
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         assert (await client.get("/v1/jobs", headers={"Authorization": f"Bearer {key}"})).status == 200
-        middleware = app.middlewares[0]
-        cells = [c.cell_contents for c in (middleware.__closure__ or ())]  # type: ignore[attr-defined]
+        # the middleware that authenticates (the request-id middleware runs before it)
+        cells = [
+            c.cell_contents
+            for middleware in app.middlewares
+            for c in (middleware.__closure__ or ())  # type: ignore[attr-defined]
+        ]
         [cache] = [c for c in cells if type(c).__name__ == "KeyCache"]
         assert list(cache._entries) == [hashlib.sha256(key.encode()).digest()]
 

@@ -9,7 +9,7 @@ from croniter import croniter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from duetime.core.cron import CronExpr, parse_cron
+from duetime.core.cron import CronExpr, cron_notes, parse_cron
 from duetime.core.errors import InvalidRequest
 from duetime.core.model import CronSchedule, DstGap
 from duetime.core.schedule import check_cron_schedule, load_zone
@@ -59,6 +59,19 @@ def chain(expr: CronExpr, start: datetime, count: int) -> list[datetime]:
         pytest.param("0 0 * * *", "seconds", {0}, id="five-field-second-zero"),
         pytest.param("007 * * * *", "minutes", {7}, id="leading-zeros"),
         pytest.param("5-5 * * * *", "minutes", {5}, id="one-value-range"),
+        # Vixie cron accepts a step larger than its range: only the range's first value is left
+        pytest.param("0 0 1 9-12/5 *", "months", {9}, id="step-past-month-range"),
+        pytest.param("0 19-23/5 * * *", "hours", {19}, id="step-past-hour-range"),
+        pytest.param("56-59/4 * * * *", "minutes", {56}, id="step-past-minute-range"),
+        pytest.param("*/60 * * * *", "minutes", {0}, id="star-step-60"),
+        pytest.param("0-10/11 * * * *", "minutes", {0}, id="range-step-11"),
+        pytest.param("59/5 * * * *", "minutes", {59}, id="start-step-past-end"),
+        pytest.param("0 0 * * 5-7/3", "days_of_week", {5}, id="weekday-step-past-range"),
+        pytest.param("0 0 * * 6-7", "days_of_week", {6, 0}, id="weekday-range-to-seven"),
+        pytest.param("0 0 * * 7/3", "days_of_week", {0}, id="seven-step-is-sunday"),
+        pytest.param("0 0 * * 1,7", "days_of_week", {1, 0}, id="list-with-seven"),
+        pytest.param("0 0 * * 0-7/7", "days_of_week", {0}, id="zero-to-seven-step-seven"),
+        pytest.param("*/90 * * * * *", "seconds", {0}, id="second-step-90"),
     ],
 )
 def test_valid_fields(expr: str, field: str, expected: set[int]) -> None:
@@ -119,8 +132,6 @@ def test_six_fields_fire_on_seconds() -> None:
         pytest.param("5-1 * * * *", "reversed", id="reversed-range"),
         pytest.param("0 0 * * FRI-MON", "reversed", id="reversed-name-range"),
         pytest.param("*/0 * * * *", "step 0", id="step-zero"),
-        pytest.param("*/60 * * * *", "larger than the range 0-59", id="step-larger-than-range"),
-        pytest.param("0-10/11 * * * *", "larger than the range 0-10", id="range-step-too-large"),
         pytest.param("*/ * * * *", "step '' ", id="empty-step"),
         pytest.param("*/-1 * * * *", "not a positive number", id="negative-step"),
         pytest.param("1,,2 * * * *", "empty item", id="empty-item"),
@@ -160,6 +171,39 @@ def test_invalid_expressions(expr: str, fragment: str) -> None:
     assert caught.value.code == "invalid_cron"
     assert caught.value.field == "schedule.cron"
     assert any(part in caught.value.message for part in fragment.split("|")), caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("expr", "fragment"),
+    [
+        ("0 0 1 9-12/5 *", "month field: step 5 in '9-12/5' is larger than its range, so it selects only 9"),
+        ("56-59/4 * * * *", "minute field: step 4 in '56-59/4'"),
+        ("0 0 * * 5-7/3", "selects only 5"),
+        ("0 0 * * 7/2", "selects only Sunday"),
+    ],
+)
+def test_steps_past_their_range_are_noted(expr: str, fragment: str) -> None:
+    notes = cron_notes(expr)
+    assert len(notes) == 1 and fragment in notes[0], notes
+
+
+@pytest.mark.parametrize("expr", ["*/15 * * * *", "0 9 * * MON-FRI", "@daily", "5-20/5 * * * *", "0 0 * * 7"])
+def test_ordinary_steps_are_not_noted(expr: str) -> None:
+    assert cron_notes(expr) == []
+
+
+def test_step_past_range_fires_on_its_first_value() -> None:
+    assert chain(parse_cron("0 19-23/5 * 9-12/5 *"), datetime(2024, 1, 1), 3) == [
+        datetime(2024, 9, 1, 19),
+        datetime(2024, 9, 2, 19),
+        datetime(2024, 9, 3, 19),
+    ]
+
+
+def test_seven_is_sunday_when_searching() -> None:
+    got = chain(parse_cron("0 12 * * 7"), datetime(2024, 6, 1), 3)
+    assert got == [datetime(2024, 6, 2, 12), datetime(2024, 6, 9, 12), datetime(2024, 6, 16, 12)]
+    assert all(d.isoweekday() == 7 for d in got)
 
 
 def test_not_a_string_is_refused() -> None:
@@ -290,13 +334,14 @@ def field_strategy(low: int, high: int) -> st.SearchStrategy[str]:
     def stepped_star(step: int) -> str:
         return f"*/{step}"
 
+    # steps run past the range on purpose (``9-12/5``): Vixie cron reads them as the first value
     item = st.one_of(
         values.map(str),
         pairs.map(lambda p: f"{p[0]}-{p[1]}"),
-        pairs.flatmap(lambda p: st.integers(1, p[1] - p[0]).map(lambda s: f"{p[0]}-{p[1]}/{s}")),
+        pairs.flatmap(lambda p: st.integers(1, p[1] - p[0] + 8).map(lambda s: f"{p[0]}-{p[1]}/{s}")),
     )
     listed = st.lists(item, min_size=1, max_size=3).map(",".join)
-    return st.one_of(st.just("*"), st.integers(1, high - low).map(stepped_star), listed)
+    return st.one_of(st.just("*"), st.integers(1, high - low + 8).map(stepped_star), listed)
 
 
 expressions = st.tuples(
@@ -304,7 +349,7 @@ expressions = st.tuples(
     field_strategy(0, 23),
     field_strategy(1, 31),
     field_strategy(1, 12),
-    field_strategy(0, 6),
+    field_strategy(0, 7),  # 7 is Sunday, as 0
 )
 
 

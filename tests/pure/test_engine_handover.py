@@ -68,3 +68,38 @@ async def test_a_lost_shard_is_given_back_and_a_gained_one_claimed() -> None:
             assert await store.claim_due(shard, "e2", lookahead_s=60, lease_s=30, limit=100) == []
     finally:
         await engine.stop()
+
+
+async def test_fired_runs_not_yet_fenced_of_a_lost_shard_are_given_back_too() -> None:
+    """Runs that fired but wait for the fencer (the run queue is full) are unfired claims as well:
+    a handover takes them off the fencer's lanes and releases them, as a stop does."""
+    store = MemoryStore()
+    soon = datetime.now(UTC) + timedelta(milliseconds=300)
+    created = [uuid.UUID((await store.create_job("alice", _spec(soon)))[0].id) for _ in range(60)]
+    queue = InProcessRunQueue(maxsize=1)  # nobody takes from it: the fencer blocks on the second
+    engine = Engine(
+        store,
+        queue,
+        LeaseKeeper(store, lease_s=30, heartbeat_s=10),
+        EngineConfig(engine_id="e1", poll_interval_s=0.05, fence_batch=1),
+    )
+    await engine.start()
+    try:
+        await _until(lambda: engine.fence_progress >= 2 and len(engine.wheel) == 0, "fired, fencer blocked")
+        waiting = engine._fired_count
+        assert waiting >= len(created) - 2, "the rest wait on the fencer's lanes"
+        await engine.serve(frozenset())
+        assert engine._fired_count == 0 and not engine._lanes, "the lanes were emptied"
+        claimable = 0
+        for shard in range(16):
+            claimable += len(await store.claim_due(shard, "e2", lookahead_s=60, lease_s=30, limit=100))
+        assert claimable == waiting, "each waiting run given back, claimable by another engine"
+    finally:
+        taker = asyncio.create_task(_take_all(queue))  # lets the blocked fencer finish for stop()
+        await engine.stop()
+        taker.cancel()
+
+
+async def _take_all(queue: InProcessRunQueue) -> None:
+    while True:
+        await queue.get()

@@ -20,7 +20,7 @@ from functools import cache
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from duetime.core.model import CronSchedule, DstGap, DstOverlap
+from duetime.core.model import CronSchedule, DateRange, DstGap, DstOverlap
 from duetime.core.schedule import count_between, latest_at_or_before, next_occurrence
 
 MINUTE = timedelta(minutes=1)
@@ -73,24 +73,60 @@ def star_step(low: int, high: int, step: int) -> tuple[str, frozenset[int]]:
     return f"*/{step}", frozenset(range(low, high + 1, step))
 
 
+def past_range(first: int, last: int, step: int) -> tuple[str, frozenset[int]]:
+    """A step larger than its range, which Vixie cron accepts: only ``first`` is selected."""
+    assert step > last - first
+    return f"{first}-{last}/{step}", frozenset({first})
+
+
 MINUTES = field(
-    0, 59, [star_step(0, 59, 15), star_step(0, 59, 7), ("0", frozenset({0})), ("30", frozenset({30}))]
+    0,
+    59,
+    [
+        star_step(0, 59, 15),
+        star_step(0, 59, 7),
+        ("0", frozenset({0})),
+        ("30", frozenset({30})),
+        past_range(56, 59, 4),
+        ("*/60", frozenset({0})),
+    ],
 )
 # hours around 00:00-04:00 make gaps and overlaps likely; a few broader choices keep variety
 HOURS = st.one_of(
     field(0, 4, [("2", frozenset({2})), ("1-3", frozenset({1, 2, 3}))], star=range(24)),
-    field(0, 23, [star_step(0, 23, 2), star_step(0, 23, 5)]),
+    field(0, 23, [star_step(0, 23, 2), star_step(0, 23, 5), past_range(19, 23, 5), past_range(1, 3, 7)]),
 )
 DAYS = st.one_of(
     st.just(("*", frozenset(range(1, 32)))),
     st.just(("*", frozenset(range(1, 32)))),
     field(1, 31, [star_step(1, 31, 2)]),
 )
-MONTHS = st.one_of(st.just(("*", frozenset(range(1, 13)))), field(1, 12, [star_step(1, 12, 3)]))
+MONTHS = st.one_of(
+    st.just(("*", frozenset(range(1, 13)))),
+    field(1, 12, [star_step(1, 12, 3), past_range(9, 12, 5), past_range(2, 3, 12)]),
+)
+
+
+def sunday_is_seven(drawn: tuple[str, frozenset[int]]) -> tuple[str, frozenset[int]]:
+    """Weekdays written 0-7: a written 7 is Sunday, the reference's 0."""
+    text, values = drawn
+    return text, frozenset(0 if v == 7 else v for v in values)
+
+
 WEEKDAYS = st.one_of(
     st.just(("*", frozenset(range(7)))),
     st.just(("*", frozenset(range(7)))),
-    field(0, 6, [star_step(0, 6, 2), ("1-5", frozenset(range(1, 6)))]),
+    field(
+        0,
+        7,
+        [
+            star_step(0, 6, 2),
+            ("1-5", frozenset(range(1, 6))),
+            ("7", frozenset({7})),
+            ("5-7", frozenset({5, 6, 7})),
+            past_range(5, 7, 3),
+        ],
+    ).map(sunday_is_seven),
 )
 
 
@@ -190,21 +226,48 @@ def cases(draw: st.DrawFn) -> tuple[CronSchedule, Cron, datetime]:
         end_at=end_at,
         dst_gap=draw(st.sampled_from(list(DstGap))),
         dst_overlap=draw(st.sampled_from(list(DstOverlap))),
+        exclude=draw(excludes(after, zone_name)),
     )
     return schedule, cron, after
 
 
-def within_bounds(schedule: CronSchedule, instants: list[datetime]) -> list[datetime]:
+@st.composite
+def excludes(draw: st.DrawFn, around: datetime, zone_name: str) -> tuple[DateRange, ...]:
+    """Sometimes none; else a few local days and ranges near ``around`` (often a DST day)."""
+    if draw(st.integers(0, 2)) == 0:
+        return ()
+    local = around.astimezone(zoneinfo.ZoneInfo(zone_name)).date()
+    ranges = []
+    for _ in range(draw(st.integers(1, 4))):
+        first = local + timedelta(days=draw(st.integers(-1, 3)))
+        ranges.append(DateRange(first, first + timedelta(days=draw(st.sampled_from([0, 0, 1, 2])))))
+    return tuple(ranges)
+
+
+def not_excluded(schedule: CronSchedule, instants: list[datetime]) -> list[datetime]:
+    """The reference's reading of exclude: the instant's date on the zone's wall clock."""
+    zone = zoneinfo.ZoneInfo(schedule.timezone)
     return [
         instant
         for instant in instants
-        if (schedule.start_at is None or instant >= schedule.start_at)
-        and (schedule.end_at is None or instant <= schedule.end_at)
+        if not any(r.first <= instant.astimezone(zone).date() <= r.last for r in schedule.exclude)
     ]
 
 
+def within_bounds(schedule: CronSchedule, instants: list[datetime]) -> list[datetime]:
+    return not_excluded(
+        schedule,
+        [
+            instant
+            for instant in instants
+            if (schedule.start_at is None or instant >= schedule.start_at)
+            and (schedule.end_at is None or instant <= schedule.end_at)
+        ],
+    )
+
+
 @settings(
-    max_examples=2500,
+    max_examples=1200,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

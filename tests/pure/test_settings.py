@@ -294,3 +294,9 @@ def test_table_shows_every_field_once() -> None:
     names = [row.split("`")[1] for row in rows]
     assert names == [f.metadata["env"] for f in dataclasses.fields(Settings)]
     assert len(set(names)) == len(names)
+
+
+def test_the_clients_variables_are_not_reported_as_unknown() -> None:
+    """DUETIME_URL and DUETIME_API_KEY are read by `duetime jobs` and the client, not by Settings;
+    a shell exporting them for the CLI must not make every server process warn."""
+    assert unknown_variables({"DUETIME_URL": "http://x", "DUETIME_API_KEY": "dt_x"}) == []

@@ -578,3 +578,96 @@ async def test_canary_listeners_see_no_connection(canaries: tuple[Canary, Canary
     async with asyncio.timeout(10):
         await v4.connected.wait()
     assert len(v4.connections) == 1
+
+
+# --- IPv6: an allow-list, and every form that carries an IPv4 address (issue 17, item 4) --------
+
+# Bad IPv4 addresses a probe would try to reach through an IPv6 spelling.
+_BAD_V4 = ["127.0.0.1", "10.0.0.1", "169.254.169.254", "192.168.1.1", "100.64.0.1", "0.0.0.0"]
+
+
+def _teredo(server: str, client: str) -> IPv6Address:
+    """2001:0:<server>:<flags>:<port ^ 0xffff>:<client ^ 0xffffffff> (RFC 4380)."""
+    value = (0x2001 << 112) | (int(IPv4Address(server)) << 64) | (0xFFFF << 32)
+    return IPv6Address(value | (int(IPv4Address(client)) ^ 0xFFFFFFFF))
+
+
+def _embed(form: str, v4: str) -> IPv6Address:
+    n = int(IPv4Address(v4))
+    if form == "mapped":
+        return IPv6Address((0xFFFF << 32) | n)
+    if form == "translated":
+        return IPv6Address((0xFFFF << 48) | n)
+    if form == "compatible":
+        return IPv6Address(n)
+    if form == "nat64":
+        return IPv6Address((0x64FF9B << 96) | n)
+    if form == "nat64-local":
+        return IPv6Address((0x64FF9B0001 << 80) | n)
+    if form == "6to4":
+        return IPv6Address((0x2002 << 112) | (n << 80) | 1)
+    if form == "teredo":
+        return _teredo("65.54.227.120", v4)
+    raise AssertionError(form)
+
+
+EMBEDDED_FORMS = ["mapped", "translated", "compatible", "nat64", "nat64-local", "6to4", "teredo"]
+
+
+@pytest.mark.parametrize("form", EMBEDDED_FORMS)
+@pytest.mark.parametrize("v4", _BAD_V4)
+def test_every_embedded_ipv4_form_is_judged_by_its_ipv4(form: str, v4: str) -> None:
+    ip = _embed(form, v4)
+    reason = refusal_reason(ip)
+    inner = refusal_reason(IPv4Address(v4))
+    assert reason is not None and inner is not None, (ip, reason)
+    if ip != IPv6Address("::"):  # ::0.0.0.0 is the unspecified address itself
+        assert inner in reason, (ip, reason)
+    with pytest.raises(TargetNotAllowed):
+        check_url(f"http://[{ip}]/", STRICT)
+
+
+@pytest.mark.parametrize("form", ["mapped", "nat64", "6to4"])
+def test_embedded_forms_that_route_to_a_public_ipv4_are_allowed(form: str) -> None:
+    assert refusal_reason(_embed(form, "8.8.8.8")) is None
+
+
+@pytest.mark.parametrize("form", ["translated", "compatible", "nat64-local", "teredo"])
+def test_embedded_forms_outside_global_unicast_stay_refused_with_a_public_ipv4(form: str) -> None:
+    assert refusal_reason(_embed(form, "8.8.8.8")) is not None
+
+
+def test_teredo_is_judged_by_its_xored_client_address() -> None:
+    ip = _teredo("65.54.227.120", "127.0.0.1")
+    reason = refusal_reason(ip)
+    assert reason is not None and "loopback" in reason and "Teredo" in reason
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "[::ffff:0:127.0.0.1]",
+        "[::ffff:0:169.254.169.254]",
+        "[::ffff:0:10.0.0.1]",
+        "[::ffff:0:7f00:1]",
+        "[1::]",
+        "[1::1]",
+        "[::2]",
+        "[100::1]",
+        "[400::1]",
+        "[4000::1]",
+        "[e000::1]",
+        "[2001:2::1]",
+        "[2001:10::1]",
+        "[2620:4f:8000::1]",
+        "[5f00::1]",
+    ],
+)
+def test_ipv6_outside_global_unicast_is_refused(host: str) -> None:
+    with pytest.raises(TargetNotAllowed):
+        check_url(f"http://{host}/", STRICT)
+
+
+@pytest.mark.parametrize("address", ["2606:4700::1111", "2a00:1450:4001::200e", "2001:4860:4860::8888"])
+def test_ordinary_global_unicast_ipv6_is_allowed(address: str) -> None:
+    assert refusal_reason(IPv6Address(address)) is None

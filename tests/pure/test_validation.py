@@ -453,7 +453,7 @@ CATALOGUE = [
     pytest.param(queue_job(topic=".a"), INV, "invalid_value", "target.topic", id="nats-leading-dot"),
     pytest.param(queue_job(topic="a."), INV, "invalid_value", "target.topic", id="nats-trailing-dot"),
     pytest.param(
-        queue_job(topic="$JS.API.INFO"), INV, "invalid_value", "target.topic", id="nats-system-subject"
+        queue_job(topic="$JS.API.INFO"), INV, "topic_not_allowed", "target.topic", id="nats-system-subject"
     ),
     pytest.param(queue_job(topic="a" * 256), INV, "invalid_value", "target.topic", id="nats-too-long"),
     pytest.param(queue_job(topic=""), INV, "invalid_value", "target.topic", id="nats-empty"),
@@ -508,8 +508,15 @@ CATALOGUE = [
     pytest.param(
         edit(W, "schedule", "every", value="1h"),
         INV,
+        "invalid_schedule",
+        "schedule",
+        id="schedule-run-at-and-every",
+    ),
+    pytest.param(
+        edit(W, "schedule", "evry", value="1h"),
+        INV,
         "unknown_field",
-        "schedule.every",
+        "schedule.evry",
         id="schedule-unknown-field",
     ),
     pytest.param(
@@ -776,6 +783,27 @@ CATALOGUE = [
         id="retry-unknown-field",
     ),
     pytest.param(
+        edit(W, "retry", "max_duration_s", value=0),
+        INV,
+        "invalid_value",
+        "retry.max_duration_s",
+        id="window-zero",
+    ),
+    pytest.param(
+        edit(W, "retry", "max_duration_s", value=2592001),
+        INV,
+        "invalid_value",
+        "retry.max_duration_s",
+        id="window-past-30-days",
+    ),
+    pytest.param(
+        edit(W, "retry", "max_duration_s", value="60"),
+        BAD,
+        "wrong_type",
+        "retry.max_duration_s",
+        id="window-string",
+    ),
+    pytest.param(
         edit(W, "retry", "max_attempts", value=0),
         INV,
         "invalid_value",
@@ -1037,12 +1065,14 @@ def test_full_spec_round_trips_through_the_codec() -> None:
             "end_at": "2027-06-01T00:00:00Z",
             "dst_gap": "skip",
             "dst_overlap": "both",
+            "exclude": ["2026-12-25", {"from": "2026-12-31", "to": "2027-01-01"}],
         },
         "retry": {
             "max_attempts": 100,
             "backoff_initial_s": 0.5,
             "backoff_max_s": 3600,
             "backoff_multiplier": 1,
+            "max_duration_s": 2592000,
         },
         "misfire": "run_all",
         "misfire_grace_s": 86400,

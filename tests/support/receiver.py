@@ -28,6 +28,7 @@ class Receiver:
     calls: list[Call] = field(default_factory=list)
     behaviour: dict[str, Callable[[int], int]] = field(default_factory=dict)
     delay: dict[str, float] = field(default_factory=dict)
+    headers: dict[str, dict[str, str]] = field(default_factory=dict)  # sent with each answer
     url: str = ""
     _runner: web.AppRunner | None = None
     _event: asyncio.Event = field(default_factory=asyncio.Event)
@@ -56,7 +57,7 @@ class Receiver:
         self._event.set()
         if path in self.delay:
             await asyncio.sleep(self.delay[path])
-        return web.Response(status=status, text="ok")
+        return web.Response(status=status, text="ok", headers=self.headers.get(path))
 
     def on(self, path: str) -> list[Call]:
         return [c for c in self.calls if c.path == path]
