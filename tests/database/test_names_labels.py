@@ -346,6 +346,21 @@ async def test_label_query_errors(client: Client, store: PostgresStore) -> None:
         assert (await resp.json())["error"]["code"] == code
 
 
+async def test_label_repeats_and_name_prefix_does_not(client: Client, store: PostgresStore) -> None:
+    """``label`` is the one query parameter the contract lets repeat (AND); a repeated
+    ``name_prefix`` is 400 duplicate_parameter like any other."""
+    headers = await new_owner(store)
+    _, both = await put(client, headers, "r/both", spec(labels={"a": "1", "b": "2"}))
+    await put(client, headers, "r/one", spec(labels={"a": "1"}))
+    resp = await client.get("/v1/jobs?label=a%3D1&label=b%3D2", headers=headers)
+    assert resp.status == 200
+    assert [j["id"] for j in (await resp.json())["items"]] == [both["id"]]
+    resp = await client.get("/v1/jobs?name_prefix=r/&name_prefix=x", headers=headers)
+    assert resp.status == 400
+    error = (await resp.json())["error"]
+    assert error["code"] == "duplicate_parameter" and error["field"] == "name_prefix"
+
+
 async def test_patch_replaces_labels(client: Client, store: PostgresStore) -> None:
     headers = await new_owner(store)
     job = await (
