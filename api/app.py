@@ -185,6 +185,7 @@ def create_app(
     key_cache_ttl_s: float = 5.0,
     owner_rate_per_s: float = 0.0,
     max_jobs_per_owner: int = 0,
+    bulk_max: int = 10_000,
     access_log: bool = False,
     max_job_bytes_per_owner: int = 0,
     body_timeout_s: float = 30.0,
@@ -197,7 +198,8 @@ def create_app(
     ``readiness`` is an extra probe for /readyz (brokers, engines): it raises when not ready.
     ``key_cache_ttl_s`` bounds how long a revoked key keeps working on this process.
     ``owner_rate_per_s`` (0 = off) and ``max_jobs_per_owner`` (0 = off) are the per-owner limits
-    of ``api.limits``. ``access_log`` writes one ``duetime.access`` line per answer.
+    of ``api.limits``; ``bulk_max`` bounds the jobs one bulk call changes (DUETIME_BULK_MAX).
+    ``access_log`` writes one ``duetime.access`` line per answer.
     ``body_timeout_s`` bounds the wait for a request body (408 after it).
     ``metrics_token`` (None = open) guards /metrics; ``serve_metrics=False`` leaves /metrics to a
     separate listener (``metrics_app``).
@@ -219,7 +221,16 @@ def create_app(
         ],
     )
     topics = topic_policy if topic_policy is not None else TopicPolicy()
-    app.router.add_routes(JobsApi(registry, policy=policy, limits=spec_limits, topics=topics).routes())
+    jobs_api = JobsApi(
+        registry,
+        policy=policy,
+        limits=spec_limits,
+        topics=topics,
+        bulk_max=bulk_max,
+        cap=cap,
+        byte_cap=byte_cap,
+    )
+    app.router.add_routes(jobs_api.routes())
     app.router.add_routes(PreviewApi(registry, limits=spec_limits).routes())
 
     openapi_body = dumps(build_openapi(spec_limits))

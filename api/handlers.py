@@ -17,6 +17,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from duetime.api.body import parse_json, require_json_content_type
+from duetime.api.limits import JobBytesCap, JobCap
 from duetime.api.render import (
     backfill_to_json,
     job_to_json,
@@ -24,10 +25,11 @@ from duetime.api.render import (
     json_response,
     runs_page_to_json,
 )
-from duetime.core.codec import REDACTED, run_to_json, spec_to_json
-from duetime.core.errors import InvalidRequest, NotFound, TopicNotAllowed
+from duetime.core.codec import REDACTED, format_time, run_to_json, spec_to_json
+from duetime.core.errors import Conflict, InvalidRequest, MalformedRequest, NotFound, TopicNotAllowed
 from duetime.core.ids import parse_job_id
-from duetime.core.model import JobSpec, JobState, Outcome, QueueTarget, WebhookTarget
+from duetime.core.labels import check_name, check_name_prefix, parse_bulk_request, parse_label_query
+from duetime.core.model import IntervalSchedule, Job, JobSpec, JobState, Outcome, QueueTarget, WebhookTarget
 from duetime.core.ssrf import AddressPolicy, check_webhook_url
 from duetime.core.topics import TOPIC_FIELD, TopicPolicy
 from duetime.core.validation import (
@@ -41,7 +43,7 @@ from duetime.core.validation import (
     parse_time,
 )
 from duetime.core.weburl import same_origin
-from duetime.storage.base import IdempotencyRequest, Registry
+from duetime.storage.base import BulkAction, IdempotencyRequest, NameHolderChanged, Registry
 
 OWNER: Final = web.RequestKey("owner", str)
 
@@ -53,6 +55,9 @@ _CURSOR_SHAPE: Final = re.compile(r"[\x21-\x7e]{1,1024}")
 _STATES: Final = {s.value: s for s in JobState}
 _PASSED_URLS_TTL_S: Final = 10.0
 _PASSED_URLS_MAX: Final = 10_000
+# PUT by name: how often to read the name's holder again when a concurrent PUT or cancel changed it
+# between our read and our write. Each retry means another request won that race, so a few suffice.
+_APPLY_ATTEMPTS: Final = 5
 
 
 def _query(request: web.Request, name: str) -> str | None:
@@ -106,6 +111,19 @@ def job_id_of(request: web.Request) -> uuid.UUID:
     return job_id
 
 
+def name_of(request: web.Request, *, for_write: bool) -> str:
+    """The ``{name}`` of a by-name URL. A name no job can have is a 404 to a read (nothing has it)
+    and a 422 to a PUT (it cannot be created)."""
+    text = request.match_info["name"]
+    try:
+        return check_name(text)
+    except InvalidRequest:
+        if for_write:
+            raise
+        shown = text if len(text) <= 64 else text[:64] + "…"
+        raise NotFound(f"no job named {shown}", ident=shown) from None
+
+
 async def _json_body(request: web.Request) -> Any:
     require_json_content_type(request)
     return parse_json(await request.read())
@@ -145,6 +163,20 @@ def _restore_redacted_headers(merged: dict[str, Any], current: JobSpec) -> None:
             headers[name] = known[name.lower()]
 
 
+def _keep_interval_start(merged: dict[str, Any], current: JobSpec) -> None:
+    """An ``every`` schedule sent to PUT by name without ``start_at`` keeps the stored one.
+
+    Its ``start_at`` defaults to the time of the call, so without this every repeat of the same
+    PUT (a deploy script's ``jobs apply``) would move the schedule's grid and count as a change,
+    never a no-op. A body that gives ``start_at`` sets it as given.
+    """
+    if not isinstance(current.schedule, IntervalSchedule):
+        return
+    schedule = merged.get("schedule")
+    if isinstance(schedule, dict) and "every" in schedule and "start_at" not in schedule:
+        merged["schedule"] = {**schedule, "start_at": format_time(current.schedule.start_at)}
+
+
 class JobsApi:
     """The handlers, bound to one registry, address policy and set of limits."""
 
@@ -155,9 +187,15 @@ class JobsApi:
         policy: AddressPolicy,
         limits: SpecLimits,
         topics: TopicPolicy | None = None,
+        bulk_max: int = 10_000,
+        cap: JobCap | None = None,
+        byte_cap: JobBytesCap | None = None,
     ) -> None:
         self._registry = registry
         self._topics = topics if topics is not None else TopicPolicy()
+        self._cap = cap
+        self._byte_cap = byte_cap
+        self._bulk_max = bulk_max
         self._policy = policy
         self._limits = limits
         # URL → until when its last SSRF check passed. Registration bursts name one URL thousands
@@ -166,9 +204,19 @@ class JobsApi:
         self._passed_urls: dict[str, float] = {}
 
     def routes(self) -> list[web.RouteDef]:
+        # The by-name and bulk routes come before /v1/jobs/{job_id}/…: a name may hold "/" (so
+        # by-name/foo/pause is the job named "foo/pause"), and bulk/pause has the shape of
+        # {job_id}/pause.
         return [
             web.post("/v1/jobs", self.create_job, name="create_job"),
             web.get("/v1/jobs", self.list_jobs, name="list_jobs", allow_head=False),
+            web.put("/v1/jobs/by-name/{name:.+}", self.put_job_by_name, name="put_job_by_name"),
+            web.get(
+                "/v1/jobs/by-name/{name:.+}", self.get_job_by_name, name="get_job_by_name", allow_head=False
+            ),
+            web.post("/v1/jobs/bulk/pause", self.bulk_pause, name="bulk_pause"),
+            web.post("/v1/jobs/bulk/resume", self.bulk_resume, name="bulk_resume"),
+            web.post("/v1/jobs/bulk/cancel", self.bulk_cancel, name="bulk_cancel"),
             web.get("/v1/jobs/{job_id}", self.get_job, name="get_job", allow_head=False),
             web.patch("/v1/jobs/{job_id}", self.update_job, name="update_job"),
             web.delete("/v1/jobs/{job_id}", self.cancel_job, name="cancel_job"),
@@ -220,8 +268,108 @@ class JobsApi:
 
     async def list_jobs(self, request: web.Request) -> web.Response:
         state, limit, cursor = _state(request), _limit(request), _cursor(request)
-        page = await self._registry.list_jobs(request[OWNER], state=state, limit=limit, cursor=cursor)
+        labels = parse_label_query([v for v in request.query.getall("label", []) if v])
+        prefix = _query(request, "name_prefix")
+        page = await self._registry.list_jobs(
+            request[OWNER],
+            state=state,
+            limit=limit,
+            cursor=cursor,
+            labels=labels or None,
+            name_prefix=None if prefix is None else check_name_prefix(prefix),
+        )
         return json_response(jobs_page_to_json(page))
+
+    async def get_job_by_name(self, request: web.Request) -> web.Response:
+        job = await self._registry.get_job_by_name(request[OWNER], name_of(request, for_write=False))
+        return json_response(job_to_json(job))
+
+    async def put_job_by_name(self, request: web.Request) -> web.Response:
+        """Create the named job or make it match the body (a PATCH of every field).
+
+        The spec is built against the holder we read (its redacted header values are kept, an
+        unchanged schedule is judged as of its creation); storage checks under the name's lock
+        that the holder is still that job, and we read again when it is not.
+        """
+        owner = request[OWNER]
+        name = name_of(request, for_write=True)
+        data = await _json_body(request)
+        if not isinstance(data, dict):
+            raise MalformedRequest("the request body must be a JSON object (a job spec)", code="wrong_type")
+        if "name" in data and data["name"] != name:
+            raise InvalidRequest(
+                f"the body's name ({str(data['name'])[:64]!r}) differs from the name in the URL "
+                f"({name!r}); leave name out of the body or make them equal",
+                code="name_mismatch",
+                field="name",
+            )
+        body = {**data, "name": name}
+        for _ in range(_APPLY_ATTEMPTS):
+            try:
+                current: Job | None = await self._registry.get_job_by_name(owner, name)
+            except NotFound:
+                current = None
+            now = datetime.now(UTC)
+            if current is None:
+                spec = parse_job_spec(body, now=now, limits=self._limits)
+                await self._check_target(spec, owner)
+                # A PUT that creates counts against the owner's limits as a POST does.
+                if self._cap is not None:
+                    await self._cap.check(owner)
+                if self._byte_cap is not None:
+                    await self._byte_cap.check(owner)
+            else:
+                merged = dict(body)
+                _restore_redacted_headers(merged, current.spec)
+                _keep_interval_start(merged, current.spec)
+                current_json = spec_to_json(current.spec)
+                spec = self._spec_keeping_schedule(merged, current, now)
+                if spec_to_json(spec)["target"] != current_json["target"]:
+                    await self._check_target(spec, owner)
+            try:
+                job, created = await self._registry.apply_job(
+                    owner, spec, expected_id=None if current is None else current.id
+                )
+            except NameHolderChanged:
+                continue
+            if created:
+                if self._cap is not None:
+                    self._cap.created(owner)
+                if self._byte_cap is not None:
+                    self._byte_cap.created(owner, len(await request.read()))
+                return json_response(job_to_json(job), status=201, headers={"Location": f"/v1/jobs/{job.id}"})
+            return json_response(job_to_json(job))
+        raise Conflict(
+            f"the job named {name!r} kept changing under concurrent requests; try again",
+            code="name_contended",
+        )
+
+    def _spec_keeping_schedule(self, body: dict[str, Any], current: Job, now: datetime) -> JobSpec:
+        """As PATCH does: a schedule the job already has is judged as of the job's creation (a
+        bounded cron that has ended is not refused as "never fires" on a PUT that renames it)."""
+        try:
+            kept = parse_job_spec(body, now=current.created_at, limits=self._limits)
+        except InvalidRequest:
+            kept = None
+        if kept is not None and kept.schedule == current.spec.schedule:
+            return kept
+        return parse_job_spec(body, now=now, limits=self._limits)
+
+    async def _bulk(self, request: web.Request, action: BulkAction) -> web.Response:
+        labels, state = parse_bulk_request(await _json_body(request))
+        result = await self._registry.bulk_action(
+            request[OWNER], action, labels, state=state, max_jobs=self._bulk_max
+        )
+        return json_response({"matched": result.matched, "changed": result.changed, "more": result.more})
+
+    async def bulk_pause(self, request: web.Request) -> web.Response:
+        return await self._bulk(request, "pause")
+
+    async def bulk_resume(self, request: web.Request) -> web.Response:
+        return await self._bulk(request, "resume")
+
+    async def bulk_cancel(self, request: web.Request) -> web.Response:
+        return await self._bulk(request, "cancel")
 
     async def update_job(self, request: web.Request) -> web.Response:
         owner = request[OWNER]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from duetime._version import __version__
+from duetime.core.labels import LABEL_KEY_MAX, LABEL_KEY_PATTERN, LABEL_VALUE_MAX, LABELS_MAX, NAME_PATTERN
 from duetime.core.validation import SpecLimits
 
 JsonObject = dict[str, Any]
@@ -82,9 +83,6 @@ _E429: Final = {
 _E500: Final = _error(
     "A bug of ours (`internal_error`); the body's `request_id` (also in `X-Request-Id`) finds its log lines."
 )
-_E409_JOB_LIMIT: Final = _error(
-    "The owner already has DUETIME_MAX_JOBS_PER_OWNER active jobs (`job_limit_reached`): cancel some first."
-)
 
 # Statuses every /v1 operation can answer, whatever it does: authentication (401) and the owner's
 # rate limit (429) run before any handler, the database behind both can be unreachable (503), and
@@ -107,6 +105,20 @@ def _with_common_statuses(paths: JsonObject) -> JsonObject:
             out[path][method] = {**operation, "responses": dict(sorted(responses.items()))}
     return out
 
+
+_NAME_PARAM: Final = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "description": "The job's name; it may contain `/` (sent as is or as `%2F`).",
+    "schema": {"type": "string", "pattern": NAME_PATTERN, "maxLength": 200},
+}
+_LABELS: Final = {
+    "type": "object",
+    "maxProperties": LABELS_MAX,
+    "propertyNames": {"pattern": LABEL_KEY_PATTERN, "maxLength": LABEL_KEY_MAX},
+    "additionalProperties": {"type": "string", "maxLength": LABEL_VALUE_MAX},
+}
 
 _JOB_ID_PARAM: Final = {
     "name": "job_id",
@@ -248,7 +260,18 @@ def _schemas(limits: SpecLimits) -> JsonObject:
         },
     }
     spec_properties: JsonObject = {
-        "name": {"type": ["string", "null"], "maxLength": limits.name_max},
+        "name": {
+            "type": ["string", "null"],
+            "maxLength": limits.name_max,
+            "pattern": NAME_PATTERN,
+            "description": "Unique per owner among jobs that are not cancelled (409 `name_taken`).",
+        },
+        "labels": {
+            **_LABELS,
+            "default": {},
+            "description": "Tags to select jobs by (`?label=` lists, bulk actions); a PATCH replaces "
+            "the whole object.",
+        },
         "target": {"oneOf": [_ref("WebhookTargetInput"), _ref("QueueTargetInput")]},
         "payload": {"description": f"Any JSON, at most {limits.payload_max_bytes} bytes encoded."},
         "schedule": {
@@ -361,6 +384,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "id",
             "owner",
             "name",
+            "labels",
             "target",
             "payload",
             "schedule",
@@ -381,6 +405,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "id": {"type": "string", "format": "uuid"},
             "owner": {"type": "string"},
             "name": {"type": ["string", "null"]},
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
             "target": {"oneOf": [_ref("WebhookTarget"), _ref("QueueTarget")]},
             "payload": {},
             "schedule": {"oneOf": [_ref("OneOffSchedule"), _ref("CronSchedule"), _ref("EverySchedule")]},
@@ -439,6 +464,39 @@ def _schemas(limits: SpecLimits) -> JsonObject:
         "Retry": retry_out,
         "Run": run,
         "Job": job,
+        "BulkRequest": {
+            "type": "object",
+            "required": ["labels"],
+            "additionalProperties": False,
+            "properties": {
+                "labels": {
+                    **_LABELS,
+                    "minProperties": 1,
+                    "description": "The jobs that carry every pair; at least one (422 `selector_required`).",
+                },
+                "state": {
+                    "enum": ["scheduled", "paused", "completed", "cancelled", "dead"],
+                    "description": "Only jobs in this state as well.",
+                },
+            },
+        },
+        "BulkResult": {
+            "type": "object",
+            "required": ["matched", "changed", "more"],
+            "additionalProperties": False,
+            "properties": {
+                "matched": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "Jobs found that the action applies to.",
+                },
+                "changed": {"type": "integer", "minimum": 0, "description": "Jobs this call changed."},
+                "more": {
+                    "type": "boolean",
+                    "description": "More jobs matched than one call takes; call again.",
+                },
+            },
+        },
         "BackfillRequest": backfill_in,
         "ReplayRequest": {
             "type": "object",
@@ -654,7 +712,7 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                     "201": _json("Created.", _ref("Job"), location),
                     "400": _E400,
                     "401": _E401,
-                    "409": _E409_JOB_LIMIT,
+                    "409": _error(_LIMITS_409["create_job"]),
                     "413": _E413,
                     "415": _E415,
                     "422": _E422,
@@ -671,6 +729,22 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                         "required": False,
                         "description": "Only jobs in this state. An empty value means all.",
                         "schema": {"enum": ["scheduled", "paused", "completed", "cancelled", "dead"]},
+                    },
+                    {
+                        "name": "label",
+                        "in": "query",
+                        "required": False,
+                        "description": "`KEY=VALUE`, URL-encoded; repeat it for several (all must match).",
+                        "style": "form",
+                        "explode": True,
+                        "schema": {"type": "array", "maxItems": LABELS_MAX, "items": {"type": "string"}},
+                    },
+                    {
+                        "name": "name_prefix",
+                        "in": "query",
+                        "required": False,
+                        "description": "Only jobs whose name starts with this.",
+                        "schema": {"type": "string", "maxLength": 200},
                     },
                     *_page_params(),
                 ],
@@ -694,7 +768,9 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                     "400": _E400,
                     "401": _E401,
                     "404": _E404,
-                    "409": _error("The job is cancelled or completed."),
+                    "409": _error(
+                        "The job is cancelled or completed, or the new name is held by another job."
+                    ),
                     "413": _E413,
                     "415": _E415,
                     "422": _E422,
@@ -824,6 +900,7 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
             }
         },
     }
+    paths.update(_owner_scale_paths(spec_body, location))
     paths.update(_preview_paths())
     _add_edge_answers(paths)
     return {
@@ -851,6 +928,76 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
     }
 
 
+def _owner_scale_paths(spec_body: JsonObject, location: JsonObject) -> JsonObject:
+    """Jobs by name (PUT applies a spec, as a deploy script does) and bulk actions by label."""
+    job_ok = _json("The job.", _ref("Job"))
+    bulk_body = {"required": True, "content": {"application/json": {"schema": _ref("BulkRequest")}}}
+
+    def bulk(action: str, summary: str) -> JsonObject:
+        return {
+            "post": {
+                "operationId": f"bulk_{action}",
+                "summary": summary,
+                "requestBody": bulk_body,
+                "responses": {
+                    "200": _json("What the call did.", _ref("BulkResult")),
+                    "400": _E400,
+                    "401": _E401,
+                    "413": _E413,
+                    "415": _E415,
+                    "422": _E422,
+                    "429": _E429,
+                    "503": _E503,
+                },
+            }
+        }
+
+    return {
+        "/v1/jobs/by-name/{name}": {
+            "put": {
+                "operationId": "put_job_by_name",
+                "summary": "Create the named job (201), or make it match the body as a PATCH of every "
+                "field would (200, state unchanged); a body that changes nothing writes nothing.",
+                "parameters": [_NAME_PARAM],
+                "requestBody": spec_body,
+                "responses": {
+                    "200": _json("Updated, or already as the body says.", _ref("Job")),
+                    "201": _json("Created.", _ref("Job"), location),
+                    "400": _E400,
+                    "401": _E401,
+                    "404": _error(
+                        "Only when a client removed a `.` or `..` name from the URL before sending it "
+                        "(then the URL names no route); PUT never answers 404 for a name."
+                    ),
+                    "409": _error(_LIMITS_409["put_job_by_name"]),
+                    "413": _E413,
+                    "415": _E415,
+                    "422": _error("Invalid values, or a body `name` that differs from the URL's."),
+                    "429": _E429,
+                    "503": _E503,
+                },
+            },
+            "get": {
+                "operationId": "get_job_by_name",
+                "summary": "Read the job (not cancelled) that holds this name.",
+                "parameters": [_NAME_PARAM],
+                "responses": {"200": job_ok, "401": _E401, "404": _E404, "429": _E429, "503": _E503},
+            },
+        },
+        "/v1/jobs/bulk/pause": bulk(
+            "pause",
+            "Pause the owner's scheduled jobs that carry every label; none of them starts a run "
+            "after the answer.",
+        ),
+        "/v1/jobs/bulk/resume": bulk("resume", "Resume the owner's paused jobs that carry every label."),
+        "/v1/jobs/bulk/cancel": bulk(
+            "cancel",
+            "Cancel the owner's jobs (not cancelled yet) that carry every label; no run of them "
+            "starts after the answer.",
+        ),
+    }
+
+
 _E400_EDGE: Final = _error(
     "Malformed JSON or a value of the wrong type; or a repeated Authorization header "
     "(`duplicate_header`) or query parameter (`duplicate_parameter`)."
@@ -859,8 +1006,12 @@ _E408: Final = _error(
     "The request body did not arrive in time (`request_timeout`); the connection is closed."
 )
 _LIMITS_409: Final = {
-    "create_job": "The owner is at a limit: `job_limit_reached` (active jobs) or "
-    "`job_bytes_limit_reached` (stored bytes); or `concurrent_update`.",
+    "create_job": "The name is held by another job (`name_taken`, the message names it); or the "
+    "owner is at a limit: `job_limit_reached` (active jobs) or `job_bytes_limit_reached` (stored "
+    "bytes); or `concurrent_update`.",
+    "put_job_by_name": "A change to a completed or dead job (as PATCH answers); or, when the PUT "
+    "creates, the owner is at a limit: `job_limit_reached` or `job_bytes_limit_reached`; or "
+    "`name_contended` (the job kept changing under concurrent requests: try again).",
     "trigger_job": "The job's state does not allow a trigger, or `too_many_triggers` wait already; "
     "or `concurrent_update`.",
 }

@@ -161,6 +161,7 @@ def retry_to_json(retry: RetryPolicy) -> dict[str, Any]:
 def spec_to_json(spec: JobSpec, *, redact: bool = False) -> dict[str, Any]:
     return {
         "name": spec.name,
+        "labels": dict(spec.labels),
         "target": target_to_json(spec.target, redact=redact),
         "payload": spec.payload,
         "schedule": schedule_to_json(spec.schedule),
@@ -176,6 +177,7 @@ def spec_from_json(data: dict[str, Any]) -> JobSpec:
     retry = data.get("retry") or {}
     return JobSpec(
         name=data.get("name"),
+        labels=dict(data.get("labels") or {}),
         target=target_from_json(data["target"]),
         payload=data.get("payload"),
         schedule=schedule_from_json(data["schedule"]),

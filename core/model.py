@@ -158,6 +158,8 @@ class JobSpec:
     schedule: Schedule
     name: str | None = None
     payload: Any = None
+    # Owner-chosen tags, selected by lists and bulk actions (core.labels has the grammar).
+    labels: dict[str, str] = field(default_factory=dict)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     misfire: Misfire = Misfire.RUN_ONCE
     misfire_grace_s: int = 60

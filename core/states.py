@@ -128,6 +128,7 @@ class RunEvent(enum.StrEnum):
     DRAIN = "drain"
     MOVE_SHARD = "move_shard"
     MEASURE_BACKLOG = "measure_backlog"
+    RETIRE = "retire"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +136,8 @@ class PhaseStep:
     """One row of the phase table: from which phases (and job states) an event may take a row,
     and the phase it leaves it in.
 
-    ``to`` None: the phase does not change. ``deletes``: the row goes (occurrence rows only).
+    ``to`` None: the phase does not change. ``deletes``: the row goes (an occurrence row, or a
+    finished job that retention removes).
     ``sets_state``: the job state the event writes, if any. ``guard``: where the from-phases
     are checked -- ``"sql"`` in the statement's WHERE, ``"python"`` by the caller under the row's
     lock (it reads ``from_`` from this table). ``statements``: the named SQL that carries it out.
@@ -194,7 +196,7 @@ PHASE_EVENTS: dict[RunEvent, PhaseStep] = {
         _ph(_CLAIMED),
         _IDLE,
         "an owner's pause, cancel or schedule PATCH gives a claimed row's lease back",
-        ("write_job", "cascade_state"),
+        ("write_job", "cascade_state", "bulk_write_state", "bulk_cascade_state"),
     ),
     RunEvent.HEARTBEAT: PhaseStep(
         BUSY_PHASES, None, "a fenced run's lease is extended while it waits or is called", ("extend_leases",)
@@ -246,7 +248,7 @@ PHASE_EVENTS: dict[RunEvent, PhaseStep] = {
         _ph(_IDLE),
         None,
         "a cancel deletes the occurrence rows not in flight",
-        ("drop_idle_occurrences",),
+        ("drop_idle_occurrences", "bulk_drop_idle_occurrences"),
         deletes=True,
     ),
     RunEvent.WITHDRAW_SPLITS: PhaseStep(
@@ -277,6 +279,15 @@ PHASE_EVENTS: dict[RunEvent, PhaseStep] = {
         ("oldest_unclaimed_due",),
         states=frozenset({_S}),
     ),
+    RunEvent.RETIRE: PhaseStep(
+        _ph(_IDLE),
+        None,
+        "retention deletes a job finished for longer than DUETIME_FINISHED_JOB_RETENTION_S, only "
+        "while it and its occurrence rows are idle",
+        ("retention_finished_jobs", "retention_lock_finished"),
+        states=frozenset({_C, _X, _D}),
+        deletes=True,
+    ),
 }
 
 #: Statements that guard on the job state alone (no phase), and the states they let through.
@@ -285,6 +296,7 @@ STATE_READS: dict[str, frozenset[JobState]] = {
     "release_next_backfill": frozenset(JobState) - {_X},
     "release_stalled_backfills": frozenset({_S}),
     "cascade_state": frozenset(JobState) - {_X},
+    "bulk_cascade_state": frozenset(JobState) - {_X},
 }
 
 

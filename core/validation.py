@@ -38,6 +38,7 @@ from duetime.core.codec import REDACTED
 from duetime.core.errors import InvalidRequest, MalformedRequest
 from duetime.core.headers import is_reserved_header
 from duetime.core.interval import parse_every
+from duetime.core.labels import parse_labels, parse_name
 from duetime.core.model import (
     Broker,
     CronSchedule,
@@ -93,6 +94,7 @@ class SpecLimits:
 
 TOP_LEVEL_FIELDS = (
     "name",
+    "labels",
     "target",
     "payload",
     "schedule",
@@ -727,13 +729,9 @@ def _parse_payload(value: object, limits: SpecLimits) -> Any:
 
 
 def _parse_name(value: object, limits: SpecLimits) -> str | None:
-    if value is None:
-        return None
-    name = _string(value, "name")
-    if len(name) > limits.name_max:
+    name = parse_name(value)
+    if name is not None and len(name) > limits.name_max:
         _invalid("name", f"name is {len(name)} characters long; at most {limits.name_max}")
-    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):
-        _invalid("name", "name must not contain control characters such as newlines or tabs")
     return name
 
 
@@ -790,6 +788,7 @@ def parse_job_spec(data: object, *, now: datetime, limits: SpecLimits = SpecLimi
     obj = _object(data, None, "a JSON object")
     _check_keys(obj, TOP_LEVEL_FIELDS, "")
     name = _parse_name(obj.get("name"), limits)
+    labels = parse_labels(obj["labels"]) if obj.get("labels") is not None else {}
     target = _parse_target(_require(obj, "target", ""), limits)
     payload = _parse_payload(obj.get("payload"), limits)
     schedule = _parse_schedule(_require(obj, "schedule", ""), now, limits)
@@ -806,6 +805,7 @@ def parse_job_spec(data: object, *, now: datetime, limits: SpecLimits = SpecLimi
         target=target,
         schedule=schedule,
         name=name,
+        labels=labels,
         payload=payload,
         retry=retry,
         misfire=misfire,
@@ -823,6 +823,7 @@ def merge_patch(current: dict[str, Any], patch: object) -> dict[str, Any]:
     - ``retry`` merges key by key (``{"retry": {"max_attempts": 3}}`` keeps the backoff);
     - ``target`` and ``schedule`` are replaced whole, so a schedule can switch between run_at and
       cron, and fields left out of a new cron schedule take their defaults again;
+    - ``labels`` is replaced whole (send the full object; ``{}`` or ``null`` clears it);
     - ``null`` for ``name`` or ``payload`` sets it to null; ``null`` elsewhere is a type error
       (omit a field to keep it);
     - ``{}`` is a valid patch that changes nothing; unknown fields are refused.

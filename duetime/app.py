@@ -30,6 +30,7 @@ from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import SpecLimits
 from duetime.engine.due_age import DueAgeSampler
 from duetime.engine.membership import MembershipKeeper
+from duetime.engine.retention import RetentionConfig, RetentionService
 from duetime.engine.service import Engine, EngineConfig
 from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.runqueue.leases import LeaseKeeper
@@ -55,6 +56,16 @@ log = logging.getLogger("duetime")
 def address_policy(settings: Settings) -> AddressPolicy:
     return AddressPolicy(
         allow_private=settings.webhook_allow_private, allow_cidrs=tuple(settings.webhook_allow_cidrs)
+    )
+
+
+def retention_config(settings: Settings) -> RetentionConfig:
+    return RetentionConfig(
+        run_retention_s=settings.run_retention_s,
+        finished_job_retention_s=settings.finished_job_retention_s,
+        batch=settings.retention_batch,
+        interval_s=settings.retention_interval_s,
+        pause_s=settings.retention_pause_s,
     )
 
 
@@ -110,6 +121,7 @@ class Node:
     _remote: RemoteWorker | None = None
     _due_age: DueAgeSampler | None = None
     _membership: MembershipKeeper | None = None
+    _retention: RetentionService | None = None
 
     async def start(self) -> None:
         tune_gc()
@@ -164,6 +176,7 @@ class Node:
                 ),
                 owner_rate_per_s=s.api_owner_rate,
                 max_jobs_per_owner=s.max_jobs_per_owner,
+                bulk_max=s.bulk_max,
                 access_log=s.access_log,
                 max_job_bytes_per_owner=s.max_job_bytes_per_owner,
                 body_timeout_s=s.http_body_timeout_s,
@@ -199,6 +212,9 @@ class Node:
         if server is not None and server.sockets:
             port = server.sockets[0].getsockname()[1]
         self.url = f"http://{host}:{port}"
+        if self.engine:
+            self._retention = RetentionService(self.store, retention_config(s))
+            self._retention.start()
 
     async def _start_nats_parts(self, policy: AddressPolicy) -> None:
         """DUETIME_RUN_QUEUE=nats: the engine publishes fenced runs (and keeps their leases until a
@@ -301,6 +317,8 @@ class Node:
             await self._metrics_runner.cleanup()
         if self._membership is not None:
             await self._membership.stop()  # leave first: the others take the shards at once
+        if self._retention is not None:
+            await self._retention.stop()
         if self._engine is not None:
             await self._engine.stop()
         if self._publisher is not None:

@@ -37,6 +37,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from duetime import apply as apply_file
 from duetime import logs
 from duetime._version import __version__
 from duetime.client import DEFAULT_URL, DuetimeApiError, DuetimeClient, DuetimeConnectionError
@@ -603,9 +604,41 @@ def _add_jobs_parser(sub: Any) -> None:
             listing.add_argument("job_id", metavar="ID")
         else:
             listing.add_argument("--state", choices=("scheduled", "paused", "completed", "cancelled", "dead"))
+            listing.add_argument(
+                "--label", action="append", metavar="KEY=VALUE", help="only jobs with this label (repeatable)"
+            )
+            listing.add_argument("--name-prefix", help="only jobs whose name starts with this")
         listing.add_argument("--limit", type=int, help="page size, 1-1000")
         listing.add_argument("--cursor", help="next_cursor of the previous page")
         listing.add_argument("--all", action="store_true", help="follow next_cursor to the end")
+
+    apply = actions.add_parser(
+        "apply",
+        parents=[conn],
+        help="create or update named jobs from a JSON or YAML list (a deploy script's jobs)",
+        description="Each job in FILE (a JSON or YAML list of specs, each with a unique name) is PUT "
+        "by name: created, updated, or left as it is. --prune cancels the owner's named jobs the "
+        "file does not list; --dry-run prints the plan and changes nothing.",
+    )
+    apply.add_argument("file", metavar="FILE", help="JSON, or YAML (.yaml/.yml); - reads stdin")
+    apply.add_argument("--prune", action="store_true", help="cancel named jobs that are not in FILE")
+    apply.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+
+    bulk = actions.add_parser(
+        "bulk", parents=[conn], help="pause, resume or cancel every job carrying some labels"
+    )
+    bulk.add_argument("bulk_action", choices=("pause", "resume", "cancel"), metavar="pause|resume|cancel")
+    bulk.add_argument(
+        "--label",
+        action="append",
+        metavar="KEY=VALUE",
+        required=True,
+        help="jobs with this label (repeatable)",
+    )
+    bulk.add_argument("--state", choices=("scheduled", "paused", "completed", "cancelled", "dead"))
+    bulk.add_argument(
+        "--once", action="store_true", help="one call (at most DUETIME_BULK_MAX jobs); default: until done"
+    )
 
     backfill = actions.add_parser(
         "backfill",
@@ -736,9 +769,57 @@ def _schedule_from_args(
     return schedule
 
 
+def _labels_arg(values: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for text in values or []:
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise _JobsUsage(f"--label takes KEY=VALUE, for example --label team=billing (got {text!r})")
+        out[key] = value
+    return out
+
+
+def _apply(client: DuetimeClient, args: argparse.Namespace) -> None:
+    try:
+        specs = apply_file.read_file(args.file, sys.stdin.read)
+    except apply_file.ApplyError as exc:
+        raise _JobsUsage(str(exc)) from None
+    steps = apply_file.plan(client, specs, prune=args.prune)
+    if args.dry_run:
+        for step in steps:
+            _say(apply_file.describe(step))
+        counts = {
+            a: sum(1 for s in steps if s.action == a) for a in ("create", "update", "unchanged", "cancel")
+        }
+        _say("plan: " + ", ".join(f"{n} to {a}" for a, n in counts.items()) + " (dry run: nothing changed)")
+        return
+    done = apply_file.apply(client, steps, say=_say)
+    _say(", ".join(f"{n} {what}" for what, n in done.items()))
+
+
+def _bulk(client: DuetimeClient, args: argparse.Namespace) -> dict[str, Any]:
+    labels = _labels_arg(args.label)
+    total = {"matched": 0, "changed": 0, "more": False, "calls": 0}
+    while True:
+        result = getattr(client, f"bulk_{args.bulk_action}")(labels, state=args.state)
+        total["matched"] += result.matched
+        total["changed"] += result.changed
+        total["more"] = result.more
+        total["calls"] += 1
+        # Each call goes on where the last stopped (changed jobs no longer match); a call that
+        # changed nothing while more matched would loop for ever, so it ends the run too.
+        if args.once or not result.more or result.changed == 0:
+            return total
+
+
 def _jobs_call(client: DuetimeClient, args: argparse.Namespace) -> Any:
-    """The JSON to print for one ``jobs`` action."""
+    """The JSON to print for one ``jobs`` action (None: the action printed its own lines)."""
     action = args.jobs_command
+    if action == "apply":
+        _apply(client, args)
+        return None
+    if action == "bulk":
+        return _bulk(client, args)
     if action == "create":
         return client.create_job(_spec_from_args(args), idempotency_key=args.idempotency_key).raw
     if action == "update":
@@ -760,10 +841,19 @@ def _jobs_call(client: DuetimeClient, args: argparse.Namespace) -> Any:
         if args.all and args.cursor is not None:
             raise _JobsUsage("--all starts at the first page; leave out --cursor")
         if action == "list":
+            labels = _labels_arg(args.label) or None
             if args.all:
-                jobs = client.iter_jobs(state=args.state, page_size=args.limit)
+                jobs = client.iter_jobs(
+                    state=args.state, page_size=args.limit, labels=labels, name_prefix=args.name_prefix
+                )
                 return {"items": [job.raw for job in jobs], "next_cursor": None}
-            return client.list_jobs(state=args.state, limit=args.limit, cursor=args.cursor).raw
+            return client.list_jobs(
+                state=args.state,
+                limit=args.limit,
+                cursor=args.cursor,
+                labels=labels,
+                name_prefix=args.name_prefix,
+            ).raw
         if args.all:
             runs = client.iter_runs(args.job_id, page_size=args.limit)
             return {"items": [run.raw for run in runs], "next_cursor": None}
@@ -837,10 +927,13 @@ def run_jobs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     except ValueError as exc:  # e.g. --timeout 0
         print(f"duetime: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if args.output == "table":
-        print(render_table(answer), flush=True)
-    else:
-        print(json.dumps(answer, indent=2, ensure_ascii=False), flush=True)
+    if answer is not None:  # None: the action printed its own report (jobs apply)
+        text = (
+            render_table(answer)
+            if args.output == "table"
+            else json.dumps(answer, indent=2, ensure_ascii=False)
+        )
+        print(text, flush=True)
     return EXIT_OK
 
 

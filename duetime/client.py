@@ -45,6 +45,7 @@ __all__ = [
     "AsyncDuetimeClient",
     "AuthenticationError",
     "BadRequestError",
+    "BulkResult",
     "ClientRequestError",
     "ConflictError",
     "CronScheduleSpec",
@@ -144,6 +145,7 @@ class JobSpec(TypedDict):
     target: WebhookTargetSpec | QueueTargetSpec
     schedule: OneOffScheduleSpec | CronScheduleSpec | EveryScheduleSpec
     name: NotRequired[str | None]
+    labels: NotRequired[dict[str, str]]
     payload: NotRequired[Any]
     retry: NotRequired[RetrySpec]
     misfire: NotRequired[Literal["run_once", "run_all", "skip"]]
@@ -325,6 +327,7 @@ class Job:
     id: str
     owner: str
     name: str | None
+    labels: dict[str, str]
     target: dict[str, Any]
     payload: Any
     schedule: dict[str, Any]
@@ -348,6 +351,7 @@ class Job:
             id=str(data["id"]),
             owner=str(data["owner"]),
             name=data.get("name"),
+            labels=dict(data.get("labels") or {}),
             target=dict(data["target"]),
             payload=data.get("payload"),
             schedule=dict(data["schedule"]),
@@ -362,6 +366,25 @@ class Job:
             created_at=_time(data["created_at"]),
             updated_at=_time(data["updated_at"]),
             last_run=None if last_run is None else Run.from_json(last_run),
+            raw=dict(data),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BulkResult:
+    """What a bulk pause, resume or cancel did; call again while ``more`` is true."""
+
+    matched: int
+    changed: int
+    more: bool
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BulkResult:
+        return cls(
+            matched=int(data["matched"]),
+            changed=int(data["changed"]),
+            more=bool(data["more"]),
             raw=dict(data),
         )
 
@@ -487,7 +510,7 @@ class Operation(Generic[T]):
     method: str
     path: str
     parse: Callable[[Any], T]
-    query: dict[str, str] = field(default_factory=dict)
+    query: dict[str, str | list[str]] = field(default_factory=dict)
     body: Any = None
     has_body: bool = False
     headers: dict[str, str] = field(default_factory=dict)
@@ -498,6 +521,15 @@ def _job_path(job_id: str, suffix: str = "") -> str:
     return "/v1/jobs/" + urllib.parse.quote(job_id, safe="") + suffix
 
 
+def _name_path(name: str) -> str:
+    # A name may hold "/" and ":"; they are sent as they are (the server takes %2F too).
+    return "/v1/jobs/by-name/" + urllib.parse.quote(name, safe="/:")
+
+
+def _label_query(labels: Mapping[str, str] | None) -> list[str]:
+    return [f"{key}={value}" for key, value in (labels or {}).items()]
+
+
 def _rfc3339(value: datetime | str) -> str:
     if isinstance(value, str):
         return value
@@ -506,8 +538,8 @@ def _rfc3339(value: datetime | str) -> str:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def _query(**params: str | int | datetime | None) -> dict[str, str]:
-    out: dict[str, str] = {}
+def _query(**params: str | int | datetime | None) -> dict[str, str | list[str]]:
+    out: dict[str, str | list[str]] = {}
     for name, value in params.items():
         if value is None:
             continue
@@ -540,10 +572,36 @@ class Operations:
 
     @staticmethod
     def list_jobs(
-        state: str | None = None, limit: int | None = None, cursor: str | None = None
+        state: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        name_prefix: str | None = None,
     ) -> Operation[Page[Job]]:
-        query = _query(state=state, limit=limit, cursor=cursor)
+        query = _query(state=state, limit=limit, cursor=cursor, name_prefix=name_prefix)
+        if labels:
+            query["label"] = _label_query(labels)
         return Operation("GET", "/v1/jobs", _job_page, query=query, idempotent=True)
+
+    @staticmethod
+    def get_job_by_name(name: str) -> Operation[Job]:
+        return Operation("GET", _name_path(name), Job.from_json, idempotent=True)
+
+    @staticmethod
+    def put_job_by_name(name: str, spec: Mapping[str, Any]) -> Operation[Job]:
+        """Create or update the named job; the same PUT twice is the PUT once, so it may be resent."""
+        return Operation(
+            "PUT", _name_path(name), Job.from_json, body=dict(spec), has_body=True, idempotent=True
+        )
+
+    @staticmethod
+    def bulk_action(
+        action: Literal["pause", "resume", "cancel"], labels: Mapping[str, str], state: str | None = None
+    ) -> Operation[BulkResult]:
+        body: dict[str, Any] = {"labels": dict(labels)}
+        if state is not None:
+            body["state"] = state
+        return Operation("POST", f"/v1/jobs/bulk/{action}", BulkResult.from_json, body=body, has_body=True)
 
     @staticmethod
     def update_job(job_id: str, patch: Mapping[str, Any]) -> Operation[Job]:
@@ -647,7 +705,7 @@ class _Base:
 
     def _url_for(self, op: Operation[Any]) -> str:
         url = self.url + op.path
-        return url + "?" + urllib.parse.urlencode(op.query) if op.query else url
+        return url + "?" + urllib.parse.urlencode(op.query, doseq=True) if op.query else url
 
     def _headers_for(self, op: Operation[Any]) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": USER_AGENT, **op.headers}
@@ -833,13 +891,45 @@ class DuetimeClient(_Base):
         return self.send(Operations.get_job(job_id))
 
     def list_jobs(
-        self, *, state: str | None = None, limit: int | None = None, cursor: str | None = None
+        self,
+        *,
+        state: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        name_prefix: str | None = None,
     ) -> Page[Job]:
-        return self.send(Operations.list_jobs(state, limit, cursor))
+        return self.send(Operations.list_jobs(state, limit, cursor, labels, name_prefix))
 
-    def iter_jobs(self, *, state: str | None = None, page_size: int | None = None) -> Iterator[Job]:
-        """Every job (of ``state``), following ``next_cursor`` page by page."""
-        return _pages(lambda cursor: self.list_jobs(state=state, limit=page_size, cursor=cursor))
+    def iter_jobs(
+        self,
+        *,
+        state: str | None = None,
+        page_size: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        name_prefix: str | None = None,
+    ) -> Iterator[Job]:
+        """Every job (of ``state``, carrying ``labels``), following ``next_cursor`` page by page."""
+        return _pages(
+            lambda cursor: self.list_jobs(
+                state=state, limit=page_size, cursor=cursor, labels=labels, name_prefix=name_prefix
+            )
+        )
+
+    def get_job_by_name(self, name: str) -> Job:
+        return self.send(Operations.get_job_by_name(name))
+
+    def put_job_by_name(self, name: str, spec: JobSpec | Mapping[str, Any]) -> Job:
+        return self.send(Operations.put_job_by_name(name, spec))
+
+    def bulk_pause(self, labels: Mapping[str, str], *, state: str | None = None) -> BulkResult:
+        return self.send(Operations.bulk_action("pause", labels, state))
+
+    def bulk_resume(self, labels: Mapping[str, str], *, state: str | None = None) -> BulkResult:
+        return self.send(Operations.bulk_action("resume", labels, state))
+
+    def bulk_cancel(self, labels: Mapping[str, str], *, state: str | None = None) -> BulkResult:
+        return self.send(Operations.bulk_action("cancel", labels, state))
 
     def update_job(self, job_id: str, patch: Mapping[str, Any]) -> Job:
         return self.send(Operations.update_job(job_id, patch))
@@ -995,13 +1085,45 @@ class AsyncDuetimeClient(_Base):
         return await self.send(Operations.get_job(job_id))
 
     async def list_jobs(
-        self, *, state: str | None = None, limit: int | None = None, cursor: str | None = None
+        self,
+        *,
+        state: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        name_prefix: str | None = None,
     ) -> Page[Job]:
-        return await self.send(Operations.list_jobs(state, limit, cursor))
+        return await self.send(Operations.list_jobs(state, limit, cursor, labels, name_prefix))
 
-    def iter_jobs(self, *, state: str | None = None, page_size: int | None = None) -> AsyncIterator[Job]:
-        """Every job (of ``state``), following ``next_cursor`` page by page."""
-        return _async_pages(lambda cursor: self.list_jobs(state=state, limit=page_size, cursor=cursor))
+    def iter_jobs(
+        self,
+        *,
+        state: str | None = None,
+        page_size: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        name_prefix: str | None = None,
+    ) -> AsyncIterator[Job]:
+        """Every job (of ``state``, carrying ``labels``), following ``next_cursor`` page by page."""
+        return _async_pages(
+            lambda cursor: self.list_jobs(
+                state=state, limit=page_size, cursor=cursor, labels=labels, name_prefix=name_prefix
+            )
+        )
+
+    async def get_job_by_name(self, name: str) -> Job:
+        return await self.send(Operations.get_job_by_name(name))
+
+    async def put_job_by_name(self, name: str, spec: JobSpec | Mapping[str, Any]) -> Job:
+        return await self.send(Operations.put_job_by_name(name, spec))
+
+    async def bulk_pause(self, labels: Mapping[str, str], *, state: str | None = None) -> BulkResult:
+        return await self.send(Operations.bulk_action("pause", labels, state))
+
+    async def bulk_resume(self, labels: Mapping[str, str], *, state: str | None = None) -> BulkResult:
+        return await self.send(Operations.bulk_action("resume", labels, state))
+
+    async def bulk_cancel(self, labels: Mapping[str, str], *, state: str | None = None) -> BulkResult:
+        return await self.send(Operations.bulk_action("cancel", labels, state))
 
     async def update_job(self, job_id: str, patch: Mapping[str, Any]) -> Job:
         return await self.send(Operations.update_job(job_id, patch))

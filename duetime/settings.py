@@ -717,6 +717,60 @@ class Settings:
             _positive_number,
         ),
     )
+    bulk_max: int = field(
+        default=10_000,
+        metadata=_meta(
+            "DUETIME_BULK_MAX",
+            "A bulk pause, resume or cancel changes at most this many jobs per call; the answer's "
+            "`more` says when more matched (call again to go on).",
+            _integer(1, 1_000_000),
+        ),
+    )
+    run_retention_s: int = field(
+        default=2_592_000,
+        metadata=_meta(
+            "DUETIME_RUN_RETENTION_S",
+            "Run history older than this many seconds (by when the attempt finished) is deleted by "
+            "the maintenance service (30 days). 0 keeps it forever.",
+            _integer(0),
+        ),
+    )
+    finished_job_retention_s: int = field(
+        default=2_592_000,
+        metadata=_meta(
+            "DUETIME_FINISHED_JOB_RETENTION_S",
+            "A job that has been `completed`, `cancelled` or `dead` for longer than this many seconds "
+            "is deleted with its history and Idempotency-Keys (it then answers 404). 0 keeps them.",
+            _integer(0),
+        ),
+    )
+    retention_batch: int = field(
+        default=1000,
+        metadata=_meta(
+            "DUETIME_RETENTION_BATCH",
+            "Rows the maintenance service deletes per statement (each its own short transaction).",
+            _integer(1, 100_000),
+        ),
+    )
+    retention_interval_s: float = field(
+        default=60.0,
+        metadata=_meta(
+            "DUETIME_RETENTION_INTERVAL_S",
+            "How often the maintenance service looks for expired history and finished jobs; a round "
+            "goes on in batches until nothing old is left.",
+            _seconds(),
+            shown="60",
+        ),
+    )
+    retention_pause_s: float = field(
+        default=0.05,
+        metadata=_meta(
+            "DUETIME_RETENTION_PAUSE_S",
+            "Pause between two delete batches, so a long clean-up leaves the database to the run path.",
+            _seconds(allow_zero=True),
+            shown="0.05",
+        ),
+    )
     processes: int = field(
         default=1,
         metadata=_meta(

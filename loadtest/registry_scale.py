@@ -9,7 +9,12 @@ jobs due uniformly over the next 365 days. At each size it measures:
 * claim rate: ``--due`` extra jobs due within the lookahead, claimed by ``claim_due`` over the
   16 shards (batch 500) as an engine does, in claims/s;
 * API latency: a real ``duetime api`` process, ``--clients`` concurrent clients, ``--requests``
-  GET /v1/jobs/{id} of random existing jobs and as many POST /v1/jobs, p50/p99 in ms.
+  GET /v1/jobs/{id} of random existing jobs and as many POST /v1/jobs, p50/p99 in ms;
+* list by label (issue 12): as many first pages (limit 100) of ``GET /v1/jobs?label=…`` for one
+  owner, with selectors of four selectivities (every job carries ``team`` = one of 50, ``env`` =
+  one of 3, ``tier`` = gold for 1 in 1,000, and ``all=1``), p50/p99 in ms;
+* bulk pause: one ``POST /v1/jobs/bulk/pause`` of another owner's jobs by ``all=1`` (at most
+  DUETIME_BULK_MAX, 10,000; at 1,000,000 jobs an owner has exactly 10,000), its time.
 
 Prints the ratios large/small (claim rate) and small/large (latencies): 1.0 means the registry's
 size costs nothing; the target is at least 0.8. Check ``df -h`` first: ten million rows are about
@@ -44,6 +49,7 @@ from loadtest.common import ADMIN_DSN, print_report, quantiles
 
 OWNERS = [f"owner-{i:02d}" for i in range(100)]
 TARGET = WebhookTarget(url="https://hooks.example.com/duetime")
+ENVS = ("prod", "staging", "dev")
 
 
 def year_of_rows(n: int, now: datetime, rng: random.Random) -> Iterator[tuple[Any, ...]]:
@@ -53,15 +59,22 @@ def year_of_rows(n: int, now: datetime, rng: random.Random) -> Iterator[tuple[An
     The rows ``storage.bulk.job_rows`` would make for these jobs, built from one JSON template
     instead of a ``JobSpec`` per row: ten million of those cost more time than the COPY.
     """
+    labels = {"team": "@T@", "env": "@E@", "tier": "@R@", "all": "1"}
     template = json.dumps(
-        codec.spec_to_json(JobSpec(target=TARGET, schedule=OneOffSchedule(now))), separators=(",", ":")
+        codec.spec_to_json(JobSpec(target=TARGET, schedule=OneOffSchedule(now), labels=labels)),
+        separators=(",", ":"),
     )
     marker = json.dumps(codec.format_time(now))
     span_s = 365 * 86400 - 120
     for i in range(n):
         at = (now + timedelta(seconds=120 + rng.random() * span_s)).replace(microsecond=0)
         job_id = new_job_id()
-        spec = template.replace(marker, json.dumps(codec.format_time(at)))
+        spec = (
+            template.replace(marker, json.dumps(codec.format_time(at)))
+            .replace("@T@", f"team-{(i // 100) % 50}")
+            .replace("@E@", ENVS[(i // 100) % 3])
+            .replace("@R@", "gold" if i % 100_000 == 0 else "std")
+        )
         yield (job_id, shard_of(job_id), OWNERS[i % len(OWNERS)], spec, "scheduled", at, at, 0, now, now)
 
 
@@ -176,12 +189,76 @@ async def api_latency(dsn: str, requests: int, clients: int) -> dict[str, dict[s
         for name, method, make in (
             ("GET /v1/jobs/{id}", "GET", lambda i: (f"/v1/jobs/{ids[i % len(ids)]}", None, 200)),
             ("POST /v1/jobs", "POST", lambda i: ("/v1/jobs", body, 201)),
+            # List by label, first page of 100, selectors from common to rare; the plain list of
+            # 100 first, as the baseline of what rendering a page costs.
+            ("list (no filter)", "GET", lambda i: ("/v1/jobs", None, 200)),
+            ("list label all=1", "GET", lambda i: ("/v1/jobs?label=all%3D1", None, 200)),
+            ("list label env (1/3)", "GET", lambda i: (f"/v1/jobs?label=env%3D{ENVS[i % 3]}", None, 200)),
+            ("list label team (1/50)", "GET", lambda i: (f"/v1/jobs?label=team%3Dteam-{i % 50}", None, 200)),
+            (
+                "list label team+env (1/150)",
+                "GET",
+                lambda i: (f"/v1/jobs?label=team%3Dteam-{i % 50}&label=env%3D{ENVS[i % 3]}", None, 200),
+            ),
+            ("list label tier=gold (1/1000)", "GET", lambda i: ("/v1/jobs?label=tier%3Dgold", None, 200)),
         ):
             for i in range(min(200, requests)):  # warm-up: connections, prepared statements
                 await timed(method, *make(i))
             latencies = await _run_clients(timed, method, make, requests, clients)
             out[name] = {k: round(v, 2) for k, v in quantiles(latencies).items()}
     return out
+
+
+SELECTORS: dict[str, dict[str, str]] = {
+    "all=1": {"all": "1"},
+    "env (1/3)": {"env": "prod"},
+    "team (1/50)": {"team": "team-7"},
+    "team+env (1/150)": {"team": "team-7", "env": "staging"},
+    "tier=gold (1/1000)": {"tier": "gold"},
+}
+
+
+async def store_label_latency(dsn: str, requests: int) -> dict[str, dict[str, float]]:
+    """The list by label in storage alone (query and decoding, no HTTP, one caller): the first
+    page of 100 and a page deep in the listing (after a cursor in the middle), p50/p99 in ms."""
+    store = await PostgresStore.open(ShardMap.single(dsn), pool_size=2)
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for name, labels in SELECTORS.items():
+            first = await store.list_jobs(OWNERS[0], state=None, limit=100, cursor=None, labels=labels)
+            cursors: list[str | None] = [None, first.next_cursor]
+            spent: list[float] = []
+            for i in range(requests):
+                started = time.perf_counter()
+                await store.list_jobs(OWNERS[0], state=None, limit=100, cursor=cursors[i % 2], labels=labels)
+                spent.append((time.perf_counter() - started) * 1000)
+            out[name] = {k: round(v, 2) for k, v in quantiles(spent).items()}
+    finally:
+        await store.close()
+    return out
+
+
+async def bulk_pause(dsn: str, owner: str) -> dict[str, Any]:
+    """One bulk pause of ``owner``'s jobs by ``all=1`` through a real API process, timed."""
+    import aiohttp
+
+    store = await PostgresStore.open(ShardMap.single(dsn), pool_size=2)
+    try:
+        api_key, _ = await store.create_api_key(owner)
+    finally:
+        await store.close()
+    headers = {"Authorization": f"Bearer {api_key}"}
+    env = {"DUETIME_DATABASE_URL": dsn, "DUETIME_API_OWNER_RATE": "0"}
+    async with api_process(env) as url, aiohttp.ClientSession() as http:
+        started = time.perf_counter()
+        async with http.post(
+            url + "/v1/jobs/bulk/pause", json={"labels": {"all": "1"}}, headers=headers
+        ) as resp:
+            answer = await resp.json()
+            if resp.status != 200:
+                raise RuntimeError(f"bulk pause answered {resp.status}: {answer}")
+        spent = time.perf_counter() - started
+    return {"seconds": round(spent, 2), **answer, "jobs_per_s": round(answer["changed"] / spent)}
 
 
 async def _run_clients(timed: Any, method: str, make: Any, requests: int, clients: int) -> list[float]:
@@ -202,14 +279,27 @@ async def _run_clients(timed: Any, method: str, make: Any, requests: int, client
 async def measure(dsn: str, label: str, due: int, requests: int, clients: int) -> dict[str, Any]:
     rate = await claim_rate(dsn, due)
     api = await api_latency(dsn, requests, clients)
+    bulk = await bulk_pause(dsn, OWNERS[1] if label == "small" else OWNERS[2])
+    in_store = await store_label_latency(dsn, min(requests, 500))
     conn = await asyncpg.connect(dsn)
     try:
         count = await conn.fetchval("SELECT count(*) FROM jobs")
         size = await conn.fetchval("SELECT pg_total_relation_size('jobs')")
     finally:
         await conn.close()
-    print(f"  {label}: {count:,} rows, claims {rate:,.0f}/s, api {api}", file=sys.stderr, flush=True)
-    return {"rows": count, "jobs_bytes": size, "claims_per_s": round(rate), "api_ms": api}
+    print(
+        f"  {label}: {count:,} rows, claims {rate:,.0f}/s, api {api}, bulk {bulk}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return {
+        "rows": count,
+        "jobs_bytes": size,
+        "claims_per_s": round(rate),
+        "api_ms": api,
+        "bulk_pause": bulk,
+        "store_label_list_ms": in_store,
+    }
 
 
 async def bench(small: int, large: int, *, due: int, requests: int, clients: int, keep: bool) -> None:
@@ -276,6 +366,17 @@ async def bench(small: int, large: int, *, due: int, requests: int, clients: int
                 f"(ratios {ratios[ep + ' p50']} / {ratios[ep + ' p99']})",
             )
         )
+    for sel in SELECTORS:
+        s_, lg = at_small["store_label_list_ms"][sel], at_large["store_label_list_ms"][sel]
+        rows.append(
+            (
+                f"store list label {sel} p50 / p99",
+                f"{s_['p50']:.1f} / {s_['p99']:.1f} ms → {lg['p50']:.1f} / {lg['p99']:.1f} ms",
+            )
+        )
+    for size in ("small", "large"):
+        b = result[size]["bulk_pause"]
+        rows.append((f"bulk pause at {result[size]['rows']:,}", f"{b['changed']:,} jobs in {b['seconds']} s"))
     rows.append(("target: every ratio ≥ 0.8", "met" if result["met"] else "NOT met"))
     print_report("registry_scale", result, rows)
 

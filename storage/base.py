@@ -5,6 +5,22 @@ changes other branches are making to them right now) keep working unchanged; new
 ``duetime.storage.ports``.
 """
 
-from duetime.storage.ports import Backfill, IdempotencyRequest, Page, Registry
+from duetime.storage.ports import (
+    Backfill,
+    BulkAction,
+    BulkResult,
+    IdempotencyRequest,
+    NameHolderChanged,
+    Page,
+    Registry,
+)
 
-__all__ = ["Backfill", "IdempotencyRequest", "Page", "Registry"]
+__all__ = [
+    "Backfill",
+    "BulkAction",
+    "BulkResult",
+    "IdempotencyRequest",
+    "NameHolderChanged",
+    "Page",
+    "Registry",
+]

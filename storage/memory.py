@@ -19,7 +19,7 @@ import json
 import secrets
 import uuid
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -43,7 +43,17 @@ from duetime.core.runpath import (
 )
 from duetime.core.schedule import next_occurrence
 from duetime.core.states import OwnerAction, owner_move
-from duetime.storage.ports import Backfill, CompletionStats, IdempotencyRequest, OwnerRun, Page, SigningKeys
+from duetime.storage.ports import (
+    Backfill,
+    BulkAction,
+    BulkResult,
+    CompletionStats,
+    IdempotencyRequest,
+    NameHolderChanged,
+    OwnerRun,
+    Page,
+    SigningKeys,
+)
 from duetime.storage.postgres.completion import (
     BatchWriter,
     apply_leased,
@@ -52,12 +62,16 @@ from duetime.storage.postgres.completion import (
     skippable,
 )
 from duetime.storage.registry_rules import (
+    BULK_TARGET,
+    bulk_states,
     check_trigger_step,
     encode_cursor,
     encode_owner_runs_cursor,
     hash_key,
     job_cursor,
+    name_taken,
     owner_runs_cursor,
+    refuse_apply,
     require_failed_occurrence,
     run_cursor,
 )
@@ -267,6 +281,11 @@ class MemoryStore:
     ) -> tuple[Job, bool]:
         self._check()
         now = self._now()
+        if spec.name is not None:
+            holder = self._holder(owner, spec.name)
+            replay = idempotency is not None and (owner, idempotency.key) in self._idempotency
+            if holder is not None and not replay:
+                raise name_taken(spec.name, holder.job_id)
         if idempotency is not None:
             shard = zlib.crc32(f"{owner}\x00{idempotency.key}".encode()) % SHARDS
             job_id = new_job_id(shard)
@@ -309,8 +328,35 @@ class MemoryStore:
         self._check()
         return self._owned(owner, job_id).job()
 
+    def _holder(self, owner: str, name: str) -> _Row | None:
+        """The job (not cancelled) that holds a name: the oldest, as the PostgreSQL store picks."""
+        holders = [
+            r
+            for r in self._jobs.values()
+            if r.owner == owner
+            and r.parent_id is None
+            and r.state != JobState.CANCELLED.value
+            and r.spec.get("name") == name
+        ]
+        return min(holders, key=lambda r: (r.created_at, r.job_id)) if holders else None
+
+    @staticmethod
+    def _carries(row: _Row, labels: Mapping[str, str] | None, name_prefix: str | None) -> bool:
+        have = row.spec.get("labels") or {}
+        if labels and any(have.get(k) != v for k, v in labels.items()):
+            return False
+        name = row.spec.get("name")
+        return name_prefix is None or (name is not None and name.startswith(name_prefix))
+
     async def list_jobs(
-        self, owner: str, *, state: JobState | None, limit: int, cursor: str | None
+        self,
+        owner: str,
+        *,
+        state: JobState | None,
+        limit: int,
+        cursor: str | None,
+        labels: Mapping[str, str] | None = None,
+        name_prefix: str | None = None,
     ) -> Page[Job]:
         self._check()
         after = job_cursor(cursor)
@@ -322,6 +368,7 @@ class MemoryStore:
                 and r.parent_id is None
                 and r.job_id > after
                 and (state is None or r.state == state.value)
+                and self._carries(r, labels, name_prefix)
             ),
             key=lambda r: r.job_id,
         )
@@ -364,10 +411,69 @@ class MemoryStore:
                 child.give_back_claim()
                 child.updated_at = self._now()
 
+    async def get_job_by_name(self, owner: str, name: str) -> Job:
+        self._check()
+        holder = self._holder(owner, name)
+        if holder is None:
+            raise NotFound(f"no job named {name!r}", ident=name)
+        return holder.job()
+
+    async def apply_job(self, owner: str, spec: JobSpec, *, expected_id: str | None) -> tuple[Job, bool]:
+        self._check()
+        name = spec.name
+        if name is None:
+            raise ValueError("apply_job needs a named spec")
+        holder = self._holder(owner, name)
+        if (None if holder is None else str(holder.job_id)) != expected_id:
+            raise NameHolderChanged(name)
+        if holder is None:
+            return (await self.create_job(owner, spec))[0], True
+        if codec.spec_to_json(codec.spec_from_json(holder.spec)) == codec.spec_to_json(spec):
+            return holder.job(), False  # nothing to change: nothing is written
+        refuse_apply(JobState(holder.state), holder.job_id, name)
+        return await self.update_job(owner, holder.job_id, spec), False
+
+    async def bulk_action(
+        self,
+        owner: str,
+        action: BulkAction,
+        labels: Mapping[str, str],
+        *,
+        state: JobState | None,
+        max_jobs: int,
+    ) -> BulkResult:
+        self._check()
+        states = {s.value for s in bulk_states(action, state)}
+        found = sorted(
+            (
+                r
+                for r in self._jobs.values()
+                if r.owner == owner
+                and r.parent_id is None
+                and r.state in states
+                and self._carries(r, labels, None)
+            ),
+            key=lambda r: r.job_id,
+        )
+        chosen = found[:max_jobs]
+        target = BULK_TARGET[action]
+        for row in chosen:
+            if target is JobState.CANCELLED:
+                await self.cancel_job(owner, row.job_id)
+            elif target is JobState.PAUSED:
+                await self.pause_job(owner, row.job_id)
+            else:
+                await self.resume_job(owner, row.job_id)
+        return BulkResult(matched=len(chosen), changed=len(chosen), more=len(found) > max_jobs)
+
     async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
         self._check()
         new_json = codec.spec_to_json(spec)
         row = self._owned(owner, job_id)
+        if spec.name is not None and spec.name != row.spec.get("name"):
+            holder = self._holder(owner, spec.name)
+            if holder is not None and holder.job_id != job_id:
+                raise name_taken(spec.name, holder.job_id)
         old = row.spec
         timing_changed = old["schedule"] != new_json["schedule"] or old["jitter_s"] != new_json["jitter_s"]
         step = update_step(job_id, spec, row.plan(), timing_changed=timing_changed, now=self._now())

@@ -13,10 +13,10 @@ a driver's exceptions.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
 from duetime.core.model import Job, JobSpec, JobState, Run
 
@@ -90,6 +90,24 @@ class Backfill:
     last: datetime | None
 
 
+BulkAction = Literal["pause", "resume", "cancel"]
+
+
+@dataclass(frozen=True, slots=True)
+class BulkResult:
+    """What one bulk call did: jobs it found that the action applies to (at most the bound), how
+    many of them it changed, and whether more such jobs are left for the next call."""
+
+    matched: int
+    changed: int
+    more: bool
+
+
+class NameHolderChanged(Exception):
+    """``apply_job``: the job holding the name is not the one the caller built its spec against
+    (a concurrent PUT created or cancelled it). The caller reads the holder again and retries."""
+
+
 @dataclass(frozen=True, slots=True)
 class SigningKeys:
     """An owner's webhook signing secrets: the current one, and the one it replaced with the end
@@ -148,10 +166,44 @@ class Registry(Protocol):
     async def get_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
 
     async def list_jobs(
-        self, owner: str, *, state: JobState | None, limit: int, cursor: str | None
+        self,
+        owner: str,
+        *,
+        state: JobState | None,
+        limit: int,
+        cursor: str | None,
+        labels: Mapping[str, str] | None = None,
+        name_prefix: str | None = None,
     ) -> Page[Job]:
-        """Stable order (by id); following next_cursor to the end lists every job once.
+        """Stable order (by id); following next_cursor to the end lists every job once. With
+        ``labels``, only jobs carrying every pair; with ``name_prefix``, only names starting so.
         A cursor we did not issue raises ``InvalidRequest(code="invalid_cursor", field="cursor")``."""
+        ...
+
+    async def get_job_by_name(self, owner: str, name: str) -> Job:
+        """The job (not cancelled) that holds this name; NotFound when none does."""
+        ...
+
+    async def apply_job(self, owner: str, spec: JobSpec, *, expected_id: str | None) -> tuple[Job, bool]:
+        """PUT by name (``spec.name`` is set): create the job when no job holds the name (True),
+        else make the holder match ``spec`` as a PATCH of every field would (False); a spec equal
+        to the holder's writes nothing. ``expected_id`` is the holder the caller built ``spec``
+        against (None: none); another one raises ``NameHolderChanged``. A name another job holds
+        makes a create or a rename answer ``Conflict(code="name_taken")``."""
+        ...
+
+    async def bulk_action(
+        self,
+        owner: str,
+        action: BulkAction,
+        labels: Mapping[str, str],
+        *,
+        state: JobState | None,
+        max_jobs: int,
+    ) -> BulkResult:
+        """Pause, resume or cancel up to ``max_jobs`` of the owner's jobs that carry every label
+        (and are in ``state``, if given) and that the action would change, each under the same
+        rules as the single-job call."""
         ...
 
     async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from duetime.core.errors import Conflict, InvalidRequest
 from duetime.core.lifecycle import RowPlan
+from duetime.core.model import JobState
 
 #: The cursor of a first page of jobs (ids are listed in ascending order, after the cursor).
 FIRST_JOB = uuid.UUID(int=0)
@@ -53,6 +54,52 @@ def run_cursor(cursor: str | None) -> int:
     if before > MAX_RUN_ID:
         raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor")
     return before
+
+
+def name_taken(name: str, holder: uuid.UUID | str) -> Conflict:
+    """A create or rename that would take a name another job (not cancelled) holds."""
+    return Conflict(
+        f"the name {name!r} is held by job {holder}; names are unique per owner among jobs that are "
+        "not cancelled. Use another name, rename or cancel that job, or PUT /v1/jobs/by-name/"
+        f"{name} to update it",
+        code="name_taken",
+    )
+
+
+def refuse_apply(state: JobState, job_id: uuid.UUID | str, name: str) -> None:
+    """A PUT by name that would change a completed or dead job answers 409, as PATCH does."""
+    if state is JobState.DEAD:
+        raise Conflict(
+            f"cannot change job {job_id} ({name!r}): it is dead; replay it first "
+            "(POST /v1/jobs/{id}/replay), then PUT again",
+            code="job_dead",
+        )
+    if state is JobState.COMPLETED:
+        raise Conflict(
+            f"cannot change job {job_id} ({name!r}): it is completed; a completed job stays completed: "
+            "cancel it and PUT again to make a new one",
+            code="job_completed",
+        )
+
+
+#: The states each bulk action changes (the single call refuses the others or changes nothing),
+#: and the state it leaves them in.
+BULK_APPLIES: dict[str, frozenset[JobState]] = {
+    "pause": frozenset({JobState.SCHEDULED}),
+    "resume": frozenset({JobState.PAUSED}),
+    "cancel": frozenset({JobState.SCHEDULED, JobState.PAUSED, JobState.COMPLETED, JobState.DEAD}),
+}
+BULK_TARGET: dict[str, JobState] = {
+    "pause": JobState.PAUSED,
+    "resume": JobState.SCHEDULED,
+    "cancel": JobState.CANCELLED,
+}
+
+
+def bulk_states(action: str, state: JobState | None) -> frozenset[JobState]:
+    """The states a bulk ``action`` selects, narrowed to ``state`` when the caller gave one."""
+    applies = BULK_APPLIES[action]
+    return applies if state is None else applies & {state}
 
 
 #: Outcomes of a last attempt that make an occurrence "failed" (what replay of an occurrence takes).

@@ -191,22 +191,25 @@ class RegistryPart(StoreBase):
 
     @contention_retried
     async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
-        new_json = codec.spec_to_json(spec)
         async with self._locked(owner, job_id) as action:
-            row = action.row
-            old = row["spec"]
-            timing_changed = (
-                old["schedule"] != new_json["schedule"] or old["jitter_s"] != new_json["jitter_s"]
-            )
-            step = update_step(job_id, spec, plan_of(row), timing_changed=timing_changed, now=utcnow())
-            version = row["spec_version"] + 1 if timing_changed else row["spec_version"]
-            if new_json != old:
-                await action.conn.execute(Q["cascade_spec"], job_id, new_json)
-            if timing_changed:
-                await action.conn.execute(Q["drop_split_occurrences"], job_id)
-            return await self._write(
-                action, spec=new_json, spec_version=version, plan=step.plan, revoke=step.revoke
-            )
+            return await self._update_locked(action, job_id, spec)
+
+    async def _update_locked(self, action: _Action, job_id: uuid.UUID, spec: JobSpec) -> Job:
+        """The update of a row already locked in ``action`` (also the PUT by name's, which locks
+        it under the name's lock)."""
+        new_json = codec.spec_to_json(spec)
+        row = action.row
+        old = row["spec"]
+        timing_changed = old["schedule"] != new_json["schedule"] or old["jitter_s"] != new_json["jitter_s"]
+        step = update_step(job_id, spec, plan_of(row), timing_changed=timing_changed, now=utcnow())
+        version = row["spec_version"] + 1 if timing_changed else row["spec_version"]
+        if new_json != old:
+            await action.conn.execute(Q["cascade_spec"], job_id, new_json)
+        if timing_changed:
+            await action.conn.execute(Q["drop_split_occurrences"], job_id)
+        return await self._write(
+            action, spec=new_json, spec_version=version, plan=step.plan, revoke=step.revoke
+        )
 
     @contention_retried
     async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job:

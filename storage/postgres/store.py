@@ -17,14 +17,25 @@ from duetime.storage.postgres.hints import DueConnections, Hints, listen_due
 from duetime.storage.postgres.inserts import InsertBatcher
 from duetime.storage.postgres.keys import KeysPart
 from duetime.storage.postgres.maintenance import MaintenancePart
+from duetime.storage.postgres.names import NamesPart
 from duetime.storage.postgres.pools import open_pools
 from duetime.storage.postgres.queue_leases import QueueLeasePart
-from duetime.storage.postgres.registry import RegistryPart
+from duetime.storage.postgres.retention import RetentionPart
 from duetime.storage.postgres.runpath import RunPathPart
+from duetime.storage.postgres.selection import SelectionPart
 from duetime.storage.shardmap import ShardMap
 
 
-class PostgresStore(RegistryPart, RunPathPart, CompletionPart, MaintenancePart, QueueLeasePart, KeysPart):
+class PostgresStore(
+    SelectionPart,
+    NamesPart,
+    RunPathPart,
+    CompletionPart,
+    MaintenancePart,
+    QueueLeasePart,
+    RetentionPart,
+    KeysPart,
+):
     """Registry + run store on asyncpg pools, one pool per distinct database in the shard map."""
 
     def __init__(self, shard_map: ShardMap, pools: dict[str, asyncpg.Pool], notify_horizon_s: float) -> None:

@@ -74,7 +74,7 @@ def in_an_hour() -> str:
 
 def webhook_spec(**overrides: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
-        "name": "nightly report",
+        "name": "nightly-report",
         "target": {"type": "webhook", "url": PUBLIC_URL, "headers": {"X-Token": SECRET}},
         "payload": {"report": "daily", "n": [1, 2, 3]},
         "schedule": {"cron": "0 3 * * *", "timezone": "Europe/Berlin"},
@@ -139,7 +139,7 @@ async def test_create_answers_201_with_location_and_the_job_with_defaults(
     assert job["state"] == "scheduled"
     assert job["attempt"] == 0
     assert job["last_run"] is None
-    assert job["name"] == "nightly report"
+    assert job["name"] == "nightly-report"
     assert job["payload"] == {"report": "daily", "n": [1, 2, 3]}
     assert job["target"] == {
         "type": "webhook",
@@ -556,7 +556,7 @@ async def test_runs_are_listed_newest_first_across_pages(
 
 JOB_CALLS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("GET", "", None),
-    ("PATCH", "", {"name": "mine now"}),
+    ("PATCH", "", {"name": "mine-now"}),
     ("DELETE", "", None),
     ("POST", "/pause", None),
     ("POST", "/resume", None),

@@ -170,16 +170,17 @@ async def _seed_jobs(store: PostgresStore, dsn: str, owner: str) -> list[str]:
         for n, outcome in enumerate(("succeeded", "failed", "timed_out", "lease_expired", "skipped")):
             await conn.execute(
                 "INSERT INTO runs (job_id, shard, scheduled_for, attempt, started_at, finished_at, outcome,"
-                " status_code, error, lateness_ms) VALUES ($1, $2, $3, $4, $5, $5, $6, $7, $8, $9)",
+                " status_code, error, lateness_ms) VALUES ($1, $2, $3, $4, $5, $10, $6, $7, $8, $9)",
                 first,
                 shard_of(first),
                 now - timedelta(minutes=10 - n),
                 n + 1,
-                None if outcome == "skipped" else now,
+                None if outcome == "skipped" else now,  # a skipped run never started
                 outcome,
                 200 if outcome == "succeeded" else None,
                 None if outcome == "succeeded" else f"{outcome} on attempt {n + 1}",
                 None if outcome == "skipped" else 12,
+                now,  # but it finished (was recorded), as every run the engine writes
             )
     finally:
         await conn.close()

@@ -95,3 +95,26 @@ async def test_job_cap_refreshes_its_count() -> None:
     counts["o"] = 1  # jobs were cancelled elsewhere
     now[0] += 11.0
     await cap.check("o")
+
+
+async def test_a_put_by_name_that_creates_counts_against_both_owner_caps(store: PostgresStore) -> None:
+    """PUT /v1/jobs/by-name creates as POST does, so it is held to the job cap and the byte cap;
+    a PUT that updates an existing job is not a create and passes at the cap."""
+    key, _ = await store.create_api_key("putcap_" + uuid.uuid4().hex[:6])
+    auth = {"Authorization": f"Bearer {key}"}
+    app = create_app(store, policy=AddressPolicy(), max_job_bytes_per_owner=1)
+    async with serve(app) as client:
+        first = await client.put("/v1/jobs/by-name/a", json=spec(), headers=auth)
+        assert first.status == 201
+        refused = await client.put("/v1/jobs/by-name/b", json=spec(), headers=auth)
+        assert refused.status == 409
+        assert (await refused.json())["error"]["code"] == "job_bytes_limit_reached"
+        again = await client.put("/v1/jobs/by-name/a", json={**spec(), "jitter_s": 3}, headers=auth)
+        assert again.status == 200
+    key2, _ = await store.create_api_key("putcap2_" + uuid.uuid4().hex[:6])
+    auth2 = {"Authorization": f"Bearer {key2}"}
+    async with serve(create_app(store, policy=AddressPolicy(), max_jobs_per_owner=1)) as client:
+        assert (await client.put("/v1/jobs/by-name/a", json=spec(), headers=auth2)).status == 201
+        refused = await client.put("/v1/jobs/by-name/b", json=spec(), headers=auth2)
+        assert refused.status == 409
+        assert (await refused.json())["error"]["code"] == "job_limit_reached"

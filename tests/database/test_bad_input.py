@@ -201,10 +201,11 @@ CASES = [
     Case(
         "unknown-schedule",
         "unknown fields",
-        job(schedule={"run_at": f"{YEAR}-01-01T00:00:00Z", "every": "1h"}),
+        # ``every`` is a schedule kind since interval schedules: an unknown key is needed here.
+        job(schedule={"run_at": f"{YEAR}-01-01T00:00:00Z", "repeat": "1h"}),
         422,
         "unknown_field",
-        "schedule.every",
+        "schedule.repeat",
         "allowed here",
     ),
     Case(
@@ -612,7 +613,7 @@ CASES = [
     Case(
         "idempotency-key-reused",
         "Idempotency-Key misuse",
-        job(name="a different body"),
+        job(name="a-different-body"),
         422,
         "idempotency_key_reused",
         "Idempotency-Key",

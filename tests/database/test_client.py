@@ -369,7 +369,7 @@ async def test_cli_jobs_lifecycle(served: Served) -> None:
         served,
         "create",
         "--name",
-        "from flags",
+        "from-flags",
         "--url",
         served.receiver.url + "/cli",
         "--cron",
@@ -381,14 +381,14 @@ async def test_cli_jobs_lifecycle(served: Served) -> None:
     )
     assert code == 0, err
     assert (job["name"], job["payload"], job["schedule"]["timezone"]) == (
-        "from flags",
+        "from-flags",
         {"a": 1},
         "Europe/Berlin",
     )
     assert job["target"]["url"] == served.receiver.url + "/cli"
     job_id = job["id"]
 
-    spec = json.dumps(_webhook_spec(served, "/cli-stdin", name="from stdin"))
+    spec = json.dumps(_webhook_spec(served, "/cli-stdin", name="from-stdin"))
     code, from_stdin, err = await duetime_jobs(
         served, "create", "-f", "-", "--name", "overridden", stdin=spec.encode()
     )

@@ -19,6 +19,7 @@ BESIDE_THE_LAYERS = {
     "duetime.__init__",
     "duetime.__main__",
     "duetime._version",
+    "duetime.apply",
     "duetime.client",
     "duetime.receiver",
 }

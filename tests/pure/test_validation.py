@@ -103,6 +103,9 @@ CATALOGUE = [
     pytest.param(edit(W, "name", value="a\x00b"), INV, "invalid_value", "name", id="name-nul"),
     pytest.param(edit(W, "name", value="a\ud800b"), INV, "invalid_value", "name", id="name-lone-surrogate"),
     pytest.param(edit(W, "name", value="a\nb"), INV, "invalid_value", "name", id="name-newline"),
+    pytest.param(edit(W, "name", value=""), INV, "invalid_value", "name", id="name-empty"),
+    pytest.param(edit(W, "name", value="/a"), INV, "invalid_value", "name", id="name-leading-slash"),
+    pytest.param(edit(W, "name", value="a b"), INV, "invalid_value", "name", id="name-space"),
     # --- target
     pytest.param(edit(W, "target", value=URL), BAD, "wrong_type", "target", id="target-string"),
     pytest.param(edit(W, "target", value=None), BAD, "wrong_type", "target", id="target-null"),
@@ -1045,7 +1048,8 @@ def test_minimal_cron_gets_schedule_defaults() -> None:
 
 def test_full_spec_round_trips_through_the_codec() -> None:
     data: dict[str, Any] = {
-        "name": "Rechnung für März 🧾",
+        "name": "billing/rechnung-maerz:2026",
+        "labels": {"team": "billing", "app.example.com/tier": "Rechnung für März 🧾"},
         "target": {
             "type": "webhook",
             "url": "https://bücher.example/hooks?x=1&y=%20",
@@ -1092,7 +1096,7 @@ def test_full_spec_round_trips_through_the_codec() -> None:
         (edit(W, "misfire", value="skip"), lambda s: s.misfire is Misfire.SKIP),
         (edit(W, "target", "timeout_s", value=1), lambda s: s.target.timeout_s == 1),
         (edit(W, "name", value="x" * 200), lambda s: s.name == "x" * 200),
-        (edit(W, "name", value=""), lambda s: s.name == ""),
+        (edit(W, "name", value="a/b:c.d_e-f"), lambda s: s.name == "a/b:c.d_e-f"),
         (edit(W, "name", value=None), lambda s: s.name is None),
         (
             edit(W, "target", "url", value="http://[2606:4700::1111]:8443/x"),

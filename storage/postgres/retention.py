@@ -1,0 +1,67 @@
+"""What the maintenance service deletes: expired run history and long-finished jobs.
+
+Each method deletes one batch per database, in its own short transaction, and answers how many
+rows went; the service (``engine.retention``) decides when and how often. A batch first takes a
+try-lock for its database, so when several engines each run the service, one of them does a
+database's batch and the others skip it instead of deleting the same rows side by side.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Final
+
+from duetime.storage.postgres.pools import StoreBase, translated
+from duetime.storage.queries import Q
+
+_RETENTION_LOCK: Final = (0x52455445, 1)  # "RETE": pg_try_advisory_xact_lock's two keys
+
+
+def _count(status: str) -> int:
+    return int(status.rsplit(" ", 1)[-1])
+
+
+class RetentionPart(StoreBase):
+    """Batched deletes for the maintenance service."""
+
+    def databases(self) -> list[str]:
+        return list(self.shard_map.databases())
+
+    async def delete_old_runs(self, dsn: str, *, before: datetime, limit: int) -> int | None:
+        """History rows that finished before ``before``, among the oldest ``limit``; None when
+        another process holds this database's maintenance lock."""
+        async with translated(), self.pool_for_dsn(dsn).acquire() as conn, conn.transaction():
+            if not await conn.fetchval(Q["retention_lock"], *_RETENTION_LOCK):
+                return None
+            return _count(await conn.execute(Q["retention_old_runs"], before, limit))
+
+    async def delete_finished_jobs(self, dsn: str, *, before: datetime, limit: int) -> tuple[int, int] | None:
+        """Up to ``limit`` jobs finished before ``before``, with their history (``limit`` rows per
+        statement), Idempotency-Keys and occurrence rows. Returns (jobs, history rows) deleted,
+        or None when another process holds this database's maintenance lock."""
+        pool = self.pool_for_dsn(dsn)
+        history = 0
+        async with translated():
+            async with pool.acquire() as conn, conn.transaction():
+                if not await conn.fetchval(Q["retention_lock"], *_RETENTION_LOCK):
+                    return None
+                ids: list[uuid.UUID] = [
+                    r["job_id"] for r in await conn.fetch(Q["retention_finished_jobs"], before, limit)
+                ]
+            if not ids:
+                return 0, 0
+            while True:  # their history first, in statements of its own: it may be long
+                deleted = _count(await pool.execute(Q["retention_runs_of_jobs"], ids, limit))
+                history += deleted
+                if deleted < limit:
+                    break
+            async with pool.acquire() as conn, conn.transaction():
+                locked = [r["job_id"] for r in await conn.fetch(Q["retention_lock_finished"], before, ids)]
+                if not locked:
+                    return 0, history
+                history += _count(await conn.execute(Q["retention_all_runs_of_jobs"], locked))
+                await conn.execute(Q["retention_keys_of_jobs"], locked)
+                await conn.execute(Q["retention_occurrences_of_jobs"], locked)
+                jobs = _count(await conn.execute(Q["retention_delete_jobs"], locked))
+        return jobs, history
