@@ -76,6 +76,10 @@ async def test_engine_sigkill(
         # ~0.2 s that 600 rows in pairs took on a quiet machine (the kill then came too late).
         extra["DUETIME_CLAIM_BATCH"] = "1"
         jobs = 3000
+        # The rows must still be ahead of their due time when the victim claims them, or they
+        # fire as they are claimed and never pile up as claimed: creating 3,000 rows through the
+        # API and starting the engine took longer than 4 s on a busy 2-core machine.
+        delay = 15.0
     elif moment == "queued":
         extra["DUETIME_WORKER_CONCURRENCY"] = "4"
         path, jobs = "/slow/0.5", 24
@@ -137,8 +141,8 @@ async def _strike(
     in ``spawned`` as soon as it exists, so a failure on the way does not leave it running."""
     path, jobs, delay = load
     fault_db, victim_id = env["DUETIME_DATABASE_URL"], env["DUETIME_ENGINE_ID"]
-    due = whole_second(delay)
     if moment == "mid_claim":
+        due = whole_second(delay)
         # Rows first, engine second: its first claims of many small batches are the target.
         created = await owner.create_many(one_off(recorder.url + path, due) for _ in range(jobs))
         victim = NodeProc(env, "engine", tmp_path / "victim.log")
@@ -154,6 +158,9 @@ async def _strike(
         victim = NodeProc(env, "engine", tmp_path / "victim.log")
         spawned.append(victim)
         await victim.ready()
+        # Due a few seconds after the victim is ready, not after it was spawned: its start-up
+        # (imports, migrations check, joining the membership) must not eat the window.
+        due = whole_second(delay)
         created = await owner.create_many(one_off(recorder.url + path, due) for _ in range(jobs))
         if moment == "claimed_unfired":
 
