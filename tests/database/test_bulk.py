@@ -60,9 +60,9 @@ async def fresh_dsns() -> AsyncIterator[list[str]]:
             await admin.close()
 
 
-def _spec(at: datetime) -> JobSpec:
+def _spec(at: datetime, name: str | None = "nightly") -> JobSpec:
     return JobSpec(
-        name="nightly",
+        name=name,
         target=WebhookTarget(url="https://example.com/hook", headers={"X-Token": "t"}),
         payload={"report": "daily"},
         schedule=OneOffSchedule(at),
@@ -71,19 +71,25 @@ def _spec(at: datetime) -> JobSpec:
 
 
 async def test_a_bulk_row_is_the_row_create_job_writes(fresh_dsns: list[str]) -> None:
-    dsn = fresh_dsns[0]
+    # Two databases: the same owner may not hold one name twice in one database (names are
+    # unique per owner), and the rows must be equal name included.
+    dsn, other = fresh_dsns
     at = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
     store = await PostgresStore.open(ShardMap.single(dsn), pool_size=2)
+    bulk_store = await PostgresStore.open(ShardMap.single(other), pool_size=2)
     try:
         job, _ = await store.create_job("alice", _spec(at))
         seeded_at = datetime.now(UTC)
-        [bulk_id] = await seed_jobs([dsn] * 16, [BulkJob("alice", _spec(at))], seeded_at)
+        [bulk_id] = await seed_jobs([other] * 16, [BulkJob("alice", _spec(at))], seeded_at)
         via_api = await store.pool_for_shard(0).fetchrow(
             "SELECT * FROM jobs WHERE job_id = $1", uuid.UUID(job.id)
         )
-        via_bulk = await store.pool_for_shard(0).fetchrow("SELECT * FROM jobs WHERE job_id = $1", bulk_id)
+        via_bulk = await bulk_store.pool_for_shard(0).fetchrow(
+            "SELECT * FROM jobs WHERE job_id = $1", bulk_id
+        )
     finally:
         await store.close()
+        await bulk_store.close()
     assert via_bulk is not None and via_api is not None
     assert via_bulk["shard"] == shard_of(bulk_id)
     assert via_bulk["created_at"] == via_bulk["updated_at"] == seeded_at
@@ -98,7 +104,7 @@ async def test_a_bulk_row_is_the_row_create_job_writes(fresh_dsns: list[str]) ->
 async def test_seed_jobs_follows_the_shard_map(fresh_dsns: list[str]) -> None:
     a, b = fresh_dsns
     at = datetime.now(UTC) + timedelta(days=1)
-    spec = _spec(at)
+    spec = _spec(at, name=None)  # 1,500 jobs of one owner: names are unique per owner
     seen: list[int] = []
     ids = await seed_jobs(
         [a] * 8 + [b] * 8,
@@ -209,7 +215,7 @@ async def test_table_writes_and_outcomes_count_a_run(fresh_dsns: list[str]) -> N
     dsn = fresh_dsns[0]
     at = datetime.now(UTC) - timedelta(seconds=1)
     before = await table_writes([dsn])
-    await seed_jobs([dsn] * 16, (BulkJob("dave", _spec(at)) for _ in range(10)), datetime.now(UTC))
+    await seed_jobs([dsn] * 16, (BulkJob("dave", _spec(at, name=None)) for _ in range(10)), datetime.now(UTC))
     store = await PostgresStore.open(ShardMap.single(dsn), pool_size=2)
     try:
         claimed = await _claim_everything(store)

@@ -35,6 +35,7 @@ CHILD = r'''
 import importlib.abc
 import io
 import json
+import os
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 from datetime import UTC, datetime
@@ -100,7 +101,8 @@ with redirect_stdout(out), redirect_stderr(err):
     except SystemExit as exc:
         version_exit = exc.code
     run_exit = cli.main(["run"])
-    jobs_exit = cli.main(["jobs", "--url", url, "--key", key, "get", job.id])
+    os.environ["DUETIME_API_KEY"] = key  # not --api-key: a key in argv is warned about (ps)
+    jobs_exit = cli.main(["jobs", "--url", url, "get", job.id])
 
 print(json.dumps({
     "same_job": again.id == job.id,
