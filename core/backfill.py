@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from duetime.core.errors import InvalidRequest
+from duetime.core.errors import Conflict, InvalidRequest
 from duetime.core.model import CronSchedule, IntervalSchedule, JobSpec, Overlap
 from duetime.core.schedule import next_occurrence
 
@@ -76,3 +76,15 @@ def plan_backfill(
         step = 1.0 / pace_per_s
         return [BackfillRun(o, now + timedelta(seconds=i * step)) for i, o in enumerate(found)]
     return [BackfillRun(o, now if i == 0 and not chain_busy else None) for i, o in enumerate(found)]
+
+
+def require_room(pending: int, wanted: int, max_occurrences: int) -> None:
+    """At most ``max_occurrences`` backfilled or overlapping runs of one job wait at a time: the
+    bound that keeps one owner's backfill from flooding a shard. Both stores ask this one rule."""
+    if pending + wanted > max_occurrences:
+        raise Conflict(
+            f"this job has {pending} backfilled or overlapping runs not finished yet and at "
+            f"most {max_occurrences} may wait at a time; wait for them, or ask for at most "
+            f"{max(max_occurrences - pending, 0)} occurrences",
+            code="backfill_in_progress",
+        )

@@ -25,8 +25,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from duetime.core import codec, jitter, misfire
-from duetime.core.backfill import plan_backfill
-from duetime.core.errors import Conflict, InvalidRequest, NotFound, StorageUnavailable
+from duetime.core.backfill import plan_backfill, require_room
+from duetime.core.errors import InvalidRequest, NotFound, StorageUnavailable
 from duetime.core.ids import SHARDS, new_job_id, shard_of
 from duetime.core.lifecycle import OwnerStep, RowPlan, initial_plan, owner_step, split_point, update_step
 from duetime.core.model import Job, JobSpec, JobState, Overlap, Phase, Run
@@ -587,13 +587,7 @@ class MemoryStore:
             pace_per_s=pace_per_s,
             chain_busy=spec.overlap is not Overlap.ALLOW and pending > 0,
         )
-        if pending + len(runs) > max_occurrences:
-            raise Conflict(
-                f"this job has {pending} backfilled or overlapping runs not finished yet and at "
-                f"most {max_occurrences} may wait at a time; wait for them, or ask for at most "
-                f"{max(max_occurrences - pending, 0)} occurrences",
-                code="backfill_in_progress",
-            )
+        require_room(pending, len(runs), max_occurrences)
         if runs:
             seq = max((c.backfill_seq or 0 for c in children), default=0)
             for i, r in enumerate(runs, start=1):

@@ -15,8 +15,8 @@ from typing import Any
 import asyncpg
 
 from duetime.core import codec
-from duetime.core.backfill import plan_backfill
-from duetime.core.errors import Conflict, InvalidRequest, NotFound
+from duetime.core.backfill import plan_backfill, require_room
+from duetime.core.errors import InvalidRequest, NotFound
 from duetime.core.ids import SHARDS, new_job_id, shard_of
 from duetime.core.lifecycle import OwnerStep, RowPlan, initial_plan, owner_step, split_point, update_step
 from duetime.core.model import Job, JobSpec, JobState, Overlap, Phase, Run
@@ -314,13 +314,7 @@ class RegistryPart(StoreBase):
                 pace_per_s=pace_per_s,
                 chain_busy=spec.overlap is not Overlap.ALLOW and pending > 0,
             )
-            if pending + len(runs) > max_occurrences:
-                raise Conflict(
-                    f"this job has {pending} backfilled or overlapping runs not finished yet and at "
-                    f"most {max_occurrences} may wait at a time; wait for them, or ask for at most "
-                    f"{max(max_occurrences - pending, 0)} occurrences",
-                    code="backfill_in_progress",
-                )
+            require_room(pending, len(runs), max_occurrences)
             if runs:
                 seq = int(waiting["last_seq"])
                 n, shard = len(runs), row["shard"]
