@@ -141,11 +141,14 @@ async def test_an_engine_restarted_with_the_same_id_refires_its_claims_at_once(
     env = env_for(pg_dsn, 0, DUETIME_LEASE_S="30", DUETIME_HEARTBEAT_S="5", DUETIME_ENGINE_ID=engine_id)
     first = DuetimeProcess("first", env, ["engine"], tmp_path).start()
     await first.ready("running")
-    ids, run_at = await _make_due(store, receiver, "/phoenix", 30, 5)
-    for _ in range(60):
+    # Due 10 s ahead, not 5: on a busy machine the claims could take until the due time, and
+    # the first process then fired the runs itself (token 1) before the kill.
+    ids, run_at = await _make_due(store, receiver, "/phoenix", 30, 10)
+    for _ in range(80):
         if await _claimed_by(store, engine_id) == 30:
             break
         await asyncio.sleep(0.1)
+    assert await _claimed_by(store, engine_id) == 30, "the first process did not claim every run in time"
     first.kill()
     again = DuetimeProcess("again", env, ["engine"], tmp_path).start()
     try:
