@@ -1,0 +1,39 @@
+-- Bulk loading for benchmarks (storage/bulk.py): never on the request path.
+
+-- name: bulk_triggers_off
+-- For the rest of this transaction only, jobs' triggers do not fire (superuser only): the loader
+-- writes the job_labels rows itself, from the labels it generated, in one COPY per chunk. Other
+-- connections keep their triggers.
+SET LOCAL session_replication_role = replica;
+
+-- name: bulk_label_rows_differ
+-- How many job_labels rows of the jobs $1 differ from the rows the label trigger
+-- (duetime_job_labels_added, migration 0006) makes from the same jobs: rows it would make that
+-- are missing, plus rows present that it would not make. 0 means the loader wrote exactly the
+-- trigger's rows. job_labels has no index by job alone, so "present" is looked up under the
+-- (owner, key, value) the jobs carry, an index range each; a row under a pair none of them
+-- carries is not seen here (compare the table's count for that).
+WITH want AS (
+    SELECT j.owner, e.key, e.value, j.job_id
+    FROM jobs j, jsonb_each_text(j.spec->'labels') e
+    WHERE j.job_id = ANY($1::uuid[]) AND j.parent_id IS NULL AND jsonb_typeof(j.spec->'labels') = 'object'
+), have AS (
+    SELECT l.owner, l.key, l.value, l.job_id
+    FROM (SELECT DISTINCT owner, key, value FROM want) p
+    JOIN job_labels l ON l.owner = p.owner AND l.key = p.key AND l.value = p.value
+    WHERE l.job_id = ANY($1::uuid[])
+)
+SELECT (SELECT count(*) FROM (SELECT * FROM want EXCEPT SELECT * FROM have) missing)
+     + (SELECT count(*) FROM (SELECT * FROM have EXCEPT SELECT * FROM want) extra);
+
+
+-- name: bulk_job_triggers
+-- The triggers on jobs (not the internal ones of constraints): a load with triggers off must know
+-- every one it skips.
+SELECT tgname FROM pg_trigger WHERE tgrelid = 'jobs'::regclass AND NOT tgisinternal ORDER BY tgname;
+
+-- name: bulk_vacuum_jobs
+VACUUM (ANALYZE) jobs;
+
+-- name: bulk_vacuum_job_labels
+VACUUM (ANALYZE) job_labels;
