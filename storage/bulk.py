@@ -13,7 +13,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from operator import itemgetter
 from typing import Any
 
@@ -197,6 +197,122 @@ async def vacuum_analyze_registry(dsns: Iterable[str]) -> None:
             await conn.execute(Q["bulk_vacuum_job_labels"])
         finally:
             await conn.close()
+
+
+_RUN_COLUMNS = (
+    "job_id",
+    "shard",
+    "scheduled_for",
+    "attempt",
+    "started_at",
+    "finished_at",
+    "outcome",
+    "lateness_ms",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OldHistory:
+    """What ``seed_old_history`` wrote: the run ids of its history rows (one range, the oldest of
+    the table) and how many finished jobs and history rows, all finished before ``finished_before``."""
+
+    first_run_id: int
+    last_run_id: int
+    finished_jobs: int
+    runs: int
+    finished_before: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryLeft:
+    """How much of an ``OldHistory`` is still there: history rows from the oldest left to the end
+    of the old range (retention deletes oldest first), and finished jobs."""
+
+    runs: int
+    finished_jobs: int
+
+
+def _history_rows(job_id: uuid.UUID, last: datetime, n: int) -> Iterator[tuple[Any, ...]]:
+    """``n`` succeeded attempts of ``job_id``, one a second, the last finishing at ``last``."""
+    shard = shard_of(job_id)
+    for i in range(n, 0, -1):
+        at = last - timedelta(seconds=i)
+        yield (job_id, shard, at, 1, at, at + timedelta(milliseconds=40), "succeeded", 3)
+
+
+async def seed_old_history(
+    dsn: str,
+    spec: JobSpec,
+    *,
+    owner: str,
+    finished_jobs: int,
+    runs_per_job: int,
+    cron_runs: int,
+    finished_before: datetime,
+    chunk: int = 100_000,
+) -> OldHistory:
+    """Old history for retention to delete, written before anything else (run ids lowest):
+    ``finished_jobs`` completed jobs of ``owner`` (``spec``), finished in turn up to
+    ``finished_before``, with ``runs_per_job`` history rows each; then ``cron_runs`` history rows of
+    16 live jobs (one a shard, paused: they never run during a measurement), an every-second
+    cron's, all finished before ``finished_before``. Then VACUUM (ANALYZE) of ``runs``, as
+    autovacuum would have done long since. Jobs and history are COPYed, ``chunk`` rows at a time.
+    """
+    conn = await asyncpg.connect(dsn)
+    try:
+        if (await conn.fetchrow(Q["bulk_run_id_range"]))["last"]:
+            raise RuntimeError("seed_old_history writes the oldest history: runs must be empty")
+        jobs = [BulkJob(owner, spec) for _ in range(finished_jobs)]
+        finished: list[tuple[Any, ...]] = []
+        for i, row in enumerate(job_rows(jobs, finished_before)):
+            at = finished_before - timedelta(seconds=finished_jobs - i)
+            finished.append((row[0], row[1], owner, row[3], "completed", None, row[6], 1, at, at))
+        crons = [
+            (job_id, shard, owner, row[3], "paused", None, row[6], 0, row[8], row[9])
+            for shard in range(16)
+            for job_id in [new_job_id(shard)]
+            for row in job_rows([BulkJob(owner, spec, job_id)], finished_before)
+        ]
+        for start in range(0, len(finished), chunk):
+            await copy_jobs(conn, finished[start : start + chunk])
+        await copy_jobs(conn, crons)
+        batch: list[tuple[Any, ...]] = []
+        written = 0
+
+        async def flush() -> None:
+            nonlocal written
+            if batch:
+                await conn.copy_records_to_table("runs", records=batch, columns=_RUN_COLUMNS)
+                written += len(batch)
+                batch.clear()
+
+        for row in finished:
+            batch.extend(_history_rows(row[0], row[8], runs_per_job))
+            if len(batch) >= chunk:
+                await flush()
+        per_cron, extra = divmod(cron_runs, len(crons))
+        for i, row in enumerate(crons):
+            for run in _history_rows(row[0], finished_before, per_cron + (1 if i < extra else 0)):
+                batch.append(run)
+                if len(batch) >= chunk:
+                    await flush()
+        await flush()
+        ids = await conn.fetchrow(Q["bulk_run_id_range"])
+        await conn.execute(Q["bulk_vacuum_runs"])
+        await conn.execute(Q["bulk_vacuum_jobs"])
+    finally:
+        await conn.close()
+    return OldHistory(ids["first"], ids["last"], finished_jobs, written, finished_before)
+
+
+async def old_history_left(conn: asyncpg.Connection, old: OldHistory) -> HistoryLeft:
+    """What retention has not yet deleted of ``old``; two index probes, cheap enough to poll."""
+    first = await conn.fetchval(Q["bulk_first_run_id"])
+    runs = (
+        0 if first is None or first > old.last_run_id else old.last_run_id - max(first, old.first_run_id) + 1
+    )
+    jobs: int = await conn.fetchval(Q["bulk_finished_jobs_before"], old.finished_before)
+    return HistoryLeft(runs, jobs)
 
 
 async def table_writes(dsns: Iterable[str]) -> dict[str, int]:

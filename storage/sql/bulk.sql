@@ -37,3 +37,20 @@ VACUUM (ANALYZE) jobs;
 
 -- name: bulk_vacuum_job_labels
 VACUUM (ANALYZE) job_labels;
+
+-- name: bulk_run_id_range
+-- The history's run ids so far: a seeded range is read right after its COPY.
+SELECT coalesce(min(run_id), 0) AS first, coalesce(max(run_id), 0) AS last FROM runs;
+
+-- name: bulk_first_run_id
+-- Where the oldest-first deletes of retention have got to (an index probe, cheap enough to poll
+-- during a burst; a count of a multi-million range is not).
+SELECT min(run_id) FROM runs;
+
+-- name: bulk_finished_jobs_before
+-- Finished jobs retention would delete at the cut-off $1 (from jobs_finished).
+SELECT count(*) FROM jobs
+WHERE parent_id IS NULL AND state IN ('completed', 'cancelled', 'dead') AND updated_at < $1;
+
+-- name: bulk_vacuum_runs
+VACUUM (ANALYZE) runs;

@@ -27,15 +27,19 @@ from duetime.core.model import (
     WebhookTarget,
 )
 from duetime.core.runpath import AttemptReport, Claim, Verdict
+from duetime.engine.retention import RetentionConfig, RetentionService
 from duetime.storage.bulk import (
     BulkJob,
+    HistoryLeft,
     analyze_jobs,
     copy_jobs,
     copy_jobs_with_labels,
     job_rows,
     label_rows_differ,
+    old_history_left,
     outcome_counts,
     seed_jobs,
+    seed_old_history,
     table_writes,
 )
 from duetime.storage.migrate import migrate
@@ -334,3 +338,47 @@ async def test_a_load_with_triggers_off_refuses_a_trigger_it_does_not_know(fresh
         assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
     finally:
         await conn.close()
+
+
+async def test_old_history_is_the_oldest_range_and_retention_deletes_it(fresh_dsns: list[str]) -> None:
+    dsn = fresh_dsns[0]
+    before = datetime.now(UTC) - timedelta(days=40)
+    old = await seed_old_history(
+        dsn,
+        _spec(before, name=None),
+        owner="old",
+        finished_jobs=5,
+        runs_per_job=3,
+        cron_runs=40,
+        finished_before=before,
+        chunk=7,
+    )
+    assert (old.finished_jobs, old.runs, old.last_run_id - old.first_run_id + 1) == (5, 55, 55)
+    store = await PostgresStore.open(ShardMap.single(dsn), pool_size=2)
+    conn = await asyncpg.connect(dsn)
+    try:
+        assert await old_history_left(conn, old) == HistoryLeft(runs=55, finished_jobs=5)
+        stamps = await conn.fetchrow(
+            "SELECT (SELECT max(finished_at) FROM runs) AS runs,"
+            " (SELECT max(updated_at) FROM jobs WHERE state = 'completed') AS jobs"
+        )
+        assert stamps["runs"] < before and stamps["jobs"] < before
+        # the 16 crons are live (paused), not finished: retention keeps them
+        assert await conn.fetchval("SELECT count(*) FROM jobs WHERE state = 'paused'") == 16
+        with pytest.raises(RuntimeError, match="runs must be empty"):
+            await seed_old_history(
+                dsn,
+                _spec(before, name=None),
+                owner="old",
+                finished_jobs=1,
+                runs_per_job=1,
+                cron_runs=0,
+                finished_before=before,
+            )
+        report = await RetentionService(store, RetentionConfig(batch=10, pause_s=0)).run_round()
+        assert (report.runs, report.jobs) == (55, 5)
+        assert await old_history_left(conn, old) == HistoryLeft(runs=0, finished_jobs=0)
+        assert await conn.fetchval("SELECT count(*) FROM jobs WHERE state = 'paused'") == 16
+    finally:
+        await conn.close()
+        await store.close()
