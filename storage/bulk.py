@@ -255,8 +255,10 @@ async def seed_old_history(
     ``finished_jobs`` completed jobs of ``owner`` (``spec``), finished in turn up to
     ``finished_before``, with ``runs_per_job`` history rows each; then ``cron_runs`` history rows of
     16 live jobs (one a shard, paused: they never run during a measurement), an every-second
-    cron's, all finished before ``finished_before``. Then VACUUM (ANALYZE) of ``runs``, as
-    autovacuum would have done long since. Jobs and history are COPYed, ``chunk`` rows at a time.
+    cron's, all finished before ``finished_before``. Then VACUUM (ANALYZE) of ``runs`` and ``jobs``,
+    as autovacuum would have done long since, and a CHECKPOINT: the load's hundreds of megabytes of
+    WAL would otherwise start a checkpoint that writes its pages during the measurement that
+    follows. Jobs and history are COPYed, ``chunk`` rows at a time.
     """
     conn = await asyncpg.connect(dsn)
     try:
@@ -300,6 +302,7 @@ async def seed_old_history(
         ids = await conn.fetchrow(Q["bulk_run_id_range"])
         await conn.execute(Q["bulk_vacuum_runs"])
         await conn.execute(Q["bulk_vacuum_jobs"])
+        await conn.execute(Q["bulk_checkpoint"])
     finally:
         await conn.close()
     return OldHistory(ids["first"], ids["last"], finished_jobs, written, finished_before)

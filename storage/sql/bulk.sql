@@ -54,3 +54,8 @@ WHERE parent_id IS NULL AND state IN ('completed', 'cancelled', 'dead') AND upda
 
 -- name: bulk_vacuum_runs
 VACUUM (ANALYZE) runs;
+
+-- name: bulk_checkpoint
+-- After a load of millions of rows: its dirty pages written now, not by a checkpoint spread over
+-- the measurement that follows (superuser only).
+CHECKPOINT;
