@@ -175,7 +175,8 @@ PARTS: dict[str, tuple[Rule, ...]] = {
         _r("", "core/runpath.py", "RunSpec.parsed", "RunSpec.reuse"),
         _r("", "core/codec.py", "spec_from_json"),
     ),
-    "asyncpg": (_r("", "asyncpg/"),),
+    # its Python frames, and its Cython protocol's native ones (protocol.c, pgproto.c)
+    "asyncpg": (_r("", "asyncpg/"), _r("", "protocol.c"), _r("", "pgproto.c")),
     "redis_py": (_r("", "redis/"),),
 }
 
@@ -550,40 +551,56 @@ class StageWindow:
             )
         if not self._spies:
             return out
-        # Each node's samples are scaled by that node's own CPU, then the nodes are added up.
-        stages: dict[str, float] = {}
-        parts: dict[str, float] = {}
-        merged = StageSamples()
-        profiled = 0
-        for pid, s in zip(self.node_pids, samples, strict=True):
-            if s is None or not s.total:
-                continue
-            profiled += 1
-            merged.merge(s)
-            for name, us in split_cpu(s, node_s[pid], n).items():
-                stages[name] = stages.get(name, 0.0) + us
-            for (stage, part), count in s.parts.items():
-                key = f"{stage}.{part}"
-                parts[key] = parts.get(key, 0.0) + count / s.total * node_s[pid] / n * 1e6
+        figures = stage_figures(samples, node_s, n)
         out["profiler"] = {
             "tool": "py-spy record" + (" --native" if self.native else " --nonblocking"),
             "rate_hz": self.rate,
-            "samples": merged.total,
-            "blocked_samples_left_out": merged.blocked,
-            "nodes_profiled": profiled,
+            "samples": figures.pop("samples"),
+            "blocked_samples_left_out": figures.pop("blocked_samples_left_out"),
+            "nodes_profiled": figures.pop("nodes_profiled"),
             "errors": [s.error for s in self._spies if s.error],
             "raw": [str(s.out) for s in self._spies if s.out.exists()],
         }
-        if profiled != len(self.node_pids):
+        if out["profiler"]["nodes_profiled"] != len(self.node_pids):
             out["profiler"]["note"] = "not every node was profiled: stage figures cover only those that were"
-        out["stage_us_per_run"] = {k: round(v, 1) for k, v in stages.items()}
-        out["other_us_per_run"] = round(sum(stages.get(k, 0.0) for k in OTHER), 1)
-        out["part_us_per_run"] = {k: round(v, 1) for k, v in sorted(parts.items())}
-        out["top_leaves"] = {
+        out.update(figures)
+        return out
+
+
+def stage_figures(
+    samples: Sequence[StageSamples | None], node_s: dict[int, float], runs: int
+) -> dict[str, Any]:
+    """µs per run of each stage, part and "other" line: each node's sample shares times that
+    node's own CPU seconds (``node_s``, by pid, in the order of ``samples``), added up."""
+    n = max(runs, 1)
+    stages: dict[str, float] = {}
+    parts: dict[str, float] = {}
+    merged = StageSamples()
+    profiled = 0
+    for pid, s in zip(node_s, samples, strict=True):
+        if s is None or not s.total:
+            continue
+        profiled += 1
+        merged.merge(s)
+        for name, us in split_cpu(s, node_s[pid], n).items():
+            stages[name] = stages.get(name, 0.0) + us
+        for (stage, part), count in s.parts.items():
+            key = f"{stage}.{part}"
+            parts[key] = parts.get(key, 0.0) + count / s.total * node_s[pid] / n * 1e6
+    return {
+        "samples": merged.total,
+        "blocked_samples_left_out": merged.blocked,
+        "nodes_profiled": profiled,
+        "stage_us_per_run": {k: round(v, 1) for k, v in stages.items()},
+        "other_us_per_run": round(sum(stages.get(k, 0.0) for k in OTHER), 1),
+        "part_us_per_run": {k: round(v, 1) for k, v in sorted(parts.items())},
+        "top_leaves": {
             stage: [(leaf, round(c / merged.total * 100, 1)) for leaf, c in counter.most_common(6)]
             for stage, counter in merged.leaves.items()
         }
-        return out
+        if merged.total
+        else {},
+    }
 
 
 def report_rows(cpu: dict[str, Any]) -> list[tuple[str, str]]:
@@ -617,7 +634,12 @@ def report_rows(cpu: dict[str, Any]) -> list[tuple[str, str]]:
             of = f"   (of which {parts})" if parts else ""
             rows.append((f"  {name}", f"{us:6.1f} µs  {us / total:5.1%}{of}"))
         other = cpu["other_us_per_run"]
-        detail = ", ".join(f"{k} {stages.get(k, 0.0):.1f}" for k in OTHER)
+        replies = cpu["part_us_per_run"].get("loop.asyncpg")
+        detail = ", ".join(
+            f"{k} {stages.get(k, 0.0):.1f}"
+            + (f" [of which asyncpg's replies {replies:.1f}]" if k == "loop" and replies else "")
+            for k in OTHER
+        )
         rows.append(("  other", f"{other:6.1f} µs  {other / total:5.1%}   ({detail})"))
         prof = cpu["profiler"]
         rows.append(
@@ -639,3 +661,40 @@ def report_rows(cpu: dict[str, Any]) -> list[tuple[str, str]]:
         ("redis-server CPU per run (shared)", f"{cpu['redis_us_per_run']} µs"),
     ]
     return rows
+
+
+def resplit(result: dict[str, Any]) -> dict[str, Any]:
+    """A burst's ``cpu`` figures again from its raw py-spy files, with the rules as they are now
+    (the files stay in the temporary folders the JSON names)."""
+    cpu = dict(result["cpu"])
+    prof = dict(cpu["profiler"])
+    node_s = {int(p): float(v) for p, v in cpu["node_cpu_s"].items()}
+    samples = [classify(Path(path).read_text(errors="replace")) for path in prof["raw"]]
+    figures = stage_figures(samples, node_s, int(result["jobs"]))
+    for key in ("samples", "blocked_samples_left_out", "nodes_profiled"):
+        prof[key] = figures.pop(key)
+    cpu.update(figures, profiler=prof)
+    return cpu
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m loadtest.stages FILE``: the stage table of each burst JSON line in FILE
+    (``loadtest/out/burst-results.jsonl``, or a saved output) with ``cpu.profiler.raw``, split again
+    with the current rules."""
+    import json
+
+    from loadtest.common import print_report
+
+    for path in argv if argv is not None else sys.argv[1:]:
+        for line in Path(path).read_text().splitlines():
+            if not line.startswith("{"):
+                continue
+            result = json.loads(line)
+            if not result.get("cpu", {}).get("profiler"):
+                continue
+            cpu = resplit(result)
+            print_report(f"stages {result.get('label', '')}", {"cpu": cpu}, report_rows(cpu))
+
+
+if __name__ == "__main__":
+    main()
