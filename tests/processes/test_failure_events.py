@@ -1,0 +1,79 @@
+"""Failure handling end to end on a running node: a target that fails three occurrences in a row
+(retries off, an every-second schedule) makes the job send exactly one ``job.failing``, then
+pause itself at ``pause_after_failures: 3`` with ``job.paused``; after a resume and a success it
+sends ``job.recovered``. Each event is signed with the owner's secret, carries
+``Duetime-Event``, and keeps its ``webhook-id`` over the retries of its delivery."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from duetime.core.signing import verify_signature
+from tests.support.node import Owner
+from tests.support.receiver import Call, Receiver
+
+
+def _checked(owner: Owner, job_id: str, call: Call) -> dict[str, object]:
+    """The event a call delivered, after checking its signature and headers against its body."""
+    body = json.loads(call.body)
+    h = call.headers
+    assert verify_signature(owner.secret, h, call.body), h
+    assert h["Duetime-Event"] == body["type"]
+    assert h["webhook-id"] == f"{job_id}:{body['scheduled_for']}:{body['type']}"
+    assert h["Idempotency-Key"] == h["webhook-id"]
+    assert h["Duetime-Job-Id"] == job_id and h["Duetime-Scheduled-For"] == body["scheduled_for"]
+    assert h["X-Ops"] == "pager"
+    return body  # type: ignore[no-any-return]
+
+
+async def test_failing_paused_recovered_each_signed_once(owner: Owner, receiver: Receiver) -> None:
+    # The run target fails its first three calls, then succeeds; the event target refuses the
+    # first delivery (503: retried by the default policy), then takes every event.
+    receiver.behaviour["/run"] = lambda n: 500 if n <= 3 else 200
+    receiver.behaviour["/events"] = lambda n: 503 if n == 1 else 200
+    job = await owner.create(
+        {
+            "name": "failing-" + owner.name,
+            "labels": {"team": "ops"},
+            "target": {"type": "webhook", "url": receiver.url + "/run"},
+            "schedule": {"every": "1s"},
+            "retry": {"max_attempts": 1},
+            "overlap": "skip",
+            "on_failure": {
+                "target": {"type": "webhook", "url": receiver.url + "/events", "headers": {"X-Ops": "pager"}}
+            },
+            "pause_after_failures": 3,
+        }
+    )
+    jid = job["id"]
+    assert job["on_failure"]["after"] == 1 and job["pause_after_failures"] == 3
+    assert job["on_failure"]["target"]["headers"] == {"X-Ops": "<redacted>"}
+
+    calls = await receiver.wait_for("/events", 3, within=30)  # 503 + job.failing, job.paused
+    first, retried, paused_call = calls[:3]
+    assert first.status == 503 and retried.status == 200
+    assert first.headers["webhook-id"] == retried.headers["webhook-id"]  # stable over retries
+    assert first.body == retried.body
+    failing = _checked(owner, jid, retried)
+    paused = _checked(owner, jid, paused_call)
+    assert failing["type"] == "job.failing" and failing["consecutive_failures"] == 1
+    assert failing["name"] == "failing-" + owner.name and failing["labels"] == {"team": "ops"}
+    assert failing["outcome"] == "failed" and failing["status_code"] == 500 and failing["attempts"] == 1
+    assert paused["type"] == "job.paused" and paused["consecutive_failures"] == 3
+    _, got = await owner.call("GET", f"/v1/jobs/{jid}")
+    assert got["state"] == "paused"
+    await asyncio.sleep(2.5)  # no run starts while paused, and no second job.failing
+    assert len(receiver.on("/run")) == 3
+    assert len(receiver.on("/events")) == 3
+
+    status, _ = await owner.call("POST", f"/v1/jobs/{jid}/resume")
+    assert status == 200
+    calls = await receiver.wait_for("/events", 4, within=30)
+    recovered = _checked(owner, jid, calls[3])
+    assert recovered["type"] == "job.recovered" and recovered["consecutive_failures"] == 0
+    assert recovered["outcome"] == "succeeded"
+    await asyncio.sleep(2.5)  # later successes send nothing
+    kinds = [json.loads(c.body)["type"] for c in receiver.on("/events") if c.status == 200]
+    assert kinds == ["job.failing", "job.paused", "job.recovered"]
+    assert len(receiver.on("/run")) >= 5
