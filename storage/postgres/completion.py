@@ -446,13 +446,17 @@ class BatchWriter:
 
     def failure_rows_missing(self) -> list[uuid.UUID]:
         """Jobs of ended occurrences whose rows this transaction has not locked (the janitor's
-        occurrence rows: their jobs were not known before the rows were read)."""
+        occurrence rows: their jobs were not known before the rows were read). Locked after the
+        rows, so out of the id order: only for jobs that count failures and have an occurrence
+        row whose lease lapsed; a deadlock PostgreSQL breaks there costs the janitor its round,
+        and the next round finishes the rows."""
         return sorted({e.end.job_id for e in self.ended} - set(self.locked))
 
     def failure_writes(self, extra: Mapping[uuid.UUID, Any]) -> FailureWrites:
         """Each ended occurrence through ``core.failures.step``, in occurrence order per job, from
         the job's count as locked; ``extra`` has the rows ``failure_rows_missing`` named."""
         plan_state = {w.job_id: w.plan.state for w in self.plans}
+        rows = {**extra, **self.locked}
         counts: dict[uuid.UUID, FailureCount] = {}
         specs: dict[uuid.UUID, JobSpec] = {}
         states: dict[uuid.UUID, JobState] = {}
@@ -460,7 +464,7 @@ class BatchWriter:
         events: list[FailureEvent] = []
         for e in sorted(self.ended, key=lambda e: (e.end.job_id, e.end.scheduled_for)):
             jid = e.end.job_id
-            row = self.locked.get(jid) or extra.get(jid)
+            row = rows.get(jid)
             if row is None or row["parent_id"] is not None:
                 continue  # the job was deleted meanwhile
             if jid not in counts:
@@ -477,7 +481,7 @@ class BatchWriter:
             events.extend(failures.events_of(specs[jid], e.end, result, shard=e.shard, owner=e.owner))
         changed = []
         for jid, count in counts.items():
-            row = self.locked.get(jid) or extra[jid]
+            row = rows[jid]
             if count != FailureCount(row["consecutive_failures"], row["failing"]):
                 changed.append((jid, count))
         return FailureWrites(changed, paused, events)
