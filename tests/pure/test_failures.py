@@ -262,3 +262,43 @@ def test_a_final_failure_is_given_up_at_once_and_retry_after_is_honoured() -> No
     assert capped.retry_at is not None and capped.retry_at <= T0 + timedelta(
         seconds=DEFAULT_POLICY.backoff_max_s
     )
+
+
+# ---------------------------------------------------------------------------------- the CLI's flags
+
+
+def test_jobs_create_flags_make_on_failure_and_pause_after_failures() -> None:
+    from duetime.cli import _spec_from_args, build_parser
+
+    args = build_parser().parse_args(
+        [
+            "jobs",
+            "create",
+            "--webhook-url",
+            "https://example.com/run",
+            "--every",
+            "1h",
+            "--on-failure-url",
+            "https://example.com/pager",
+            "--on-failure-after",
+            "3",
+            "--pause-after-failures",
+            "10",
+        ]
+    )
+    spec = _spec_from_args(args)
+    assert spec["on_failure"] == {
+        "target": {"type": "webhook", "url": "https://example.com/pager"},
+        "after": 3,
+    }
+    assert spec["pause_after_failures"] == 10
+
+
+def test_on_failure_after_alone_is_a_usage_error() -> None:
+    from duetime.cli import _JobsUsage, _spec_from_args, build_parser
+
+    args = build_parser().parse_args(
+        ["jobs", "update", "0190f2a0-0000-7000-8000-000000000001", "--on-failure-after", "2"]
+    )
+    with pytest.raises(_JobsUsage, match="--on-failure-url"):
+        _spec_from_args(args, patch=True)
