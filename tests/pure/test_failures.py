@@ -302,3 +302,41 @@ def test_on_failure_after_alone_is_a_usage_error() -> None:
     )
     with pytest.raises(_JobsUsage, match="--on-failure-url"):
         _spec_from_args(args, patch=True)
+
+
+# ---------------------------------------------------------------------------------- headers of an event
+
+
+def test_an_event_is_keyed_and_marked_in_webhook_headers_and_queue_messages() -> None:
+    from dataclasses import replace
+
+    from duetime.core import signing
+    from duetime.core.runpath import Delivery
+    from duetime.workers.queues import message_headers, redis_fields
+    from duetime.workers.webhook import contract_headers
+
+    secret = signing.new_signing_secret()
+    d = Delivery(
+        job_id=str(JOB),
+        scheduled_for=T0,
+        attempt=2,
+        fencing_token=7,
+        owner="alice",
+        signing_secret=secret,
+        payload={"type": "job.paused"},
+        target=HOOK,
+        event="job.paused",
+    )
+    body = signing.encode_body(d.payload)
+    key = f"{JOB}:2026-12-01T03:00:00Z:job.paused"
+    h = contract_headers(d, body, T0)
+    assert h["webhook-id"] == h["Idempotency-Key"] == key and h["Duetime-Event"] == "job.paused"
+    assert signing.verify_signature(secret, h, body, now=T0)
+    q = message_headers(d)
+    assert q["Idempotency-Key"] == key and q["Duetime-Event"] == "job.paused"
+    fields = redis_fields(d, body)
+    assert fields["idempotency_key"] == key and fields["duetime_event"] == "job.paused"
+    run = replace(d, event=None)  # a run's call: its own key, no event header
+    assert contract_headers(run, body, T0)["webhook-id"] == f"{JOB}:2026-12-01T03:00:00Z"
+    assert "Duetime-Event" not in contract_headers(run, body, T0)
+    assert "duetime_event" not in redis_fields(run, body)
