@@ -142,3 +142,34 @@ async def test_the_outbox_settles_delivered_retried_and_given_up_events(store: S
     await store.settle_events([EventSettlement(again, delivered=True)])
     assert await _events(store, o) == []
     assert await store.purge_given_up_events(before=now() + timedelta(seconds=5), limit=1000) >= 1
+
+
+async def test_an_occurrence_row_counts_for_its_job_and_pauses_it(store: Store) -> None:
+    """overlap=allow: an occurrence run in a row of its own fails; its job's count (on the job's
+    row, locked with the batch) moves, and the job pauses while its own run is in flight."""
+    import asyncio
+
+    o, e = new_owner(), engine_id()
+    spec = cron("* * * * * *", on_failure=OnFailure(target=HOOK), pause_after_failures=1)
+    job, _ = await store.create_job(o, spec)  # overlap=allow is the default
+    jid = uuid.UUID(job.id)
+    [run] = await fence(store, (await claim(store, e, [jid])).values())
+    await asyncio.sleep(1.1)
+    assert await store.split_overlapping(run.shard, horizon_s=5) >= 1
+    occurrences = [
+        r
+        for r in await store.claim_due(run.shard, e, lookahead_s=60, lease_s=30, limit=500)
+        if r.owner == o and r.job_id != jid
+    ]
+    [occ] = await fence(store, occurrences[:1])
+    assert occ.parent_id == jid
+    await store.complete_runs([report(occ, Outcome.FAILED)])
+    assert (await store.get_job(o, jid)).state is JobState.PAUSED
+    assert await fence(store, occurrences[1:]) == []  # no other run of it starts now
+    kinds = [ev.kind for ev in await _events(store, o)]
+    assert sorted(kinds) == ["job.failing", "job.paused"]
+    # The job's own run, in flight all along, finishes: the job stays paused, and has recovered.
+    await store.complete_runs([report(run, Outcome.SUCCEEDED)])
+    assert (await store.get_job(o, jid)).state is JobState.PAUSED
+    [recovered] = await _events(store, o)
+    assert recovered.kind == "job.recovered" and recovered.job_id == jid
