@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
 
 from duetime.core.signing import verify_signature
 from tests.support.node import Owner
@@ -82,3 +87,37 @@ async def test_failing_paused_recovered_each_signed_once(owner: Owner, receiver:
     kinds = [json.loads(c.body)["type"] for c in receiver.on("/events") if c.status == 200]
     assert sorted(kinds) == ["job.failing", "job.paused", "job.recovered"]  # each exactly once
     assert len(receiver.on("/run")) >= 5
+
+
+@pytest.mark.redis
+async def test_a_failure_event_to_a_redis_stream_carries_the_run_fields_and_its_type(
+    owner: Owner, receiver: Receiver
+) -> None:
+    key = "duetime-test-events-" + uuid.uuid4().hex[:8]
+    receiver.behaviour["/run"] = lambda _n: 404  # a failure that is not retried
+    job = await owner.create(
+        {
+            "target": {"type": "webhook", "url": receiver.url + "/run"},
+            "schedule": {"every": "1h"},
+            "on_failure": {"target": {"type": "queue", "broker": "redis", "topic": key}},
+        }
+    )
+    r = aioredis.from_url("redis://127.0.0.1:6379/0")
+    try:
+        entries: list[Any] = []
+        for _ in range(300):
+            entries = list(await r.xrange(key) or [])
+            if entries:
+                break
+            await asyncio.sleep(0.05)
+        [(_, fields)] = entries
+        f = {str(k, "utf-8"): str(v, "utf-8") for k, v in fields.items()}
+        body = json.loads(f["payload"])
+        assert body["type"] == "job.failing" and body["status_code"] == 404
+        assert f["duetime_event"] == "job.failing"
+        assert f["idempotency_key"] == f"{job['id']}:{body['scheduled_for']}:job.failing"
+        assert f["duetime_job_id"] == job["id"] and f["duetime_scheduled_for"] == body["scheduled_for"]
+        assert f["duetime_attempt"] == "1"
+    finally:
+        await r.delete(key)
+        await r.aclose()
