@@ -173,3 +173,31 @@ async def test_an_occurrence_row_counts_for_its_job_and_pauses_it(store: Store) 
     assert (await store.get_job(o, jid)).state is JobState.PAUSED
     [recovered] = await _events(store, o)
     assert recovered.kind == "job.recovered" and recovered.job_id == jid
+
+
+async def test_claims_of_the_outbox_are_exclusive_and_leased(store: Store) -> None:
+    """Several delivery services share the outbox: concurrent claims take disjoint events, and an
+    event whose holder never settles comes due again after its lease, under a new attempt number
+    that fences the old holder's settle out."""
+    import asyncio
+
+    o, e = new_owner(), engine_id()
+    spec = cron("0 0 1 1 *", overlap=Overlap.SKIP, on_failure=OnFailure(target=HOOK))
+    for _ in range(6):
+        job, _ = await store.create_job(o, spec)
+        await _occurrence(store, o, e, uuid.UUID(job.id), Outcome.FAILED)
+    a, b = await asyncio.gather(
+        store.claim_events(limit=1000, lease_s=2.0), store.claim_events(limit=1000, lease_s=2.0)
+    )
+    mine_a = {ev.event_id for ev in a if ev.owner == o}
+    mine_b = {ev.event_id for ev in b if ev.owner == o}
+    assert not mine_a & mine_b and len(mine_a | mine_b) == 6
+    held = [ev for ev in a + b if ev.owner == o]
+    assert await _events(store, o) == []
+    await asyncio.sleep(2.5)  # the holders died: their leases end
+    again = await _events(store, o)
+    assert sorted(ev.event_id for ev in again) == sorted(ev.event_id for ev in held)
+    assert all(ev.attempts == 2 for ev in again)
+    await store.settle_events([EventSettlement(ev, delivered=True) for ev in held])  # too late
+    await store.settle_events([EventSettlement(ev, delivered=False, retry_at=now()) for ev in again])
+    assert len(await _events(store, o)) == 6  # the old holder's settle changed nothing
