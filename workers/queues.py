@@ -43,6 +43,7 @@ FIELD_JOB_ID = "duetime_job_id"
 FIELD_SCHEDULED_FOR = "duetime_scheduled_for"
 FIELD_ATTEMPT = "duetime_attempt"
 FIELD_FENCING_TOKEN = "duetime_fencing_token"
+FIELD_EVENT = "duetime_event"  # failure events only
 
 # Redis answers that say "not now" rather than "never": a failover, a full server, a reload.
 _REDIS_TRANSIENT = (
@@ -57,7 +58,7 @@ _REDIS_TRANSIENT = (
 
 def message_headers(d: Delivery) -> dict[str, str]:
     """The contract's headers for a queue message (no signature: the broker is the operator's)."""
-    key = signing.idempotency_key(d.job_id, d.scheduled_for)
+    key = signing.delivery_key(d.job_id, d.scheduled_for, d.event)
     headers = {
         signing.IDEMPOTENCY_KEY: key,
         signing.JOB_ID: d.job_id,
@@ -65,6 +66,8 @@ def message_headers(d: Delivery) -> dict[str, str]:
         signing.ATTEMPT: str(d.attempt),
         signing.FENCING_TOKEN: str(d.fencing_token),
     }
+    if d.event is not None:
+        headers[signing.EVENT] = d.event
     if d.traceparent is not None:
         headers[TRACEPARENT] = d.traceparent
     return headers
@@ -79,6 +82,7 @@ def redis_fields(d: Delivery, body: bytes) -> dict[str, bytes | str]:
         FIELD_SCHEDULED_FOR: headers[signing.SCHEDULED_FOR],
         FIELD_ATTEMPT: headers[signing.ATTEMPT],
         FIELD_FENCING_TOKEN: headers[signing.FENCING_TOKEN],
+        **({FIELD_EVENT: headers[signing.EVENT]} if signing.EVENT in headers else {}),
         **({TRACEPARENT: headers[TRACEPARENT]} if TRACEPARENT in headers else {}),
     }
 
