@@ -174,7 +174,7 @@ PHASE_EVENTS: dict[RunEvent, PhaseStep] = {
     RunEvent.RETAKE: PhaseStep(
         _ph(_CLAIMED),
         None,
-        "an engine restarted under its id takes its claims back (new token)",
+        "an engine restarted under its id, or whose claim answer was lost, takes its claims back (new token)",
         ("retake_claims",),
     ),
     RunEvent.KEEP: PhaseStep(
