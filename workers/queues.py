@@ -46,6 +46,7 @@ FIELD_JOB_ID = "duetime_job_id"
 FIELD_SCHEDULED_FOR = "duetime_scheduled_for"
 FIELD_ATTEMPT = "duetime_attempt"
 FIELD_FENCING_TOKEN = "duetime_fencing_token"
+FIELD_EVENT = "duetime_event"  # failure events only
 
 # Redis answers that say "not now" rather than "never": a failover, a full server, a reload.
 _REDIS_TRANSIENT = (
@@ -60,7 +61,7 @@ _REDIS_TRANSIENT = (
 
 def message_headers(d: Delivery) -> dict[str, str]:
     """The contract's headers for a queue message (no signature: the broker is the operator's)."""
-    key = signing.idempotency_key(d.job_id, d.scheduled_for)
+    key = signing.delivery_key(d.job_id, d.scheduled_for, d.event)
     headers = {
         signing.IDEMPOTENCY_KEY: key,
         signing.JOB_ID: d.job_id,
@@ -68,6 +69,8 @@ def message_headers(d: Delivery) -> dict[str, str]:
         signing.ATTEMPT: str(d.attempt),
         signing.FENCING_TOKEN: str(d.fencing_token),
     }
+    if d.event is not None:
+        headers[signing.EVENT] = d.event
     if d.traceparent is not None:
         headers[TRACEPARENT] = d.traceparent
     return headers
@@ -76,15 +79,16 @@ def message_headers(d: Delivery) -> dict[str, str]:
 def redis_fields(d: Delivery, body: bytes) -> dict[str, bytes | str]:
     """The stream entry's fields for ``d`` (the contract's, docs/targets.md), in the order
     ``xadd_command`` writes them."""
-    occurrence = signing.format_occurrence(d.scheduled_for)
     fields: dict[str, bytes | str] = {
         FIELD_PAYLOAD: body,
-        FIELD_IDEMPOTENCY_KEY: f"{d.job_id}:{occurrence}",
+        FIELD_IDEMPOTENCY_KEY: signing.delivery_key(d.job_id, d.scheduled_for, d.event),
         FIELD_JOB_ID: d.job_id,
-        FIELD_SCHEDULED_FOR: occurrence,
+        FIELD_SCHEDULED_FOR: signing.format_occurrence(d.scheduled_for),
         FIELD_ATTEMPT: str(d.attempt),
         FIELD_FENCING_TOKEN: str(d.fencing_token),
     }
+    if d.event is not None:
+        fields[FIELD_EVENT] = d.event
     if d.traceparent is not None:
         fields[TRACEPARENT] = d.traceparent
     return fields
@@ -96,6 +100,7 @@ def xadd_command(key: str, d: Delivery, body: bytes) -> bytes:
     The same fields as ``redis_fields``, without the dict: a burst packs a few hundred thousand of
     these, and redis-py's own packing (a Python loop per argument) was a tenth of a node's CPU."""
     occurrence = signing.format_occurrence(d.scheduled_for)
+    idempotency_key = f"{d.job_id}:{occurrence}"  # signing.delivery_key, formatted once
     args: tuple[str | bytes, ...] = (
         "XADD",
         key,
@@ -103,7 +108,7 @@ def xadd_command(key: str, d: Delivery, body: bytes) -> bytes:
         FIELD_PAYLOAD,
         body,
         FIELD_IDEMPOTENCY_KEY,
-        f"{d.job_id}:{occurrence}",
+        idempotency_key if d.event is None else f"{idempotency_key}:{d.event}",
         FIELD_JOB_ID,
         d.job_id,
         FIELD_SCHEDULED_FOR,
@@ -113,6 +118,8 @@ def xadd_command(key: str, d: Delivery, body: bytes) -> bytes:
         FIELD_FENCING_TOKEN,
         str(d.fencing_token),
     )
+    if d.event is not None:
+        args = (*args, FIELD_EVENT, d.event)
     if d.traceparent is not None:
         args = (*args, TRACEPARENT, d.traceparent)
     packed: bytes = hiredis.pack_command(args)  # type: ignore[arg-type]  # its stub says a 1-tuple

@@ -244,7 +244,8 @@ async def test_batched_workers_keep_runs_in_flight_within_the_pool_concurrency()
 
 async def test_the_batch_path_writes_the_contract_fields_of_each_run() -> None:
     """The batch path packs each XADD itself (``xadd_command``): the entries carry exactly the
-    fields of ``redis_fields``, the contract's (docs/targets.md), traceparent included when set."""
+    fields of ``redis_fields``, the contract's (docs/targets.md), traceparent and a failure
+    event's type included when set."""
     from dataclasses import replace
 
     from duetime.core import signing
@@ -252,9 +253,10 @@ async def test_the_batch_path_writes_the_contract_fields_of_each_run() -> None:
 
     key = f"duetime-test-burst-{secrets.token_hex(6)}"
     target = QueueTarget(broker=Broker.REDIS, topic=key)
-    ds = [_delivery(target, n) for n in range(3)]
+    ds = [_delivery(target, n) for n in range(4)]
     ds[1] = replace(ds[1], traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
     ds[2] = replace(ds[2], payload={"text": "é ✓", "big": 2**70})
+    ds[3] = replace(ds[3], event="job.failing", traceparent=ds[1].traceparent)  # a failure event
     publisher = QueuePublisher(nats_url=None, redis_url=REDIS_URL)
     client = aioredis.Redis.from_url(REDIS_URL)
     try:
@@ -264,7 +266,7 @@ async def test_the_batch_path_writes_the_contract_fields_of_each_run() -> None:
         await publisher.close()
         await client.delete(key)
         await client.aclose()
-    assert verdicts == [PUBLISHED] * 3
+    assert verdicts == [PUBLISHED] * 4
     got = [{k.decode(): v for k, v in fields.items()} for _, fields in entries]
     want = [
         {
@@ -275,6 +277,8 @@ async def test_the_batch_path_writes_the_contract_fields_of_each_run() -> None:
     ]
     assert got == want
     assert "traceparent" in got[1] and "traceparent" not in got[0]
+    assert got[3]["duetime_event"] == b"job.failing"
+    assert got[3]["idempotency_key"].endswith(b":job.failing")
 
 
 class _HoldingProxy:

@@ -60,7 +60,7 @@ class _AnswerLostOnce(MemoryStore):
 
     lost: int = 0
 
-    async def claim_due(self, shard: int, engine_id: str, **kw):  # type: ignore[no-untyped-def, override]
+    async def claim_due(self, shard: int, engine_id: str, **kw):
         rows = await super().claim_due(shard, engine_id, **kw)
         if rows and not self.lost:
             self.lost = len(rows)
@@ -96,7 +96,7 @@ class _SkipFailsOnce(MemoryStore):
 
     failed: int = 0
 
-    async def skip_missed(self, skips):  # type: ignore[no-untyped-def, override]
+    async def skip_missed(self, skips):
         if not self.failed:
             self.failed = len(skips)
             raise ConnectionResetError("connection was closed in the middle of operation")
