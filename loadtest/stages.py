@@ -40,8 +40,9 @@ record     ``Completer`` and the store's completion (``storage/postgres/completi
 =========  ===========================================================================
 
 and "other", split into: ``gc`` (native ``gc_collect_main`` and its kin), ``metrics``
-(prometheus_client), ``logging``, ``upkeep`` (lease heartbeats, janitor, membership, retention,
-due-age sampling), ``bench`` (the benchmark's own 10 Hz sampler inside each node), ``loop``.
+(prometheus_client), ``logging``, ``upkeep`` (lease heartbeats, janitor, failure events,
+membership, retention, due-age sampling), ``bench`` (the benchmark's own 10 Hz sampler inside each
+node), ``loop``.
 """
 
 from __future__ import annotations
@@ -149,6 +150,7 @@ RULES: tuple[Rule, ...] = (
     _r("upkeep", "engine/membership.py"),
     _r("upkeep", "engine/retention.py"),
     _r("upkeep", "engine/due_age.py"),
+    _r("upkeep", "workers/events.py"),  # failure events: not a run's own delivery
     # workers: the completer first (it lives in workers/pool.py beside the workers)
     _r(
         "record",
