@@ -29,7 +29,16 @@ from duetime.core.codec import REDACTED, format_time, run_to_json, spec_to_json
 from duetime.core.errors import Conflict, InvalidRequest, MalformedRequest, NotFound, TopicNotAllowed
 from duetime.core.ids import parse_job_id
 from duetime.core.labels import check_name, check_name_prefix, parse_bulk_request, parse_label_query
-from duetime.core.model import IntervalSchedule, Job, JobSpec, JobState, Outcome, QueueTarget, WebhookTarget
+from duetime.core.model import (
+    IntervalSchedule,
+    Job,
+    JobSpec,
+    JobState,
+    Outcome,
+    QueueTarget,
+    Target,
+    WebhookTarget,
+)
 from duetime.core.ssrf import AddressPolicy, check_webhook_url
 from duetime.core.topics import TOPIC_FIELD, TopicPolicy
 from duetime.core.validation import (
@@ -130,6 +139,14 @@ async def _json_body(request: web.Request) -> Any:
 
 
 def _restore_redacted_headers(merged: dict[str, Any], current: JobSpec) -> None:
+    """``_restore_target_headers`` for the job's target and its ``on_failure`` target."""
+    _restore_target_headers(merged, current.target, "target")
+    on_failure = merged.get("on_failure")
+    if isinstance(on_failure, dict) and current.on_failure is not None:
+        _restore_target_headers(on_failure, current.on_failure.target, "on_failure.target")
+
+
+def _restore_target_headers(merged: dict[str, Any], current_target: Target, at: str) -> None:
     """Keep a header's secret when a PATCH sends back the ``<redacted>`` placeholder we showed,
     as long as the URL keeps its origin (scheme, host, port); a move elsewhere must resend it.
 
@@ -137,7 +154,7 @@ def _restore_redacted_headers(merged: dict[str, Any], current: JobSpec) -> None:
     every secret again. Only names the job already has (in any letter case) are restored; the
     placeholder under a new name reaches the validator, which refuses it (422 invalid_header).
     """
-    if not isinstance(current.target, WebhookTarget):
+    if not isinstance(current_target, WebhookTarget):
         return
     target = merged.get("target")
     if not isinstance(target, dict):
@@ -145,20 +162,20 @@ def _restore_redacted_headers(merged: dict[str, Any], current: JobSpec) -> None:
     headers = target.get("headers")
     if not isinstance(headers, dict):
         return
-    known = {name.lower(): value for name, value in current.target.headers.items()}
+    known = {name.lower(): value for name, value in current_target.headers.items()}
     url = target.get("url")
-    moved = not isinstance(url, str) or not same_origin(url, current.target.url)
+    moved = not isinstance(url, str) or not same_origin(url, current_target.url)
     for name, value in headers.items():
         if value == REDACTED and name.lower() in known:
             if moved:
                 # A stored secret was meant for one origin; following the URL elsewhere would let
                 # a leaked API key redirect the job and harvest the secret.
                 raise InvalidRequest(
-                    f"target.headers.{name} is the redacted placeholder, but target.url now calls "
+                    f"{at}.headers.{name} is the redacted placeholder, but {at}.url now calls "
                     "another origin (scheme, host or port) than the stored one; resend the secret "
                     "values of every header when you move a webhook",
                     code="invalid_header",
-                    field=f"target.headers.{name}",
+                    field=f"{at}.headers.{name}",
                 )
             headers[name] = known[name.lower()]
 
@@ -229,13 +246,26 @@ class JobsApi:
             web.get("/v1/runs", self.list_owner_runs, name="list_owner_runs", allow_head=False),
         ]
 
-    async def _check_target(self, spec: JobSpec, owner: str) -> None:
-        if isinstance(spec.target, QueueTarget):
-            reason = self._topics.refusal(spec.target.broker, spec.target.topic, owner)
+    async def _check_target(self, spec: JobSpec, owner: str, *, main: bool = True) -> None:
+        """The targets' registration checks (topic policy, SSRF): the job's own (``main``) and
+        its ``on_failure`` target's, whose errors name their own path."""
+        if main:
+            await self._check_one_target(spec.target, owner)
+        if spec.on_failure is not None:
+            try:
+                await self._check_one_target(spec.on_failure.target, owner)
+            except InvalidRequest as exc:
+                field = None if exc.field is None else f"on_failure.{exc.field}"
+                message = exc.message.replace("target.", "on_failure.target.", 1)
+                raise type(exc)(message, code=exc.code, field=field) from None
+
+    async def _check_one_target(self, target: Target, owner: str) -> None:
+        if isinstance(target, QueueTarget):
+            reason = self._topics.refusal(target.broker, target.topic, owner)
             if reason is not None:
-                raise TopicNotAllowed(self._topics.message(spec.target.topic, reason), field=TOPIC_FIELD)
+                raise TopicNotAllowed(self._topics.message(target.topic, reason), field=TOPIC_FIELD)
             return
-        url = spec.target.url
+        url = target.url
         now = time.monotonic()
         if self._passed_urls.get(url, 0.0) > now:
             return
@@ -324,8 +354,12 @@ class JobsApi:
                 _keep_interval_start(merged, current.spec)
                 current_json = spec_to_json(current.spec)
                 spec = self._spec_keeping_schedule(merged, current, now)
-                if spec_to_json(spec)["target"] != current_json["target"]:
-                    await self._check_target(spec, owner)
+                new_json = spec_to_json(spec)
+                if (
+                    new_json["target"] != current_json["target"]
+                    or new_json["on_failure"] != current_json["on_failure"]
+                ):
+                    await self._check_target(spec, owner, main=new_json["target"] != current_json["target"])
             try:
                 job, created = await self._registry.apply_job(
                     owner, spec, expected_id=None if current is None else current.id
@@ -384,8 +418,8 @@ class JobsApi:
         schedule_changed = isinstance(patch, dict) and "schedule" in patch
         anchor = datetime.now(UTC) if schedule_changed else current.created_at
         spec = parse_job_spec(merged, now=anchor, limits=self._limits)
-        if isinstance(patch, dict) and "target" in patch:
-            await self._check_target(spec, owner)
+        if isinstance(patch, dict) and ("target" in patch or "on_failure" in patch):
+            await self._check_target(spec, owner, main="target" in patch)
         job = await self._registry.update_job(owner, job_id, spec)
         return json_response(job_to_json(job))
 

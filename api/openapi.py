@@ -289,6 +289,36 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "`skipped`, `buffer_one` runs one such occurrence right after the current run ends "
             "and skips the rest. Ignored for one-off jobs.",
         },
+        "on_failure": {
+            "oneOf": [{"type": "null"}, _ref("OnFailureInput")],
+            "default": None,
+            "description": "Where failure events go (`job.failing`, `job.paused`, "
+            "`job.recovered`), signed like a run; see docs/targets.md for the event body.",
+        },
+        "pause_after_failures": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "maximum": 1000,
+            "default": None,
+            "description": "After this many consecutive failed occurrences the job moves to "
+            "`paused`; `resume` resets the count.",
+        },
+    }
+    on_failure_in: JsonObject = {
+        "type": "object",
+        "required": ["target"],
+        "additionalProperties": False,
+        "properties": {
+            "target": {"oneOf": [_ref("WebhookTargetInput"), _ref("QueueTargetInput")]},
+            "after": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 1000,
+                "default": 1,
+                "description": "`job.failing` is sent once the job has this many consecutive "
+                "failed occurrences (an occurrence fails when its last attempt fails).",
+            },
+        },
     }
     job_spec: JsonObject = {
         "type": "object",
@@ -378,6 +408,15 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             },
         },
     }
+    on_failure_out: JsonObject = {
+        "type": "object",
+        "required": ["target", "after"],
+        "additionalProperties": False,
+        "properties": {
+            "target": {"oneOf": [_ref("WebhookTarget"), _ref("QueueTarget")]},
+            "after": {"type": "integer"},
+        },
+    }
     job: JsonObject = {
         "type": "object",
         "required": [
@@ -393,6 +432,8 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "misfire_grace_s",
             "jitter_s",
             "overlap",
+            "on_failure",
+            "pause_after_failures",
             "state",
             "next_run_at",
             "attempt",
@@ -414,6 +455,8 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "misfire_grace_s": {"type": "integer"},
             "jitter_s": {"type": "integer"},
             "overlap": {"enum": ["allow", "skip", "buffer_one"]},
+            "on_failure": {"oneOf": [{"type": "null"}, _ref("OnFailure")]},
+            "pause_after_failures": {"type": ["integer", "null"]},
             "state": {"enum": ["scheduled", "paused", "completed", "cancelled", "dead"]},
             "next_run_at": _OPT_TIME,
             "attempt": {"type": "integer", "minimum": 0},
@@ -457,6 +500,8 @@ def _schemas(limits: SpecLimits) -> JsonObject:
         "CronScheduleInput": cron_in,
         "EveryScheduleInput": every_in,
         "RetryInput": retry_in,
+        "OnFailureInput": on_failure_in,
+        "OnFailure": on_failure_out,
         "WebhookTarget": webhook_out,
         "QueueTarget": queue_out,
         "CronSchedule": cron_out,
@@ -998,10 +1043,16 @@ def _owner_scale_paths(spec_body: JsonObject, location: JsonObject) -> JsonObjec
     }
 
 
-_E400_EDGE: Final = _error(
-    "Malformed JSON or a value of the wrong type; or a repeated Authorization header "
-    "(`duplicate_header`) or query parameter (`duplicate_parameter`)."
-)
+_E400_EDGE: Final = {
+    "description": "Malformed JSON or a value of the wrong type; or a repeated Authorization header "
+    "(`duplicate_header`) or query parameter (`duplicate_parameter`). A request the HTTP parser "
+    "cannot read (a request line or a header over 8190 bytes, more than 128 headers) is answered "
+    "by the parser itself, before Duetime, in plain text, and the connection is closed.",
+    "content": {
+        "application/json": {"schema": _ref("Error")},
+        "text/plain": {"schema": {"type": "string"}},
+    },
+}
 _E408: Final = _error(
     "The request body did not arrive in time (`request_timeout`); the connection is closed."
 )

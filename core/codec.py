@@ -21,6 +21,7 @@ from duetime.core.model import (
     JobSpec,
     Misfire,
     OneOffSchedule,
+    OnFailure,
     Outcome,
     Overlap,
     QueueTarget,
@@ -170,7 +171,21 @@ def spec_to_json(spec: JobSpec, *, redact: bool = False) -> dict[str, Any]:
         "misfire_grace_s": spec.misfire_grace_s,
         "jitter_s": spec.jitter_s,
         "overlap": spec.overlap.value,
+        "on_failure": on_failure_to_json(spec.on_failure, redact=redact),
+        "pause_after_failures": spec.pause_after_failures,
     }
+
+
+def on_failure_to_json(on_failure: OnFailure | None, *, redact: bool = False) -> dict[str, Any] | None:
+    if on_failure is None:
+        return None
+    return {"target": target_to_json(on_failure.target, redact=redact), "after": on_failure.after}
+
+
+def on_failure_from_json(data: dict[str, Any] | None) -> OnFailure | None:
+    if not data:
+        return None
+    return OnFailure(target=target_from_json(data["target"]), after=int(data.get("after", 1)))
 
 
 def spec_from_json(data: dict[str, Any]) -> JobSpec:
@@ -192,6 +207,10 @@ def spec_from_json(data: dict[str, Any]) -> JobSpec:
         misfire_grace_s=int(data.get("misfire_grace_s", 60)),
         jitter_s=int(data.get("jitter_s", 0)),
         overlap=Overlap(data.get("overlap", "allow")),
+        on_failure=on_failure_from_json(data.get("on_failure")),
+        pause_after_failures=(
+            None if data.get("pause_after_failures") is None else int(data["pause_after_failures"])
+        ),
     )
 
 

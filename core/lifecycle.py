@@ -60,6 +60,9 @@ class RowPlan:
     # the previous run was in flight (overlap skip/buffer_one). The writer records them skipped.
     overlap_skipped: tuple[datetime, ...] = field(default_factory=tuple)
     overlap_unrecorded: int = 0
+    # Output only, never stored: this plan is a retry of the same occurrence (it is not over), so
+    # the failure count (core.failures) waits for its last attempt.
+    retrying: bool = field(default=False, compare=False)
 
 
 def _regular(job_id: uuid.UUID, spec: JobSpec, occurrence: datetime | None, state: JobState) -> RowPlan:
@@ -275,7 +278,7 @@ def _retried(
         retry_after=retry_after_s,
         rng=rng,
     )
-    return None if at is None else replace(plan, attempt=attempt, next_run_at=at)
+    return None if at is None else replace(plan, attempt=attempt, next_run_at=at, retrying=True)
 
 
 def after_attempt(

@@ -151,6 +151,15 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class OnFailure:
+    """Where a job's failure events go (``job.failing``, ``job.paused``, ``job.recovered``), and
+    after how many consecutive failed occurrences it counts as failing (core/failures.py)."""
+
+    target: Target
+    after: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     """Everything an owner says about a job: what POST takes, with every default filled in."""
 
@@ -165,6 +174,9 @@ class JobSpec:
     misfire_grace_s: int = 60
     jitter_s: int = 0
     overlap: Overlap = Overlap.ALLOW
+    on_failure: OnFailure | None = None
+    # After this many consecutive failed occurrences the job is paused (None: never).
+    pause_after_failures: int | None = None
 
     @property
     def recurring(self) -> bool:

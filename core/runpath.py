@@ -208,6 +208,8 @@ class Delivery:
     extra_signing_secrets: tuple[str, ...] = ()
     # With tracing on (workers/tracing.py): the W3C traceparent of this attempt's span.
     traceparent: str | None = None
+    # A failure event's type (core/failures.py): sent as Duetime-Event, and part of its key.
+    event: str | None = None
 
     @classmethod
     def of(cls, run: FencedRun, *, signing_secret: str) -> Delivery:

@@ -31,6 +31,8 @@ JOB_ID = "Duetime-Job-Id"
 SCHEDULED_FOR = "Duetime-Scheduled-For"
 ATTEMPT = "Duetime-Attempt"
 FENCING_TOKEN = "Duetime-Fencing-Token"
+# A failure event (core/failures.py) carries its type; a run's calls never carry it.
+EVENT = "Duetime-Event"
 WEBHOOK_ID = "webhook-id"
 WEBHOOK_TIMESTAMP = "webhook-timestamp"
 WEBHOOK_SIGNATURE = "webhook-signature"
@@ -43,6 +45,7 @@ CONTRACT_HEADERS: frozenset[str] = frozenset(
         SCHEDULED_FOR,
         ATTEMPT,
         FENCING_TOKEN,
+        EVENT,
         WEBHOOK_ID,
         WEBHOOK_TIMESTAMP,
         WEBHOOK_SIGNATURE,
@@ -60,6 +63,13 @@ def format_occurrence(scheduled_for: datetime) -> str:
 def idempotency_key(job_id: str, scheduled_for: datetime) -> str:
     """``<job id>:<nominal occurrence>``: the same on every attempt and redelivery of an occurrence."""
     return f"{job_id}:{format_occurrence(scheduled_for)}"
+
+
+def delivery_key(job_id: str, scheduled_for: datetime, event: str | None = None) -> str:
+    """The Idempotency-Key and ``webhook-id`` of a call: a run's ``<job id>:<occurrence>``, and
+    a failure event's ``<job id>:<occurrence>:<type>`` (each event of an occurrence its own)."""
+    key = idempotency_key(job_id, scheduled_for)
+    return key if event is None else f"{key}:{event}"
 
 
 def encode_body(payload: Any) -> bytes:

@@ -129,6 +129,7 @@ class RunEvent(enum.StrEnum):
     MOVE_SHARD = "move_shard"
     MEASURE_BACKLOG = "measure_backlog"
     RETIRE = "retire"
+    PAUSE_FAILING = "pause_failing"
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +174,7 @@ PHASE_EVENTS: dict[RunEvent, PhaseStep] = {
     RunEvent.RETAKE: PhaseStep(
         _ph(_CLAIMED),
         None,
-        "an engine restarted under its id takes its claims back (new token)",
+        "an engine restarted under its id, or whose claim answer was lost, takes its claims back (new token)",
         ("retake_claims",),
     ),
     RunEvent.KEEP: PhaseStep(
@@ -287,6 +288,16 @@ PHASE_EVENTS: dict[RunEvent, PhaseStep] = {
         ("retention_finished_jobs", "retention_lock_finished"),
         states=frozenset({_C, _X, _D}),
         deletes=True,
+    ),
+    RunEvent.PAUSE_FAILING: PhaseStep(
+        _ph(_CLAIMED),
+        _IDLE,
+        "a job reached pause_after_failures consecutive failed occurrences and pauses as an owner's "
+        "pause does (core/failures.py): a claimed row gives its lease back, in the completion's "
+        "transaction for the job's row and right after it for its occurrence rows",
+        ("pause_failing_jobs", "cascade_failure_pause"),
+        states=frozenset({_S}),
+        sets_state=_P,
     ),
 }
 

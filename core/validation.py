@@ -49,6 +49,7 @@ from duetime.core.model import (
     JobSpec,
     Misfire,
     OneOffSchedule,
+    OnFailure,
     Overlap,
     QueueTarget,
     RetryPolicy,
@@ -103,7 +104,11 @@ TOP_LEVEL_FIELDS = (
     "misfire_grace_s",
     "jitter_s",
     "overlap",
+    "on_failure",
+    "pause_after_failures",
 )
+ON_FAILURE_FIELDS = ("target", "after")
+FAILURE_COUNT_RANGE = (1, 1000)  # on_failure.after and pause_after_failures
 WEBHOOK_FIELDS = ("type", "url", "method", "headers", "timeout_s")
 QUEUE_FIELDS = ("type", "broker", "topic")
 CRON_FIELDS = ("cron", "timezone", "start_at", "end_at", "dst_gap", "dst_overlap", "exclude")
@@ -452,30 +457,42 @@ def _parse_topic(value: object, field: str, broker: Broker, limits: SpecLimits) 
     return topic
 
 
-def _parse_target(value: object, limits: SpecLimits) -> Target:
-    obj = _object(value, "target")
-    kind = _require(obj, "type", "target")
+def _parse_target(value: object, limits: SpecLimits, at: str = "target") -> Target:
+    """A target object; ``at`` is its path in the spec (``target``, ``on_failure.target``)."""
+    obj = _object(value, at)
+    kind = _require(obj, "type", at)
     if not isinstance(kind, str):
-        _wrong_type("target.type", 'the string "webhook" or "queue"', kind)
+        _wrong_type(f"{at}.type", 'the string "webhook" or "queue"', kind)
     if kind == "webhook":
-        _check_keys(obj, WEBHOOK_FIELDS, "target")
-        url = _parse_url(_require(obj, "url", "target"), "target.url", limits)
+        _check_keys(obj, WEBHOOK_FIELDS, at)
+        url = _parse_url(_require(obj, "url", at), f"{at}.url", limits)
         method = (
-            _choice(obj["method"], "target.method", WebhookMethod) if "method" in obj else WebhookMethod.POST
+            _choice(obj["method"], f"{at}.method", WebhookMethod) if "method" in obj else WebhookMethod.POST
         )
-        headers = _parse_headers(obj["headers"], "target.headers", limits) if "headers" in obj else {}
+        headers = _parse_headers(obj["headers"], f"{at}.headers", limits) if "headers" in obj else {}
         timeout_s = (
-            _integer(obj["timeout_s"], "target.timeout_s", limits.timeout_s_range)
+            _integer(obj["timeout_s"], f"{at}.timeout_s", limits.timeout_s_range)
             if "timeout_s" in obj
             else 30
         )
         return WebhookTarget(url=url, method=method, headers=headers, timeout_s=timeout_s)
     if kind == "queue":
-        _check_keys(obj, QUEUE_FIELDS, "target")
-        broker = _choice(_require(obj, "broker", "target"), "target.broker", Broker)
-        topic = _parse_topic(_require(obj, "topic", "target"), "target.topic", broker, limits)
+        _check_keys(obj, QUEUE_FIELDS, at)
+        broker = _choice(_require(obj, "broker", at), f"{at}.broker", Broker)
+        topic = _parse_topic(_require(obj, "topic", at), f"{at}.topic", broker, limits)
         return QueueTarget(broker=broker, topic=topic)
-    _invalid("target.type", f'target.type must be "webhook" or "queue", got {kind[:30]!r}')
+    _invalid(f"{at}.type", f'{at}.type must be "webhook" or "queue", got {kind[:30]!r}')
+
+
+def _parse_on_failure(value: object, limits: SpecLimits) -> OnFailure | None:
+    """``on_failure``: null, or where failure events go and after how many failed occurrences."""
+    if value is None:
+        return None
+    obj = _object(value, "on_failure")
+    _check_keys(obj, ON_FAILURE_FIELDS, "on_failure")
+    target = _parse_target(_require(obj, "target", "on_failure"), limits, "on_failure.target")
+    after = _integer(obj["after"], "on_failure.after", FAILURE_COUNT_RANGE) if "after" in obj else 1
+    return OnFailure(target=target, after=after)
 
 
 # --- schedule ---------------------------------------------------------------------------------
@@ -801,6 +818,11 @@ def parse_job_spec(data: object, *, now: datetime, limits: SpecLimits = SpecLimi
     )
     jitter_s = _integer(obj["jitter_s"], "jitter_s", limits.jitter_s_range) if "jitter_s" in obj else 0
     overlap = _choice(obj["overlap"], "overlap", Overlap) if "overlap" in obj else Overlap.ALLOW
+    on_failure = _parse_on_failure(obj.get("on_failure"), limits)
+    raw_pause = obj.get("pause_after_failures")
+    pause_after_failures = (
+        None if raw_pause is None else _integer(raw_pause, "pause_after_failures", FAILURE_COUNT_RANGE)
+    )
     return JobSpec(
         target=target,
         schedule=schedule,
@@ -812,6 +834,8 @@ def parse_job_spec(data: object, *, now: datetime, limits: SpecLimits = SpecLimi
         misfire_grace_s=misfire_grace_s,
         jitter_s=jitter_s,
         overlap=overlap,
+        on_failure=on_failure,
+        pause_after_failures=pause_after_failures,
     )
 
 
@@ -824,6 +848,8 @@ def merge_patch(current: dict[str, Any], patch: object) -> dict[str, Any]:
     - ``target`` and ``schedule`` are replaced whole, so a schedule can switch between run_at and
       cron, and fields left out of a new cron schedule take their defaults again;
     - ``labels`` is replaced whole (send the full object; ``{}`` or ``null`` clears it);
+    - ``on_failure`` is replaced whole too (its target is a new target); ``null`` clears it, as
+      ``null`` clears ``pause_after_failures``;
     - ``null`` for ``name`` or ``payload`` sets it to null; ``null`` elsewhere is a type error
       (omit a field to keep it);
     - ``{}`` is a valid patch that changes nothing; unknown fields are refused.

@@ -43,6 +43,7 @@ from duetime.storage.postgres.membership import MembershipStore, Registration
 from duetime.storage.shardmap import ShardMap
 from duetime.workers import tracing
 from duetime.workers.dispatch import Dispatcher
+from duetime.workers.events import EventSender, EventSenderConfig
 from duetime.workers.pool import WorkerPool
 from duetime.workers.remote import RemoteWorker
 
@@ -122,6 +123,7 @@ class Node:
     _due_age: DueAgeSampler | None = None
     _membership: MembershipKeeper | None = None
     _retention: RetentionService | None = None
+    _events: EventSender | None = None
 
     async def start(self) -> None:
         tune_gc()
@@ -155,6 +157,14 @@ class Node:
             self._keeper.start()
             self._engine = Engine(self.store, queue, self._keeper, engine_config(s))
             await self._start_engine()
+        if self.workers and self._dispatcher is not None:
+            # Failure events go out where runs go out: every worker process shares the outbox.
+            self._events = EventSender(
+                self.store,
+                self._dispatcher,
+                EventSenderConfig(given_up_retention_s=s.run_retention_s),
+            )
+            self._events.start()
         if self.engine:
             store = self.store
             self._due_age = DueAgeSampler(
@@ -328,6 +338,8 @@ class Node:
             if waiting:
                 log.warning("%d published runs were not taken by a worker before shutdown", waiting)
             await self._published.stop()
+        if self._events is not None:
+            await self._events.stop(s.shutdown_grace_s)
         if self._remote is not None:
             await self._remote.stop()
         if self._pool is not None:

@@ -38,6 +38,7 @@ _DEFAULTS: dict[str, Any] = {
     "misfire_grace_s": 60,
     "jitter_s": 0,
     "overlap": "allow",
+    "pause_after_failures": None,
 }
 _TARGET_DEFAULTS: dict[str, dict[str, Any]] = {
     "webhook": {"method": "POST", "headers": {}, "timeout_s": 30},
@@ -140,6 +141,14 @@ def _target_differs(wanted: Mapping[str, Any], have: Mapping[str, Any]) -> bool:
     return False
 
 
+def _on_failure_differs(wanted: Mapping[str, Any] | None, have: Mapping[str, Any] | None) -> bool:
+    if not wanted or not have:
+        return bool(wanted) != bool(have)
+    if int(wanted.get("after", 1)) != have.get("after"):
+        return True
+    return _target_differs(wanted.get("target") or {}, have.get("target") or {})
+
+
 def _schedule_differs(wanted: Mapping[str, Any], have: Mapping[str, Any]) -> bool:
     if "run_at" in wanted:
         return "run_at" not in have or not _same_time(wanted["run_at"], have["run_at"])
@@ -177,6 +186,8 @@ def changed_fields(spec: Mapping[str, Any], job: Job) -> tuple[str, ...]:
             out.append(key)
     if _target_differs(spec.get("target") or {}, have["target"]):
         out.append("target")
+    if _on_failure_differs(spec.get("on_failure"), have.get("on_failure")):
+        out.append("on_failure")
     if _schedule_differs(spec.get("schedule") or {}, have["schedule"]):
         out.append("schedule")
     return tuple(sorted(out))

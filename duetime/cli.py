@@ -593,6 +593,23 @@ def _add_jobs_parser(sub: Any) -> None:
         parser.add_argument(
             "--overlap", choices=("allow", "skip", "buffer_one"), help="when a run is still in flight"
         )
+        parser.add_argument(
+            "--on-failure-url",
+            metavar="URL",
+            help="webhook that receives the job's failure events (job.failing, job.paused, job.recovered)",
+        )
+        parser.add_argument(
+            "--on-failure-after",
+            type=int,
+            metavar="N",
+            help="send job.failing after N consecutive failed occurrences (default 1; with --on-failure-url)",
+        )
+        parser.add_argument(
+            "--pause-after-failures",
+            type=int,
+            metavar="N",
+            help="pause the job after N consecutive failed occurrences",
+        )
     create.add_argument("--idempotency-key", help="makes the create safe to repeat (and to retry)")
 
     for action in ("get", *_JOB_ACTIONS):
@@ -710,6 +727,15 @@ def _spec_from_args(args: argparse.Namespace, *, patch: bool = False) -> dict[st
         spec["payload"] = _json_arg(args.payload, "--payload")
     if args.overlap is not None:
         spec["overlap"] = args.overlap
+    if args.on_failure_url is not None:
+        spec["on_failure"] = {"target": {"type": "webhook", "url": args.on_failure_url}}
+    if args.on_failure_after is not None:
+        on_failure = spec.get("on_failure")
+        if not isinstance(on_failure, dict):
+            raise _JobsUsage("--on-failure-after goes with --on-failure-url (or an on_failure in --file)")
+        spec["on_failure"] = {**on_failure, "after": args.on_failure_after}
+    if args.pause_after_failures is not None:
+        spec["pause_after_failures"] = args.pause_after_failures
     if not spec:
         if patch:
             raise _JobsUsage("give the fields to change with --file (- for stdin) or flags such as --cron")

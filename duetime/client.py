@@ -141,6 +141,13 @@ class RetrySpec(TypedDict, total=False):
     max_duration_s: int | None
 
 
+class OnFailureSpec(TypedDict):
+    """Where failure events go (``job.failing``, ``job.paused``, ``job.recovered``)."""
+
+    target: WebhookTargetSpec | QueueTargetSpec
+    after: NotRequired[int]
+
+
 class JobSpec(TypedDict):
     target: WebhookTargetSpec | QueueTargetSpec
     schedule: OneOffScheduleSpec | CronScheduleSpec | EveryScheduleSpec
@@ -152,6 +159,8 @@ class JobSpec(TypedDict):
     misfire_grace_s: NotRequired[int]
     jitter_s: NotRequired[int]
     overlap: NotRequired[Literal["allow", "skip", "buffer_one"]]
+    on_failure: NotRequired[OnFailureSpec | None]
+    pause_after_failures: NotRequired[int | None]
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -343,6 +352,9 @@ class Job:
     updated_at: datetime
     last_run: Run | None
     raw: dict[str, Any] = field(repr=False, compare=False)
+    # Failure handling: where failure events go ({"target", "after"}) and when the job pauses.
+    on_failure: dict[str, Any] | None = None
+    pause_after_failures: int | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Job:
@@ -367,6 +379,10 @@ class Job:
             updated_at=_time(data["updated_at"]),
             last_run=None if last_run is None else Run.from_json(last_run),
             raw=dict(data),
+            on_failure=None if data.get("on_failure") is None else dict(data["on_failure"]),
+            pause_after_failures=(
+                None if data.get("pause_after_failures") is None else int(data["pause_after_failures"])
+            ),
         )
 
 

@@ -731,7 +731,8 @@ class Settings:
         metadata=_meta(
             "DUETIME_RUN_RETENTION_S",
             "Run history older than this many seconds (by when the attempt finished) is deleted by "
-            "the maintenance service (30 days). 0 keeps it forever.",
+            "the maintenance service (30 days). 0 keeps it forever. Failure events given up on "
+            "(`on_failure`) are kept as long.",
             _integer(0),
         ),
     )

@@ -294,31 +294,67 @@ class Engine:
         cfg = self.config
         wake = self._wakeups[shard]
         next_overlap_scan = 0.0
+        answer_lost = False
         while not self._stopping.is_set() and shard in self.serving:
             wake.clear()
             if time.monotonic() >= next_overlap_scan:
                 next_overlap_scan = time.monotonic() + cfg.overlap_interval_s
                 await self._split_overlapping(shard)
             try:
-                rows = await self._store.claim_due(
-                    shard,
-                    cfg.engine_id,
-                    lookahead_s=cfg.lookahead_s,
-                    lease_s=cfg.lease_s + self._claim_slack_s(),
-                    limit=cfg.claim_batch,
-                )
+                if answer_lost:
+                    rows = await self._take_back(shard)
+                    answer_lost = False
+                else:
+                    rows = await self._store.claim_due(
+                        shard,
+                        cfg.engine_id,
+                        lookahead_s=cfg.lookahead_s,
+                        lease_s=cfg.lease_s + self._claim_slack_s(),
+                        limit=cfg.claim_batch,
+                    )
             except Exception:
                 log.exception("claim on shard %d failed; retrying", shard)
                 rows = []
+                answer_lost = True
                 await asyncio.sleep(cfg.poll_interval_s)
             if rows:
                 metrics.CLAIM_BATCHES.labels(str(shard)).inc()
                 metrics.CLAIMS.labels(str(shard)).inc(len(rows))
-                await self._admit(rows)
+                try:
+                    await self._admit(rows)
+                except Exception:
+                    # Some rows may be in the wheel, the rest (a skip write that failed) are
+                    # claims held nowhere: take them all back, as after a lost answer.
+                    log.exception("admitting %d claims on shard %d failed; taking back", len(rows), shard)
+                    answer_lost = True
+                    await asyncio.sleep(cfg.poll_interval_s)
+                    continue
                 if len(rows) == cfg.claim_batch:
                     continue  # more may be due: drain before sleeping
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=cfg.poll_interval_s)
+
+    async def _take_back(self, shard: int) -> list[Claim]:
+        """After a claim that failed: take back every claim this engine holds on ``shard``.
+
+        A claim can commit and its answer still be lost (the database restarting between the
+        commit and the reply). Those rows are this engine's but not in its wheel, and the
+        janitor's keep-alive of this engine's waiting claims would renew their leases for good:
+        never fired, never rescued. Taking back gives each of the shard's claimed rows a new
+        token and a new entry; the entries already in the wheel for the same rows then fail
+        their fence (old token) and drop out, so each run still starts once."""
+        retaken = await self._store.retake_claims(
+            self.config.engine_id, [shard], lease_s=self.config.lease_s + self._claim_slack_s()
+        )
+        if retaken:
+            metrics.RETAKEN.inc(len(retaken))
+            log.info(
+                "engine %s took back %d claims on shard %d after a failed claim",
+                self.config.engine_id,
+                len(retaken),
+                shard,
+            )
+        return retaken
 
     async def _split_overlapping(self, shard: int) -> None:
         """Before claiming: runs still in flight whose next occurrence is about to come due hand

@@ -291,6 +291,16 @@ class TimerWheel:
         if self._firing:
             room = self._take(out, room, now_tick)
             if self._firing:
+                if room and now_tick < self._n - 1 and self._ready:
+                    # The wall clock stepped back while a slot was being handed out: the staged
+                    # rest is not due yet, but an entry inserted since may be. Due entries go
+                    # first (they are earlier than the rest), or they would wait for the clock
+                    # to catch up with the wheel.
+                    due = self._ready_due(now_tick)
+                    if due:
+                        self._firing = due + self._firing[self._firing_pos :]
+                        self._firing_pos = 0
+                        self._take(out, room, now_tick)
                 return out
         if self._ready:
             self._stage(self._ready_due(now_tick))

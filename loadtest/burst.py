@@ -97,8 +97,9 @@ from duetime.storage.bulk import (
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from loadtest.cluster import EnginesAndWorkers
-from loadtest.common import ReceiverProcess, free_port, print_report, quantiles, scratch_database
+from loadtest.common import ADMIN_DSN, ReceiverProcess, free_port, print_report, quantiles, scratch_database
 from loadtest.plot import cumulative_to_rate, per_second, write_burst_plot
+from loadtest.stages import StageWindow, report_rows
 
 REDIS_URL = os.environ.get("DUETIME_BENCH_REDIS", "redis://127.0.0.1:6379/0")
 NATS_URL = os.environ.get("DUETIME_BENCH_NATS", "nats://127.0.0.1:4222")
@@ -744,6 +745,10 @@ class BurstArgs:
     old_runs_per_job: int = 10
     old_cron_runs: int = 0
     old_age_s: float = 40 * 86_400.0
+    # --stages: "off"; "cpu" (CPU seconds from /proc only); "native" or "python" (and py-spy's
+    # stage split, with or without native frames: loadtest/stages.py)
+    stages: str = "off"
+    stages_rate: int = 100
 
 
 def default_lead(a: BurstArgs, lookahead_s: float) -> float:
@@ -875,38 +880,68 @@ async def _measure(
     timeout = a.timeout_s if a.timeout_s is not None else max(120.0, a.jobs / 2000.0)
     deadline = t_due_s + timeout
     named = fleet.named_pids()
+    window: StageWindow | None = None
+    if a.stages != "off":
+        # From here to the last recorded outcome: the claims (T - lookahead) are inside.
+        window = StageWindow(
+            list(named.values()),
+            admin_dsn=ADMIN_DSN,
+            database=dsn.rpartition("/")[2],
+            rate=a.stages_rate,
+            native=a.stages == "native",
+            profile=a.stages in ("native", "python"),
+        )
+        await window.start()
+    marked = False
+    # the window proper starts just before the claims do (T - lookahead); until then, idle
+    begin_at = t_due_s - settings.lookahead_s - 1.0
+    begun = window is None
     named |= {f"{target.name}-receiver": pid for pid in target.pids()}
     last_print = 0.0
     killed: tuple[float, frozenset[int]] | None = None
     probe = None if old is None else await asyncpg.connect(dsn)
     left: list[tuple[float, HistoryLeft]] = []
     last_probe = 0.0
-    while time.time() < deadline:
-        if probe is not None and old is not None and time.time() - last_probe >= 1.0:
-            last_probe = time.time()
-            left.append((last_probe, await old_history_left(probe, old)))
-        if (
-            a.kill_engine_at_s is not None
-            and killed is None
-            and isinstance(fleet, BurstCluster)
-            and time.time() >= t_due_s + a.kill_engine_at_s
-        ):
-            killed = await fleet.kill_engine(0)
-            print(
-                f"  T{killed[0] - t_due_s:+.1f} s: SIGKILL engine-0 (shards {sorted(killed[1])})",
-                file=sys.stderr,
-                flush=True,
-            )
-        rss.sample(named)
-        done = await fleet.completed()
-        if done >= a.jobs:
-            break
-        if not fleet.alive():
-            raise RuntimeError("a burst process died; see its log above")
-        if time.time() - last_print > 10:
-            last_print = time.time()
-            print(f"  T{time.time() - t_due_s:+.0f} s: {done} completed", file=sys.stderr, flush=True)
-        await asyncio.sleep(0.25)
+    try:
+        while time.time() < deadline:
+            if probe is not None and old is not None and time.time() - last_probe >= 1.0:
+                last_probe = time.time()
+                left.append((last_probe, await old_history_left(probe, old)))
+            if not begun and window is not None and time.time() >= begin_at:
+                begun = True
+                await window.begin()
+            if window is not None and not marked and time.time() >= t_due_s:
+                marked = True
+                await window.mark()
+            if (
+                a.kill_engine_at_s is not None
+                and killed is None
+                and isinstance(fleet, BurstCluster)
+                and time.time() >= t_due_s + a.kill_engine_at_s
+            ):
+                killed = await fleet.kill_engine(0)
+                print(
+                    f"  T{killed[0] - t_due_s:+.1f} s: SIGKILL engine-0 (shards {sorted(killed[1])})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            rss.sample(named)
+            done = await fleet.completed()
+            if done >= a.jobs:
+                break
+            if not fleet.alive():
+                raise RuntimeError("a burst process died; see its log above")
+            if time.time() - last_print > 10:
+                last_print = time.time()
+                print(f"  T{time.time() - t_due_s:+.0f} s: {done} completed", file=sys.stderr, flush=True)
+            await asyncio.sleep(0.25)
+    except BaseException:
+        if window is not None:
+            await window.abort()
+        if probe is not None:
+            await probe.close()
+        raise
+    cpu = await window.stop(a.jobs) if window is not None else None
     reports: list[NodeSamples] | None = None
     if isinstance(fleet, BurstCluster):
         # Stopped first: a backend that went idle less than a second after its last report keeps
@@ -941,6 +976,8 @@ async def _measure(
         result["failover"] = failover(ids, starts, t_due_s, killed[0], killed[1])
     if old is not None:
         result["old_history"] = old_history_during(old, left, t_due_s, result["drain_s"])
+    if cpu is not None:
+        result["cpu"] = cpu
     return result
 
 
@@ -1187,6 +1224,7 @@ def report(result: dict[str, Any]) -> None:
             ("plot", result.get("plot", "-")),
             *_failover_rows(result.get("failover")),
             *_old_history_rows(result.get("old_history")),
+            *(report_rows(result["cpu"]) if result.get("cpu") else []),
         ],
     )
 
@@ -1282,6 +1320,16 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
         default=40 * 86_400.0,
         help="how long ago the old history finished (default 40 days: past the default retention)",
     )
+    p.add_argument(
+        "--stages",
+        nargs="?",
+        const="native",
+        default="off",
+        choices=("off", "cpu", "native", "python"),
+        help="node, PostgreSQL and Redis CPU per run from /proc; with native (the default when "
+        "given) or python, py-spy's split by stage of the run path (loadtest/stages.py)",
+    )
+    p.add_argument("--stages-rate", type=int, default=100, help="py-spy samples per second (--stages)")
     a = p.parse_args(argv)
     if a.kill_engine_at is not None and a.topology != "cluster":
         p.error("--kill-engine-at needs --topology cluster")
@@ -1305,6 +1353,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
         old_runs_per_job=a.old_runs_per_job,
         old_cron_runs=a.old_cron_runs,
         old_age_s=a.old_age_s,
+        stages=a.stages,
+        stages_rate=a.stages_rate,
     )
 
 

@@ -27,6 +27,7 @@ from typing import Any
 from duetime.core import codec, jitter, misfire
 from duetime.core.backfill import plan_backfill, require_room
 from duetime.core.errors import InvalidRequest, NotFound, StorageUnavailable
+from duetime.core.failures import FailureEvent
 from duetime.core.ids import SHARDS, new_job_id, shard_of
 from duetime.core.lifecycle import OwnerStep, RowPlan, initial_plan, owner_step, split_point, update_step
 from duetime.core.model import Job, JobSpec, JobState, Overlap, Phase, Run
@@ -48,8 +49,10 @@ from duetime.storage.ports import (
     BulkAction,
     BulkResult,
     CompletionStats,
+    EventSettlement,
     IdempotencyRequest,
     NameHolderChanged,
+    OutboxEvent,
     OwnerRun,
     Page,
     SigningKeys,
@@ -58,6 +61,7 @@ from duetime.storage.postgres.completion import (
     BatchWriter,
     apply_leased,
     expire_rows,
+    failure_parents,
     finishable,
     skippable,
 )
@@ -108,6 +112,8 @@ class _Row:
     split_at: datetime | None = None
     handed_upto: datetime | None = None
     backfill_seq: int | None = None
+    consecutive_failures: int = 0
+    failing: bool = False
 
     def locked(self) -> dict[str, Any]:
         """The row as ``lock_for_completion`` reads it (the spec as its text)."""
@@ -130,6 +136,8 @@ class _Row:
             "handed_upto": self.handed_upto,
             "split_at": self.split_at,
             "backfill_seq": self.backfill_seq,
+            "consecutive_failures": self.consecutive_failures,
+            "failing": self.failing,
         }
 
     def plan(self) -> RowPlan:
@@ -161,6 +169,18 @@ class _Row:
         """A claimed row's lease is revoked (owner action): it is idle again, unleased."""
         if self.phase == "claimed":
             self.phase, self.claimed_by, self.leased_until = "idle", None, None
+
+
+@dataclass(slots=True)
+class _EventRow:
+    """One row of ``failure_events`` (migration 0009)."""
+
+    seq: int
+    event: FailureEvent
+    attempts: int = 0
+    next_attempt_at: datetime | None = None
+    gave_up_at: datetime | None = None
+    last_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +253,8 @@ class MemoryStore:
         self._owners: dict[str, str] = {}
         self._keys: dict[bytes, _ApiKey] = {}
         self._listeners: set[_Listener] = set()
+        self._events: dict[int, _EventRow] = {}
+        self._next_event_seq = 1
         self.available = True  # False: every call raises StorageUnavailable (an outage)
 
     # ------------------------------------------------------------------ plumbing
@@ -389,6 +411,8 @@ class MemoryStore:
             row.spec = spec
         if spec_version is not None:
             row.spec_version = spec_version
+        if row.state == JobState.PAUSED and plan.state is JobState.SCHEDULED:
+            row.consecutive_failures = 0  # a resume starts the failure count over (write_job)
         row.state = plan.state.value
         row.next_run_at = plan.next_run_at
         row.scheduled_for = plan.scheduled_for
@@ -920,7 +944,15 @@ class MemoryStore:
             occurrence = self._jobs.get(job_id)
             if occurrence is not None and occurrence.parent_id is not None:
                 del self._jobs[job_id]
+        if writer.ended:
+            self._write_failures(writer)
         # after the commit
+        for child in (c for p in writer.paused for c in self._children(p)):  # cascade_failure_pause
+            job_row = self._jobs[child.parent_id or child.job_id]
+            if child.state == JobState.SCHEDULED and job_row.state == JobState.PAUSED:
+                child.state = JobState.PAUSED.value
+                child.give_back_claim()
+                child.updated_at = now
         shards = self._release_next_backfill(writer.backfill_parents, now) | writer.catch_up_shards
         for parent, last in writer.parent_last.items():
             job = self._jobs.get(parent)
@@ -929,6 +961,90 @@ class MemoryStore:
                 job.updated_at = now
         self._complete_drained(r for r in (self._jobs.get(p) for p in writer.parent_last) if r is not None)
         return shards
+
+    def _write_failures(self, writer: BatchWriter) -> None:
+        """apply_failure_counts, pause_failing_jobs and insert_failure_events."""
+        writes = writer.failure_writes(self._locked_rows(writer.failure_rows_missing()))
+        for job_id, count in writes.counts:
+            row = self._jobs[job_id]
+            row.consecutive_failures, row.failing = count.consecutive, count.failing
+        for job_id in writes.paused:
+            row = self._jobs[job_id]
+            if row.state == JobState.SCHEDULED:
+                row.state = JobState.PAUSED.value
+                row.split_at = None
+                row.give_back_claim()
+                row.updated_at = self._now()
+        writer.paused = writes.paused
+        for event in writes.events:
+            self._events[self._next_event_seq] = _EventRow(
+                self._next_event_seq, event, next_attempt_at=self._now()
+            )
+            self._next_event_seq += 1
+
+    # ------------------------------------------------------------------ failure events' outbox
+
+    def failure_events(self) -> list[FailureEvent]:
+        """Every event in the outbox, in the order they were written (for tests)."""
+        return [r.event for r in self._events.values()]
+
+    async def claim_events(self, *, limit: int, lease_s: float) -> list[OutboxEvent]:
+        self._check()
+        now = self._now()
+        due = sorted(
+            (
+                r
+                for r in self._events.values()
+                if r.gave_up_at is None and r.next_attempt_at is not None and r.next_attempt_at <= now
+            ),
+            key=lambda r: (r.next_attempt_at or now, r.seq),
+        )[:limit]
+        claimed = []
+        for r in due:
+            r.next_attempt_at = now + timedelta(seconds=lease_s)
+            r.attempts += 1
+            e = r.event
+            claimed.append(
+                OutboxEvent(
+                    seq=r.seq,
+                    database="memory",
+                    event_id=e.event_id,
+                    kind=e.kind.value,
+                    job_id=e.job_id,
+                    owner=e.owner,
+                    scheduled_for=e.scheduled_for,
+                    fencing_token=e.fencing_token,
+                    target=e.target,
+                    body=json.loads(json.dumps(e.body)),
+                    attempts=r.attempts,
+                )
+            )
+        return claimed
+
+    async def settle_events(self, settlements: Sequence[EventSettlement]) -> None:
+        self._check()
+        for s in settlements:
+            row = self._events.get(s.event.seq)
+            if row is None or row.attempts != s.event.attempts:
+                continue
+            if s.delivered:
+                del self._events[s.event.seq]
+                continue
+            row.last_error = s.error
+            if s.retry_at is None:
+                row.gave_up_at = self._now()
+            else:
+                row.next_attempt_at = s.retry_at
+
+    async def purge_given_up_events(self, *, before: datetime, limit: int) -> int:
+        self._check()
+        old = sorted(
+            (r for r in self._events.values() if r.gave_up_at is not None and r.gave_up_at < before),
+            key=lambda r: r.gave_up_at or before,
+        )[:limit]
+        for r in old:
+            del self._events[r.seq]
+        return len(old)
 
     def _release_next_backfill(self, parents: Iterable[uuid.UUID], now: datetime) -> set[int]:
         shards: set[int] = set()
@@ -974,7 +1090,8 @@ class MemoryStore:
         apply: Callable[[BatchWriter, Any, Any, datetime], None],
     ) -> CompletionStats:
         writer = BatchWriter()
-        rows = self._locked_rows(i.job_id for i in items)
+        also = failure_parents(items) if apply is BatchWriter.finish else []
+        rows = self._locked_rows([*(i.job_id for i in items), *also])
         stale = apply_leased(writer, rows, items, phase_ok=phase_ok, apply=apply, now=self._now())
         self._wake(self._flush(writer))
         return CompletionStats(applied=len(writer.seen), stale=stale, history=writer.history_count)

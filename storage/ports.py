@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, Literal, Protocol, TypeVar
 
-from duetime.core.model import Job, JobSpec, JobState, Run
+from duetime.core.model import Job, JobSpec, JobState, Run, Target
 
 # The run path's records are the core's vocabulary (core/runpath.py); they cross this port as
 # they are, and are re-exported here for the callers that name them by the port.
@@ -41,6 +41,8 @@ __all__ = [
     "Claim",
     "CompletionStats",
     "DueListener",
+    "EventOutbox",
+    "EventSettlement",
     "FenceItem",
     "FenceRequest",
     "FencedRun",
@@ -48,6 +50,7 @@ __all__ = [
     "Lease",
     "Leased",
     "Offered",
+    "OutboxEvent",
     "Page",
     "PublishedRun",
     "Registry",
@@ -412,3 +415,55 @@ class RunStore(Protocol):
     async def signing_keys(self, owner: str) -> SigningKeys | None:
         """The owner's current secret and, during a rotation's grace, the previous one."""
         ...
+
+
+# ---------------------------------------------------------------------- the failure events' outbox
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEvent:
+    """A failure event claimed for delivery (core/failures.py made it): where it goes, what it
+    says, and which attempt of its delivery this is (``attempts``, 1-based, fences the settle)."""
+
+    seq: int
+    database: str  # which database holds the row (an opaque name the store hands back)
+    event_id: str  # <job id>:<scheduled_for>:<type>, the webhook-id
+    kind: str
+    job_id: uuid.UUID
+    owner: str
+    scheduled_for: datetime
+    fencing_token: int
+    target: Target
+    body: dict[str, object]
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class EventSettlement:
+    """How one delivery attempt of an event went: delivered, to be tried again at ``retry_at``,
+    or (neither) given up on."""
+
+    event: OutboxEvent
+    delivered: bool
+    retry_at: datetime | None = None
+    error: str | None = None
+
+
+class EventOutbox(Protocol):
+    """What the delivery service of failure events asks of storage (workers/events.py)."""
+
+    async def claim_events(self, *, limit: int, lease_s: float) -> list[OutboxEvent]:
+        """Up to ``limit`` due events across every database, each leased for ``lease_s`` seconds
+        (SKIP LOCKED: several processes share the outbox)."""
+        ...
+
+    async def settle_events(self, settlements: Sequence[EventSettlement]) -> None:
+        """Delete the delivered events, set the next attempt (or give up) on the rest; an event
+        whose lease another holder took over is left alone."""
+        ...
+
+    async def purge_given_up_events(self, *, before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` events per database given up on before ``before``."""
+        ...
+
+    async def signing_keys(self, owner: str) -> SigningKeys | None: ...

@@ -87,11 +87,30 @@ def run_tag() -> str:
 
 
 @pytest.fixture(scope="session")
-async def pg_dsn(run_tag: str) -> AsyncIterator[str]:
-    """One migrated database for the whole run."""
-    name = f"duetime_test_{run_tag}"
-    dsn = await _create_db(name)
-    yield dsn
+async def pg_template(run_tag: str) -> AsyncIterator[str]:
+    """One migrated database that every module's ``pg_dsn`` is cloned from: a clone is a file
+    copy, much cheaper than running the migrations again."""
+    name = f"duetime_test_{run_tag}_tpl"
+    await _create_db(name)
+    yield name
+    await _drop_db(name)
+
+
+@pytest.fixture(scope="module")
+async def pg_dsn(run_tag: str, pg_template: str) -> AsyncIterator[str]:
+    """A migrated database of this test module's own.
+
+    One module's leftovers (due jobs nobody fired, claims of a killed engine) must not reach the
+    engines another module starts: in one shared database, a later module's engine claimed and
+    fired hundreds of runs that were not its test's, and its counts and waits failed.
+    """
+    name = f"duetime_test_{run_tag}_m{secrets.token_hex(3)}"
+    conn = await asyncpg.connect(ADMIN_DSN)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
+    finally:
+        await conn.close()
+    yield _dsn_for(name)
     await _drop_db(name)
 
 
@@ -103,6 +122,16 @@ async def pg_dsn_pair(run_tag: str) -> AsyncIterator[tuple[str, str]]:
     yield dsns[0], dsns[1]
     for n in names:
         await _drop_db(n)
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test() -> Iterator[None]:
+    """Kill what a test started and did not stop (see ``tests.support.processes.kill_leftovers``)."""
+    from tests.support.processes import kill_leftovers, started_count
+
+    mark = started_count()
+    yield
+    kill_leftovers(mark)
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from duetime.core.signing import idempotency_key
 from duetime.runqueue import metrics
 from duetime.runqueue.inprocess import RunQueue
 from duetime.runqueue.leases import LeaseKeeper
-from duetime.storage.ports import RunStore, SigningKeys
+from duetime.storage.ports import EventOutbox, RunStore, SigningKeys
 from duetime.workers import tracing
 from duetime.workers.dispatch import Dispatcher
 
@@ -41,7 +41,7 @@ class SecretCache:
     reaches a worker within ``ttl_s``; the grace should be longer than that.
     """
 
-    def __init__(self, store: RunStore, ttl_s: float = 60.0) -> None:
+    def __init__(self, store: RunStore | EventOutbox, ttl_s: float = 60.0) -> None:
         self._store = store
         self._ttl = ttl_s
         self._cache: dict[str, tuple[float, SigningKeys]] = {}
@@ -263,7 +263,10 @@ class WorkerPool:
         """One attempt each for runs whose target is a Redis stream, sent together. Queue
         messages carry no signature, so no signing secret is read."""
         deliveries = [Delivery.of(run, signing_secret="") for run in runs]
-        with tracing.run_spans([_run_info(d) for d in deliveries]) as spans:
+        # A span's description per run only when tracing is on: its idempotency key costs a
+        # formatted timestamp per run of a burst.
+        infos = [_run_info(d) for d in deliveries] if tracing.enabled() else []
+        with tracing.run_spans(infos) as spans:
             if spans is not None:
                 deliveries = [
                     replace(d, traceparent=t.traceparent) for d, t in zip(deliveries, spans, strict=True)

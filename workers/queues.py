@@ -16,8 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
+import hiredis
 import nats
 import nats.errors
 import nats.js.errors
@@ -43,6 +46,7 @@ FIELD_JOB_ID = "duetime_job_id"
 FIELD_SCHEDULED_FOR = "duetime_scheduled_for"
 FIELD_ATTEMPT = "duetime_attempt"
 FIELD_FENCING_TOKEN = "duetime_fencing_token"
+FIELD_EVENT = "duetime_event"  # failure events only
 
 # Redis answers that say "not now" rather than "never": a failover, a full server, a reload.
 _REDIS_TRANSIENT = (
@@ -57,7 +61,7 @@ _REDIS_TRANSIENT = (
 
 def message_headers(d: Delivery) -> dict[str, str]:
     """The contract's headers for a queue message (no signature: the broker is the operator's)."""
-    key = signing.idempotency_key(d.job_id, d.scheduled_for)
+    key = signing.delivery_key(d.job_id, d.scheduled_for, d.event)
     headers = {
         signing.IDEMPOTENCY_KEY: key,
         signing.JOB_ID: d.job_id,
@@ -65,30 +69,69 @@ def message_headers(d: Delivery) -> dict[str, str]:
         signing.ATTEMPT: str(d.attempt),
         signing.FENCING_TOKEN: str(d.fencing_token),
     }
+    if d.event is not None:
+        headers[signing.EVENT] = d.event
     if d.traceparent is not None:
         headers[TRACEPARENT] = d.traceparent
     return headers
 
 
 def redis_fields(d: Delivery, body: bytes) -> dict[str, bytes | str]:
-    headers = message_headers(d)
-    return {
+    """The stream entry's fields for ``d`` (the contract's, docs/targets.md), in the order
+    ``xadd_command`` writes them."""
+    fields: dict[str, bytes | str] = {
         FIELD_PAYLOAD: body,
-        FIELD_IDEMPOTENCY_KEY: headers[signing.IDEMPOTENCY_KEY],
-        FIELD_JOB_ID: headers[signing.JOB_ID],
-        FIELD_SCHEDULED_FOR: headers[signing.SCHEDULED_FOR],
-        FIELD_ATTEMPT: headers[signing.ATTEMPT],
-        FIELD_FENCING_TOKEN: headers[signing.FENCING_TOKEN],
-        **({TRACEPARENT: headers[TRACEPARENT]} if TRACEPARENT in headers else {}),
+        FIELD_IDEMPOTENCY_KEY: signing.delivery_key(d.job_id, d.scheduled_for, d.event),
+        FIELD_JOB_ID: d.job_id,
+        FIELD_SCHEDULED_FOR: signing.format_occurrence(d.scheduled_for),
+        FIELD_ATTEMPT: str(d.attempt),
+        FIELD_FENCING_TOKEN: str(d.fencing_token),
     }
+    if d.event is not None:
+        fields[FIELD_EVENT] = d.event
+    if d.traceparent is not None:
+        fields[TRACEPARENT] = d.traceparent
+    return fields
 
 
-def _redis_key(d: Delivery) -> str:
-    """The stream a delivery to a Redis target goes to."""
+def xadd_command(key: str, d: Delivery, body: bytes) -> bytes:
+    """``XADD key * <fields>`` for ``d``, packed as the bytes Redis reads (RESP), in C (hiredis).
+
+    The same fields as ``redis_fields``, without the dict: a burst packs a few hundred thousand of
+    these, and redis-py's own packing (a Python loop per argument) was a tenth of a node's CPU."""
+    occurrence = signing.format_occurrence(d.scheduled_for)
+    idempotency_key = f"{d.job_id}:{occurrence}"  # signing.delivery_key, formatted once
+    args: tuple[str | bytes, ...] = (
+        "XADD",
+        key,
+        "*",
+        FIELD_PAYLOAD,
+        body,
+        FIELD_IDEMPOTENCY_KEY,
+        idempotency_key if d.event is None else f"{idempotency_key}:{d.event}",
+        FIELD_JOB_ID,
+        d.job_id,
+        FIELD_SCHEDULED_FOR,
+        occurrence,
+        FIELD_ATTEMPT,
+        str(d.attempt),
+        FIELD_FENCING_TOKEN,
+        str(d.fencing_token),
+    )
+    if d.event is not None:
+        args = (*args, FIELD_EVENT, d.event)
+    if d.traceparent is not None:
+        args = (*args, TRACEPARENT, d.traceparent)
+    packed: bytes = hiredis.pack_command(args)  # type: ignore[arg-type]  # its stub says a 1-tuple
+    return packed
+
+
+def _redis_key(d: Delivery) -> QueueTarget:
+    """The Redis stream target of a delivery on the Redis batch path."""
     target = d.target
     if not isinstance(target, QueueTarget) or target.broker is not Broker.REDIS:
         raise ValueError("a delivery on the Redis batch path must have a Redis stream target")
-    return target.topic
+    return target
 
 
 def _failed(error: str, *, retryable: bool) -> Verdict:
@@ -98,7 +141,22 @@ def _failed(error: str, *, retryable: bool) -> Verdict:
 PUBLISHED = Verdict(Outcome.SUCCEEDED, False, None, None)
 
 
-_Pending = tuple[str, dict[str, bytes | str], "asyncio.Future[Any]", float]  # key, fields, reply, deadline
+@dataclass(slots=True)
+class _Chunk:
+    """XADDs asked for together (one worker's batch, or one run's), already packed: they travel in
+    one pipeline and are answered together, one reply (entry id or exception) per command, in
+    order. One future per chunk, not one per run."""
+
+    commands: list[bytes]
+    reply: asyncio.Future[list[Any]]
+    deadline: float
+
+    def answer(self, replies: list[Any]) -> None:
+        if not self.reply.done():
+            self.reply.set_result(replies)
+
+    def fail(self, exc: BaseException) -> None:
+        self.answer([exc] * len(self.commands))
 
 
 class _RedisBatcher:
@@ -112,9 +170,14 @@ class _RedisBatcher:
     not a transaction and is never re-sent: a broken connection fails every command in it, each
     as a retryable failure for the scheduler to retry.
 
-    Each XADD has a deadline ``timeout_s`` after it was asked for; a pipeline waits at most until
-    the earliest deadline among its commands (one timer per pipeline, not one per run), and a
-    command whose deadline passed before it could be sent fails with ``TimeoutError`` unsent.
+    A pipeline is the packed commands written at once on a connection of the client's pool and
+    its replies read back in order (redis-py's ``Pipeline`` did the same with a Python object, a
+    packing loop and a read timer per command). Each XADD has a deadline ``timeout_s`` after it
+    was asked for; a pipeline waits at most until the earliest deadline among its commands (one
+    timer per pipeline, not one per run: the client has no socket timeout of its own), and a
+    command whose deadline passed before it could be sent fails with ``TimeoutError`` unsent. A
+    pipeline cut short closes its connection (redis-py does so on any error inside a read), so no
+    late reply can be read as the answer to a later command.
     """
 
     def __init__(
@@ -124,52 +187,52 @@ class _RedisBatcher:
         self._timeout_s = timeout_s
         self._max_batch = max_batch
         self._slots = asyncio.Semaphore(max_inflight)
-        self._pending: list[_Pending] = []
+        self._pending: deque[_Chunk] = deque()
         self._flusher: asyncio.Task[None] | None = None
         self._sending: set[asyncio.Task[None]] = set()
 
     async def xadd(self, key: str, fields: dict[str, bytes | str]) -> Any:
         """The entry id; raises the command's own error, or ``TimeoutError`` past the deadline."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        self._pending.append((key, fields, fut, loop.time() + self._timeout_s))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush(), name="duetime-redis-pipeline")
-        return await fut
+        args = ("XADD", key, "*", *(x for kv in fields.items() for x in kv))
+        command: bytes = hiredis.pack_command(args)  # type: ignore[arg-type]  # its stub says a 1-tuple
+        (reply,) = await self.send([command])
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
 
-    async def xadd_many(self, items: list[tuple[str, dict[str, bytes | str]]]) -> list[Any]:
-        """Many XADDs at once, without a coroutine each: per item its entry id, or the exception
-        it failed with (``TimeoutError`` past the deadline). Items are answered in order."""
+    async def xadd_many(self, commands: list[bytes]) -> list[Any]:
+        """Many packed XADDs (``xadd_command``) at once: per command its entry id, or the exception
+        it failed with (``TimeoutError`` past the deadline), in order."""
+        return await self.send(commands)
+
+    async def send(self, commands: list[bytes]) -> list[Any]:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timeout_s
-        futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in items]
-        self._pending.extend(
-            (key, fields, fut, deadline) for (key, fields), fut in zip(items, futs, strict=True)
-        )
+        chunk = _Chunk(commands, loop.create_future(), loop.time() + self._timeout_s)
+        self._pending.append(chunk)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush(), name="duetime-redis-pipeline")
-        try:
-            await asyncio.wait(futs)
-        except BaseException:
-            for fut in futs:
-                fut.cancel()  # an unsent command is then skipped; a sent one's reply is dropped
-            raise
-        return [fut.exception() or fut.result() for fut in futs]
+        # A caller cancelled here cancels its chunk: unsent, it is skipped; sent, its replies are
+        # dropped (its outcome is the caller's, e.g. the worker's watchdog).
+        return await chunk.reply
 
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
-        while self._pending:
+        pending = self._pending
+        while pending:
             await self._slots.acquire()
-            batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
             now = loop.time()
-            live: list[_Pending] = []
-            for item in batch:
-                if item[2].done():  # the caller was cancelled
+            live: list[_Chunk] = []
+            size = 0
+            # Whole chunks, up to max_batch commands (a larger chunk goes alone).
+            while pending and (not live or size + len(pending[0].commands) <= self._max_batch):
+                chunk = pending.popleft()
+                if chunk.reply.done():  # the caller was cancelled
                     continue
-                if item[3] <= now:
-                    item[2].set_exception(TimeoutError())
+                if chunk.deadline <= now:
+                    chunk.fail(TimeoutError())
                     continue
-                live.append(item)
+                live.append(chunk)
+                size += len(chunk.commands)
             if not live:
                 self._slots.release()
                 continue
@@ -177,36 +240,38 @@ class _RedisBatcher:
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
-    async def _send(self, batch: list[_Pending]) -> None:
+    async def _send(self, chunks: list[_Chunk]) -> None:
+        pool: Any = self._client.connection_pool  # redis-py leaves get_connection untyped
+        conn: Any = None
         try:
-            pipe = self._client.pipeline(transaction=False)
-            for key, fields, _, _ in batch:
-                pipe.xadd(key, fields)  # type: ignore[arg-type]
             try:
-                async with asyncio.timeout_at(min(item[3] for item in batch)):
-                    replies = await pipe.execute(raise_on_error=False)
+                async with asyncio.timeout_at(min(c.deadline for c in chunks)):
+                    conn = await pool.get_connection()
+                    await conn.send_packed_command(
+                        b"".join(cmd for c in chunks for cmd in c.commands), check_health=False
+                    )
+                    read = conn.read_response
+                    for chunk in chunks:
+                        replies: list[Any] = []
+                        for _ in chunk.commands:
+                            try:
+                                replies.append(await read())
+                            except redis_errors.ResponseError as exc:  # this command's own error
+                                replies.append(exc)
+                        chunk.answer(replies)
             except BaseException as exc:
-                for _, _, fut, _ in batch:
-                    if not fut.done():
-                        fut.set_exception(
-                            exc if isinstance(exc, Exception) else redis_errors.ConnectionError()
-                        )
+                failure = exc if isinstance(exc, Exception) else redis_errors.ConnectionError()
+                for chunk in chunks:
+                    chunk.fail(failure)
                 if not isinstance(exc, Exception):
                     raise
-                return
-            for (_, _, fut, _), reply in zip(batch, replies, strict=False):
-                if fut.done():  # the caller timed out; its outcome is already "timed out"
-                    continue
-                if isinstance(reply, Exception):
-                    fut.set_exception(reply)
-                else:
-                    fut.set_result(reply)
         finally:
-            # No caller may wait forever: whatever this pipeline did not answer (a short reply
-            # list, an error while building it) fails as a connection error, which is retried.
-            for _, _, fut, _ in batch:
-                if not fut.done():
-                    fut.set_exception(redis_errors.ConnectionError("no reply for this command"))
+            # No caller may wait forever: whatever this pipeline did not answer fails as a
+            # connection error, which is retried.
+            for chunk in chunks:
+                chunk.fail(redis_errors.ConnectionError("no reply for this command"))
+            if conn is not None:
+                await pool.release(conn)
             self._slots.release()
 
     async def close(self) -> None:
@@ -341,12 +406,14 @@ class QueuePublisher:
         if self._redis is None:
             assert self._redis_url is not None
             # The pool connects on first use and replaces broken connections by itself;
-            # ``retries=0`` keeps the client from re-sending an XADD behind our back.
+            # ``retries=0`` keeps the client from re-sending an XADD behind our back. No socket
+            # timeout: the batcher, the client's only user, bounds every pipeline by its commands'
+            # deadlines (a read timer per reply was a few µs per run of a burst).
             self._redis = aioredis.Redis.from_url(
                 self._redis_url,
                 retry=Retry(NoBackoff(), 0),
                 socket_connect_timeout=self._timeout_s,
-                socket_timeout=self._timeout_s,
+                socket_timeout=None,
                 client_name="duetime-worker",
             )
         return self._redis
@@ -363,26 +430,26 @@ class QueuePublisher:
 
     async def publish_redis_many(self, ds: list[Delivery]) -> list[Verdict]:
         """One verdict per delivery to a Redis stream, in order: the batch path of workers for Redis
-        targets (one batcher call for many runs, no coroutine per run)."""
+        targets (one batcher call for many runs, packed once, no coroutine or future per run)."""
         if self._redis_url is None:
             return [_failed("broker not configured (set DUETIME_REDIS_URL)", retryable=False)] * len(ds)
-        keys = [_redis_key(d) for d in ds]
-        verdicts: list[Verdict | None] = [
-            self.refused(d, QueueTarget(broker=Broker.REDIS, topic=k)) for d, k in zip(ds, keys, strict=True)
-        ]
+        targets = [_redis_key(d) for d in ds]
+        verdicts: list[Verdict | None] = [self.refused(d, t) for d, t in zip(ds, targets, strict=True)]
         sent = [
-            (k, redis_fields(d, signing.encode_body(d.payload)))
-            for d, k, v in zip(ds, keys, verdicts, strict=True)
+            xadd_command(t.topic, d, signing.encode_body(d.payload))
+            for d, t, v in zip(ds, targets, verdicts, strict=True)
             if v is None
         ]
         replies = iter(await self._redis_pipeline().xadd_many(sent) if sent else [])
         out: list[Verdict] = []
-        for key, refused in zip(keys, verdicts, strict=True):
+        for target, refused in zip(targets, verdicts, strict=True):
             if refused is not None:
                 out.append(refused)
                 continue
             reply = next(replies)
-            out.append(self._redis_verdict(key, reply) if isinstance(reply, BaseException) else PUBLISHED)
+            out.append(
+                self._redis_verdict(target.topic, reply) if isinstance(reply, BaseException) else PUBLISHED
+            )
         return out
 
     def _redis_verdict(self, key: str, exc: BaseException) -> Verdict:

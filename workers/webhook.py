@@ -58,9 +58,9 @@ def classify_status(status: int) -> Verdict:
 
 def contract_headers(d: Delivery, body: bytes, now: datetime) -> dict[str, str]:
     """Every header the contract promises a webhook target, signature included."""
-    key = signing.idempotency_key(d.job_id, d.scheduled_for)
+    key = signing.delivery_key(d.job_id, d.scheduled_for, d.event)
     timestamp = int(now.timestamp())
-    return {
+    headers = {
         signing.IDEMPOTENCY_KEY: key,
         signing.JOB_ID: d.job_id,
         signing.SCHEDULED_FOR: signing.format_occurrence(d.scheduled_for),
@@ -74,6 +74,9 @@ def contract_headers(d: Delivery, body: bytes, now: datetime) -> dict[str, str]:
             for secret in (d.signing_secret, *d.extra_signing_secrets)
         ),
     }
+    if d.event is not None:
+        headers[signing.EVENT] = d.event
+    return headers
 
 
 def request_headers(target: WebhookTarget, contract: dict[str, str]) -> dict[str, str]:

@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from duetime.core import codec, jitter
+from duetime.core import codec, failures, jitter
+from duetime.core.failures import FailureCount, FailureEvent, OccurrenceEnd
 from duetime.core.ids import new_job_id
 from duetime.core.lifecycle import (
     OVERLAP_SKIP_REASON,
@@ -106,7 +107,7 @@ class CompletionPart(StoreBase):
         A report whose token no longer matches (the lease lapsed and was taken over, or the
         owner revoked it) changes nothing and is counted as stale.
         """
-        return await self._under_lease(reports, finishable, BatchWriter.finish)
+        return await self._under_lease(reports, finishable, BatchWriter.finish, failure_parents)
 
     async def skip_missed(self, items: Sequence[Skip]) -> CompletionStats:
         """Record skipped occurrences and move claimed rows on to their next occurrence."""
@@ -117,9 +118,11 @@ class CompletionPart(StoreBase):
         items: Sequence[_Leased],
         phase_ok: Callable[[str], bool],
         apply: Callable[[BatchWriter, asyncpg.Record, _Leased, datetime], None],
+        also_lock: Callable[[Sequence[_Leased]], list[uuid.UUID]] = lambda _: [],
     ) -> CompletionStats:
         """The fenced write shared by completions and skips: lock the rows, drop the items whose
-        lease no longer holds (counted stale), let ``apply`` decide the rest, write in one go."""
+        lease no longer holds (counted stale), let ``apply`` decide the rest, write in one go.
+        ``also_lock``: rows besides the items' own that the write may change (failure counts)."""
         applied = stale = history = 0
         now = utcnow()
         async with translated():
@@ -129,7 +132,9 @@ class CompletionPart(StoreBase):
                     async with conn.transaction():
                         rows = {
                             r["job_id"]: r
-                            for r in await conn.fetch(Q["lock_for_completion"], [g.job_id for g in group])
+                            for r in await conn.fetch(
+                                Q["lock_for_completion"], [g.job_id for g in group], also_lock(group)
+                            )
                         }
                         stale += apply_leased(writer, rows, group, phase_ok=phase_ok, apply=apply, now=now)
                         await writer.flush(conn)
@@ -152,7 +157,7 @@ async def expire_locked(conn: asyncpg.Connection, ids: list[uuid.UUID]) -> Expir
     as it was; a running one had an attempt nobody recorded, finished as ``lease_expired``. The
     caller commits, then runs the writer's ``after_commit``."""
     writer = BatchWriter()
-    expire_rows(writer, await conn.fetch(Q["lock_for_completion"], ids), utcnow())
+    expire_rows(writer, await conn.fetch(Q["lock_for_completion"], ids, []), utcnow())
     await writer.flush(conn)
     return Expired(CompletionStats(applied=len(writer.seen), history=writer.history_count), writer)
 
@@ -172,6 +177,14 @@ def skippable(phase: str) -> bool:
     return phase_allows(RunEvent.SKIP, phase)
 
 
+def failure_parents(reports: Sequence[AttemptReport]) -> list[uuid.UUID]:
+    """The jobs whose failure count a batch's occurrence rows may change: locked with the batch,
+    in its order, so counting them never takes a lock out of order. Only jobs that count."""
+    return sorted(
+        {r.run.parent_id for r in reports if r.run.parent_id is not None and failures.tracked(r.spec.parsed)}
+    )
+
+
 def apply_leased(
     writer: BatchWriter,
     rows: Mapping[uuid.UUID, Any],
@@ -184,6 +197,7 @@ def apply_leased(
     """``apply`` each item whose row (as ``lock_for_completion`` reads it) still holds its lease;
     returns how many did not (stale: nothing is written for them)."""
     stale = 0
+    writer.locked = rows
     for item in items:
         row = rows.get(item.job_id)
         if (
@@ -203,6 +217,8 @@ def expire_rows(writer: BatchWriter, rows: Iterable[Any], now: datetime) -> None
     never fired, nothing was called), a running one is finished as ``lease_expired`` (its outcome
     is unknown) and retried by policy. A row in any other phase finished meanwhile."""
     lapses = PHASE_EVENTS[RunEvent.LAPSE].from_
+    rows = list(rows)
+    writer.locked = {row["job_id"]: row for row in rows}
     for row in rows:
         phase = row["phase"]
         if phase not in lapses:
@@ -251,6 +267,43 @@ def _locked_spec(row: asyncpg.Record, rep: AttemptReport | None) -> JobSpec:
     return codec.spec_from_json(json.loads(text))
 
 
+@dataclass(frozen=True, slots=True)
+class EndedOccurrence:
+    """An occurrence whose last attempt this batch records, of a job that counts its failures."""
+
+    end: OccurrenceEnd
+    shard: int
+    owner: str
+    # The job's own row was finished: its spec as locked. None: an occurrence row's, whose job's
+    # spec (the current one, not the row's copy) is read from the job's locked row.
+    spec: JobSpec | None
+
+
+@dataclass(frozen=True, slots=True)
+class FailureWrites:
+    """What the batch's ended occurrences do to their jobs (core/failures.py): the counts that
+    changed, the jobs that pause, the events for the outbox."""
+
+    counts: list[tuple[uuid.UUID, FailureCount]]
+    paused: list[uuid.UUID]
+    events: list[FailureEvent]
+
+
+def _event_arrays(events: Sequence[FailureEvent]) -> list[list[Any]]:
+    """``insert_failure_events``' parameters, $1..$9 in order."""
+    return [
+        [e.event_id for e in events],
+        [e.job_id for e in events],
+        [e.shard for e in events],
+        [e.owner for e in events],
+        [e.kind.value for e in events],
+        [e.scheduled_for for e in events],
+        [e.fencing_token for e in events],
+        [codec.target_to_json(e.target) for e in events],
+        [e.body for e in events],
+    ]
+
+
 class BatchWriter:
     """Collects the row updates and history of one transaction and writes each as one statement.
 
@@ -270,6 +323,11 @@ class BatchWriter:
         # catch-up occurrence rows: (row id, parent id, scheduled_for, position in a chain or None)
         self.catch_up: list[tuple[uuid.UUID, uuid.UUID, datetime, int | None]] = []
         self.catch_up_shards: set[int] = set()
+        # The rows this transaction locked (lock_for_completion), by id.
+        self.locked: Mapping[uuid.UUID, Any] = {}
+        # Occurrences that ended, of jobs that count their failures; the jobs paused for failing.
+        self.ended: list[EndedOccurrence] = []
+        self.paused: list[uuid.UUID] = []
 
     def _history(self, row: asyncpg.Record, run: Run, fencing_token: int) -> dict[str, Any]:
         self.runs.append(HistoryWrite(row["parent_id"] or row["job_id"], row["shard"], run, fencing_token))
@@ -323,6 +381,7 @@ class BatchWriter:
                 retry_after_s=verdict.retry_after_s,
             )
             if nxt is None:
+                self._occurrence_ended(row, run, rep.lease_token, spec, job_id=parent, own=False, now=now)
                 self.finished_occurrences.append(rep.job_id)
                 if row["backfill_seq"] is not None:
                     self.backfill_parents.add(parent)
@@ -344,6 +403,8 @@ class BatchWriter:
             due=nominal_due,
             retry_after_s=verdict.retry_after_s,
         )
+        if not plan.retrying:
+            self._occurrence_ended(row, run, rep.lease_token, spec, job_id=rep.job_id, own=True, now=now)
         if plan.overlap_skipped:
             last = self._overlap_skips(row, plan, spec.overlap.value, now) or last
         consumed = None
@@ -352,6 +413,78 @@ class BatchWriter:
         self.plans.append(
             PlanWrite(rep.job_id, plan, last, split_point(spec, plan), consumed, _hold(spec, plan))
         )
+
+    def _occurrence_ended(
+        self,
+        row: asyncpg.Record,
+        run: Run,
+        token: int,
+        spec: JobSpec,
+        *,
+        job_id: uuid.UUID,
+        own: bool,
+        now: datetime,
+    ) -> None:
+        """An occurrence's last attempt: kept for the failure count when its job counts (or the
+        job's own row still carries a count to reset). Nothing for any other job."""
+        if row["state"] == JobState.CANCELLED:
+            return
+        counting = failures.tracked(spec) or (own and (row["consecutive_failures"] or row["failing"]))
+        if not counting:
+            return
+        end = OccurrenceEnd(
+            job_id=job_id,
+            scheduled_for=run.scheduled_for,
+            attempts=run.attempt,
+            outcome=run.outcome,
+            status_code=run.status_code,
+            error=run.error,
+            at=now,
+            fencing_token=token,
+        )
+        self.ended.append(EndedOccurrence(end, row["shard"], row["owner"], spec if own else None))
+
+    def failure_rows_missing(self) -> list[uuid.UUID]:
+        """Jobs of ended occurrences whose rows this transaction has not locked (the janitor's
+        occurrence rows: their jobs were not known before the rows were read). Locked after the
+        rows, so out of the id order: only for jobs that count failures and have an occurrence
+        row whose lease lapsed; a deadlock PostgreSQL breaks there costs the janitor its round,
+        and the next round finishes the rows."""
+        return sorted({e.end.job_id for e in self.ended} - set(self.locked))
+
+    def failure_writes(self, extra: Mapping[uuid.UUID, Any]) -> FailureWrites:
+        """Each ended occurrence through ``core.failures.step``, in occurrence order per job, from
+        the job's count as locked; ``extra`` has the rows ``failure_rows_missing`` named."""
+        plan_state = {w.job_id: w.plan.state for w in self.plans}
+        rows = {**extra, **self.locked}
+        counts: dict[uuid.UUID, FailureCount] = {}
+        specs: dict[uuid.UUID, JobSpec] = {}
+        states: dict[uuid.UUID, JobState] = {}
+        paused: list[uuid.UUID] = []
+        events: list[FailureEvent] = []
+        for e in sorted(self.ended, key=lambda e: (e.end.job_id, e.end.scheduled_for)):
+            jid = e.end.job_id
+            row = rows.get(jid)
+            if row is None or row["parent_id"] is not None:
+                continue  # the job was deleted meanwhile
+            if jid not in counts:
+                counts[jid] = FailureCount(row["consecutive_failures"], row["failing"])
+                specs[jid] = e.spec if e.spec is not None else _locked_spec(row, None)
+                states[jid] = plan_state.get(jid, JobState(row["state"]))
+            if states[jid] is JobState.CANCELLED:
+                continue
+            result = failures.step(specs[jid], counts[jid], e.end, states[jid])
+            counts[jid] = result.count
+            if result.pause:
+                states[jid] = JobState.PAUSED
+                paused.append(jid)
+            events.extend(failures.events_of(specs[jid], e.end, result, shard=e.shard, owner=e.owner))
+        changed = []
+        for jid, count in counts.items():
+            row = rows[jid]
+            if count != FailureCount(row["consecutive_failures"], row["failing"]):
+                changed.append((jid, count))
+        return FailureWrites(changed, paused, events)
 
     def _overlap_skips(
         self, row: asyncpg.Record, plan: RowPlan, policy: str, now: datetime
@@ -439,6 +572,27 @@ class BatchWriter:
             await conn.execute(Q["insert_runs"], *_history_arrays(self.runs))
         if self.finished_occurrences:
             await conn.execute(Q["delete_occurrences"], self.finished_occurrences)
+        if self.ended:
+            # After apply_plans: a pause must land on the state the plans wrote.
+            missing = self.failure_rows_missing()
+            extra = (
+                {r["job_id"]: r for r in await conn.fetch(Q["lock_for_completion"], missing, [])}
+                if missing
+                else {}
+            )
+            writes = self.failure_writes(extra)
+            if writes.counts:
+                await conn.execute(
+                    Q["apply_failure_counts"],
+                    [jid for jid, _ in writes.counts],
+                    [c.consecutive for _, c in writes.counts],
+                    [c.failing for _, c in writes.counts],
+                )
+            if writes.paused:
+                await conn.execute(Q["pause_failing_jobs"], writes.paused)
+                self.paused = writes.paused
+            if writes.events:
+                await conn.execute(Q["insert_failure_events"], *_event_arrays(writes.events))
 
     async def after_commit(self, conn: asyncpg.Connection) -> set[int]:
         """What touches rows other than the ones locked: in statements of their own, after the
@@ -446,6 +600,8 @@ class BatchWriter:
         to a crash costs a stale ``last_run`` (the history has the run) or a backfilled run that
         waits for the janitor's next round. Returns the shards that have a run due now."""
         shards: set[int] = set(self.catch_up_shards)
+        if self.paused:
+            await conn.execute(Q["cascade_failure_pause"], self.paused)
         if self.backfill_parents:
             rows = await conn.fetch(Q["release_next_backfill"], list(self.backfill_parents))
             shards |= {r["shard"] for r in rows}

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import asyncpg
 
 from duetime.storage.postgres.completion import CompletionPart
+from duetime.storage.postgres.events import EventsPart
 from duetime.storage.postgres.hints import DueConnections, Hints, listen_due
 from duetime.storage.postgres.inserts import InsertBatcher
 from duetime.storage.postgres.keys import KeysPart
@@ -35,6 +36,7 @@ class PostgresStore(
     QueueLeasePart,
     RetentionPart,
     KeysPart,
+    EventsPart,
 ):
     """Registry + run store on asyncpg pools, one pool per distinct database in the shard map."""
 

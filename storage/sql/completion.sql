@@ -8,10 +8,12 @@
 -- landed while the call was in flight is seen).
 -- The spec comes as its text: a completion compares it with the text its fence read and reuses
 -- the spec the worker parsed when they are equal (the common case), instead of decoding it again.
+-- $2: the jobs whose failure count an occurrence row of the batch may change (core/failures.py),
+-- locked here with the rest, in the one job id order every writer of these rows locks in.
 SELECT job_id, shard, owner, spec::text AS spec, spec_version, state, phase, lease_token,
        scheduled_for, next_run_at, attempt, run_kind, resume_at, pending_triggers, parent_id,
-       handed_upto, split_at, backfill_seq
-FROM jobs WHERE job_id = ANY($1::uuid[])
+       handed_upto, split_at, backfill_seq, consecutive_failures, failing
+FROM jobs WHERE job_id = ANY($1::uuid[] || $2::uuid[])
 ORDER BY job_id
 FOR UPDATE;
 
@@ -94,3 +96,44 @@ WHERE p.job_id = ANY($1::uuid[]) AND p.state = 'scheduled' AND p.next_run_at IS 
   AND p.phase = 'idle' AND p.parent_id IS NULL AND p.spec->'schedule' ?| array['cron', 'every']
   AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = p.job_id)
 RETURNING p.job_id;
+
+-- name: apply_failure_counts
+-- Failure handling (core/failures.py): the consecutive failed occurrences of the jobs whose
+-- occurrences ended in this batch, and whether each sent job.failing. Only for jobs that count
+-- (on_failure or pause_after_failures) and whose count changed: a batch of other jobs runs none.
+UPDATE jobs j SET consecutive_failures = u.consecutive_failures, failing = u.failing
+FROM unnest($1::uuid[], $2::int[], $3::bool[]) AS u(job_id, consecutive_failures, failing)
+WHERE j.job_id = u.job_id;
+
+-- name: pause_failing_jobs
+-- pause_after_failures reached: the job pauses as an owner's pause does (write_job): no
+-- overlap split point, a claimed row's lease given back (its fence then fails), no claim while
+-- paused. Its occurrence rows follow after the commit (cascade_failure_pause).
+UPDATE jobs SET
+    state = 'paused',
+    split_at = NULL,
+    phase = CASE WHEN phase = 'claimed' THEN 'idle' ELSE phase END,
+    claimed_by = CASE WHEN phase = 'claimed' THEN NULL ELSE claimed_by END,
+    leased_until = CASE WHEN phase = 'claimed' THEN NULL ELSE leased_until END,
+    updated_at = now()
+WHERE job_id = ANY($1::uuid[]) AND state = 'scheduled';
+
+-- name: cascade_failure_pause
+-- A job paused for failing: its occurrence rows follow, as cascade_state does for an owner's
+-- pause. Its own statement after the completion commits, for the lock order of parent_last_run;
+-- only while the job is still paused (an owner may have resumed it in between).
+UPDATE jobs SET
+    state = 'paused',
+    phase = CASE WHEN phase = 'claimed' THEN 'idle' ELSE phase END,
+    claimed_by = CASE WHEN phase = 'claimed' THEN NULL ELSE claimed_by END,
+    leased_until = CASE WHEN phase = 'claimed' THEN NULL ELSE leased_until END,
+    updated_at = now()
+WHERE parent_id = ANY($1::uuid[]) AND state = 'scheduled'
+  AND EXISTS (SELECT 1 FROM jobs p WHERE p.job_id = jobs.parent_id AND p.state = 'paused');
+
+-- name: insert_failure_events
+-- The outbox (migration 0009): the events of this batch's ended occurrences, in its transaction.
+INSERT INTO failure_events (event_id, job_id, shard, owner, type, scheduled_for, fencing_token,
+                            target, body)
+SELECT * FROM unnest($1::text[], $2::uuid[], $3::smallint[], $4::text[], $5::text[],
+                     $6::timestamptz[], $7::bigint[], $8::jsonb[], $9::jsonb[]);

@@ -76,6 +76,9 @@ UPDATE jobs SET
     spec = $3, spec_version = $4, state = $5, next_run_at = $6, scheduled_for = $7,
     attempt = $8, run_kind = $9, resume_at = $10, pending_triggers = $11,
     split_at = $13, handed_upto = $14,
+    -- A resume (paused -> scheduled) starts the failure count over (pause_after_failures).
+    consecutive_failures = CASE WHEN state = 'paused' AND $5 = 'scheduled' THEN 0
+                                ELSE consecutive_failures END,
     phase = CASE WHEN $12::bool AND phase = 'claimed' THEN 'idle' ELSE phase END,
     claimed_by = CASE WHEN $12::bool AND phase = 'claimed' THEN NULL ELSE claimed_by END,
     leased_until = CASE WHEN $12::bool AND phase = 'claimed' THEN NULL ELSE leased_until END,

@@ -45,6 +45,9 @@ UPDATE jobs j SET
     next_run_at = CASE WHEN $2 = 'cancelled' THEN NULL ELSE j.next_run_at END,
     pending_triggers = CASE WHEN $2 = 'cancelled' THEN '{}'::timestamptz[] ELSE j.pending_triggers END,
     split_at = u.split_at,
+    -- A resume starts the failure count over, as write_job's does.
+    consecutive_failures = CASE WHEN j.state = 'paused' AND $2 = 'scheduled' THEN 0
+                                ELSE j.consecutive_failures END,
     phase = CASE WHEN $4::bool AND phase = 'claimed' THEN 'idle' ELSE phase END,
     claimed_by = CASE WHEN $4::bool AND phase = 'claimed' THEN NULL ELSE j.claimed_by END,
     leased_until = CASE WHEN $4::bool AND phase = 'claimed' THEN NULL ELSE j.leased_until END,

@@ -21,13 +21,13 @@ import pytest
 
 from duetime.core.model import CronSchedule, JobSpec, OneOffSchedule, WebhookTarget
 from duetime.storage.memory import MemoryStore
-from duetime.storage.ports import Registry, RunStore
+from duetime.storage.ports import EventOutbox, Registry, RunStore
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from tests.conftest import _create_db, _drop_db
 
 
-class Store(Registry, RunStore, Protocol):
+class Store(Registry, RunStore, EventOutbox, Protocol):
     """Both ports, as the composition root's store offers them."""
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import signal
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 
 from loadtest.common import free_port
 from tests.faults.checker import Expected, JobView, Report, check, job_view_from_api
@@ -150,6 +152,7 @@ class Owner:
     key: str
     http: aiohttp.ClientSession
     created: list[str] = field(default_factory=list)
+    dsn: str | None = None  # the database, for the raw rows a failure message shows
 
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         headers = {"Authorization": f"Bearer {self.key}"}
@@ -230,7 +233,24 @@ class Owner:
             if not left:
                 return
             await asyncio.sleep(0.5)
-        raise AssertionError(f"{len(left)} jobs still scheduled after {within} s")
+        explained = await self._explain(left)
+        raise AssertionError(f"{len(left)} jobs still scheduled after {within} s:\n{explained}")
+
+    async def _explain(self, ids: Iterable[str], at_most: int = 3) -> str:
+        """What a stuck job looks like: its API view, its runs and its raw row, so a failure in CI
+        can be understood without reproducing it."""
+        lines: list[str] = []
+        for job_id in sorted(ids)[:at_most]:
+            lines.append(f"job {json.dumps((await self.call('GET', f'/v1/jobs/{job_id}'))[1])}")
+            lines.append(f"runs {json.dumps((await self.call('GET', f'/v1/jobs/{job_id}/runs'))[1])}")
+            if self.dsn is not None:
+                conn = await asyncpg.connect(self.dsn)
+                try:
+                    row = await conn.fetchrow("SELECT * FROM jobs WHERE job_id = $1::uuid", job_id)
+                    lines.append(f"row {dict(row) if row is not None else None}")
+                finally:
+                    await conn.close()
+        return "\n".join(lines)
 
 
 @contextlib.asynccontextmanager
@@ -244,7 +264,7 @@ async def owner_on(api_url: str, dsn: str) -> AsyncIterator[Owner]:
     finally:
         await store.close()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
-        yield Owner(api_url, key, http)
+        yield Owner(api_url, key, http, dsn=dsn)
 
 
 def utc(t: datetime) -> str:

@@ -240,3 +240,131 @@ async def test_batched_workers_keep_runs_in_flight_within_the_pool_concurrency()
             w.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
     assert taken <= 2 * 10  # the concurrency, plus the one run each worker already holds
+
+
+async def test_the_batch_path_writes_the_contract_fields_of_each_run() -> None:
+    """The batch path packs each XADD itself (``xadd_command``): the entries carry exactly the
+    fields of ``redis_fields``, the contract's (docs/targets.md), traceparent and a failure
+    event's type included when set."""
+    from dataclasses import replace
+
+    from duetime.core import signing
+    from duetime.workers.queues import QueuePublisher, redis_fields
+
+    key = f"duetime-test-burst-{secrets.token_hex(6)}"
+    target = QueueTarget(broker=Broker.REDIS, topic=key)
+    ds = [_delivery(target, n) for n in range(4)]
+    ds[1] = replace(ds[1], traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    ds[2] = replace(ds[2], payload={"text": "é ✓", "big": 2**70})
+    ds[3] = replace(ds[3], event="job.failing", traceparent=ds[1].traceparent)  # a failure event
+    publisher = QueuePublisher(nats_url=None, redis_url=REDIS_URL)
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        verdicts = await publisher.publish_redis_many(ds)
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(key)  # type: ignore[assignment]
+    finally:
+        await publisher.close()
+        await client.delete(key)
+        await client.aclose()
+    assert verdicts == [PUBLISHED] * 4
+    got = [{k.decode(): v for k, v in fields.items()} for _, fields in entries]
+    want = [
+        {
+            k: v if isinstance(v, bytes) else v.encode()
+            for k, v in redis_fields(d, signing.encode_body(d.payload)).items()
+        }
+        for d in ds
+    ]
+    assert got == want
+    assert "traceparent" in got[1] and "traceparent" not in got[0]
+    assert got[3]["duetime_event"] == b"job.failing"
+    assert got[3]["idempotency_key"].endswith(b":job.failing")
+
+
+class _HoldingProxy:
+    """A TCP proxy to the real Redis that can hold back Redis's replies while ``hold`` is set (a
+    server that stalls after it executed the commands) and send them late, just before the
+    replies that come after them on the same connection."""
+
+    def __init__(self) -> None:
+        self.hold = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        host, _, port = REDIS_URL.removeprefix("redis://").partition("/")[0].partition(":")
+        redis_r, redis_w = await asyncio.open_connection(host, int(port or 6379))
+        self._writers += [client_w, redis_w]
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, held: bool) -> None:
+            late = b""
+            while data := await src.read(65536):
+                if held and self.hold:
+                    late += data  # held back: sent late, ahead of this connection's next replies
+                    continue
+                dst.write(late + data)
+                late = b""
+                await dst.drain()
+
+        for t in (pump(client_r, redis_w, False), pump(redis_r, client_w, True)):
+            task = asyncio.create_task(t)
+            self._tasks.add(task)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for w in self._writers:
+            w.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+async def test_a_pipeline_cut_short_never_lends_its_late_replies_to_the_next_one() -> None:
+    """A pipeline whose replies did not come in time is timed out, and its connection is not used
+    again: otherwise the next pipeline would read the stalled one's replies (here: WRONGTYPE
+    errors) as its own answers, and runs that were stored would be recorded failed (or the other
+    way round)."""
+    bad = f"duetime-test-burst-{secrets.token_hex(6)}"
+    good = f"duetime-test-burst-{secrets.token_hex(6)}"
+    client = aioredis.Redis.from_url(REDIS_URL)
+    await client.set(bad, "not a stream")
+    proxy = _HoldingProxy()
+    await proxy.start()
+    dispatcher = Dispatcher(
+        policy=ssrf.AddressPolicy(),
+        nats_url=None,
+        redis_url=f"redis://127.0.0.1:{proxy.port}/0",
+        broker_timeout_s=1.0,
+    )
+    await dispatcher.start()
+    try:
+        # a connection made (its handshake answered) before Redis stalls
+        warm = await dispatcher.deliver_redis_many(
+            [_delivery(QueueTarget(broker=Broker.REDIS, topic=good), 9)]
+        )
+        assert warm.verdicts == [PUBLISHED]
+        proxy.hold = True
+        stalled = await dispatcher.deliver_redis_many(
+            [_delivery(QueueTarget(broker=Broker.REDIS, topic=bad), n) for n in range(5)]
+        )
+        proxy.hold = False
+        after = await dispatcher.deliver_redis_many(
+            [_delivery(QueueTarget(broker=Broker.REDIS, topic=good), n) for n in range(5)]
+        )
+        length = await client.xlen(good)
+    finally:
+        await dispatcher.close()
+        await proxy.close()
+        await client.delete(good, bad)
+        await client.aclose()
+    assert {(v.outcome, v.retryable) for v in stalled.verdicts} == {(Outcome.TIMED_OUT, True)}
+    assert after.verdicts == [PUBLISHED] * 5
+    assert length == 6

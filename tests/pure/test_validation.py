@@ -1078,6 +1078,8 @@ def test_full_spec_round_trips_through_the_codec() -> None:
         "misfire_grace_s": 86400,
         "jitter_s": 3600,
         "overlap": "buffer_one",
+        "on_failure": {"target": {"type": "queue", "broker": "nats", "topic": "ops.failures"}, "after": 3},
+        "pause_after_failures": 1000,
     }
     spec = parse_job_spec(data, now=NOW)
     expected = copy.deepcopy(data)

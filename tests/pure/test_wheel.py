@@ -860,3 +860,21 @@ async def test_crash_without_handler_is_raised_by_stop() -> None:
     assert task.done()
     with pytest.raises(ValueError, match="boom"):
         await driver.stop()
+
+
+def test_an_entry_inserted_after_the_clock_stepped_back_fires_past_a_staged_slot() -> None:
+    """Found by the property above: a limited expire staged a slot (due at +952) without handing
+    it out, the wall clock stepped back 2 ms, and an entry due at +950 was inserted. Before the
+    fix, expire(+951) returned nothing: the staged rest, not due yet, blocked the newer entry
+    until the clock caught up with the wheel."""
+    start = 1_766_688_728_136  # the example's: where +952 crosses a slot boundary of level 1
+    wheel = TimerWheel(start, tick_ms=1)
+    staged = make_entry(start + 952, b"\x00\x00\x00\x00")
+    wheel.insert(staged)
+    assert wheel.expire(start + 952, limit=1) == []  # the budget went into moving it down
+    assert wheel.discard(staged)
+    assert wheel.expire(start + 950, limit=2) == []  # the clock stepped back 2 ms
+    late = make_entry(start + 950, b"\x00\x00\x00\x01")
+    wheel.insert(late)
+    assert wheel.expire(start + 951) == [late]
+    assert len(wheel) == 0

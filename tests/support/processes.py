@@ -14,6 +14,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+_STARTED: list[DuetimeProcess] = []
+
+
+def started_count() -> int:
+    """How many processes have been started so far (a mark for ``kill_leftovers``)."""
+    return len(_STARTED)
+
+
+def kill_leftovers(since: int) -> list[str]:
+    """SIGKILL every process started after the mark ``since`` that is still alive; name them.
+
+    A test that fails between ``start()`` and its own cleanup would otherwise leave an engine
+    running into the next tests, claiming and firing their jobs (this happened in CI). Processes
+    of module-scoped fixtures are started before the mark and live on."""
+    names = []
+    for proc in _STARTED[since:]:
+        if proc.alive:
+            names.append(proc.name)
+        proc.kill()
+    del _STARTED[since:]
+    return names
+
 
 class DuetimeProcess:
     """``python -m duetime ARGS`` with its output in a log file (a pipe nobody reads would block a
@@ -37,6 +59,7 @@ class DuetimeProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
+        _STARTED.append(self)
         return self
 
     def output(self) -> str:
