@@ -67,6 +67,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import uvloop
 
 from duetime.app import split_shards
@@ -82,7 +83,17 @@ from duetime.core.model import (
     WebhookTarget,
 )
 from duetime.settings import Settings
-from duetime.storage.bulk import BulkJob, analyze_jobs, outcome_counts, seed_jobs, table_writes
+from duetime.storage.bulk import (
+    BulkJob,
+    HistoryLeft,
+    OldHistory,
+    analyze_jobs,
+    old_history_left,
+    outcome_counts,
+    seed_jobs,
+    seed_old_history,
+    table_writes,
+)
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from loadtest.cluster import EnginesAndWorkers
@@ -730,6 +741,10 @@ class BurstArgs:
     label: str = ""
     split_shards: bool = False
     kill_engine_at_s: float | None = None
+    old_finished_jobs: int = 0
+    old_runs_per_job: int = 10
+    old_cron_runs: int = 0
+    old_age_s: float = 40 * 86_400.0
     # --stages: "off"; "cpu" (CPU seconds from /proc only); "native" or "python" (and py-spy's
     # stage split, with or without native frames: loadtest/stages.py)
     stages: str = "off"
@@ -785,6 +800,7 @@ async def run_burst(a: BurstArgs) -> dict[str, Any]:
             store = await PostgresStore.open(ShardMap.single(dsn), pool_size=4)
             api_key, _secret = await store.create_api_key("bench")
             await store.close()
+            old = await seed_old(a, dsn, spec_target)
             fleet: Fleet
             if a.topology == "cluster":
                 fleet = BurstCluster(
@@ -813,6 +829,7 @@ async def run_burst(a: BurstArgs) -> dict[str, Any]:
                     lead=lead,
                     api_key=api_key,
                     rss=rss,
+                    old=old,
                 )
             finally:
                 await fleet.close()
@@ -836,6 +853,7 @@ async def _measure(
     lead: float,
     api_key: str,
     rss: _RssWatch,
+    old: OldHistory | None = None,
 ) -> dict[str, Any]:
     t_due = (datetime.now(UTC) + timedelta(seconds=lead)).replace(microsecond=0)
     t_due_s = t_due.timestamp()
@@ -881,8 +899,14 @@ async def _measure(
     named |= {f"{target.name}-receiver": pid for pid in target.pids()}
     last_print = 0.0
     killed: tuple[float, frozenset[int]] | None = None
+    probe = None if old is None else await asyncpg.connect(dsn)
+    left: list[tuple[float, HistoryLeft]] = []
+    last_probe = 0.0
     try:
         while time.time() < deadline:
+            if probe is not None and old is not None and time.time() - last_probe >= 1.0:
+                last_probe = time.time()
+                left.append((last_probe, await old_history_left(probe, old)))
             if not begun and window is not None and time.time() >= begin_at:
                 begun = True
                 await window.begin()
@@ -914,6 +938,8 @@ async def _measure(
     except BaseException:
         if window is not None:
             await window.abort()
+        if probe is not None:
+            await probe.close()
         raise
     cpu = await window.stop(a.jobs) if window is not None else None
     reports: list[NodeSamples] | None = None
@@ -922,6 +948,9 @@ async def _measure(
         # its table statistics until a timeout, and a short burst's worker backends undercounted
         # by half; a backend reports them when its process disconnects.
         reports = await fleet.finish()
+    if probe is not None and old is not None:
+        left.append((time.time(), await old_history_left(probe, old)))
+        await probe.close()
     await asyncio.sleep(1.5)  # backends flush their table statistics once idle, at most once a second
     writes_after = await table_writes([dsn])
     outcomes = await outcome_counts([dsn])
@@ -945,9 +974,66 @@ async def _measure(
     )
     if killed is not None:
         result["failover"] = failover(ids, starts, t_due_s, killed[0], killed[1])
+    if old is not None:
+        result["old_history"] = old_history_during(old, left, t_due_s, result["drain_s"])
     if cpu is not None:
         result["cpu"] = cpu
     return result
+
+
+async def seed_old(a: BurstArgs, dsn: str, target: Target) -> OldHistory | None:
+    """``--old-finished-jobs`` and ``--old-cron-runs``: history finished ``--old-age-s`` ago, for
+    the maintenance service of the nodes to delete while the burst runs (with the default
+    retention of 30 days and the default age of 40 days, all of it is due for deletion). Written
+    before the nodes start, so their first retention round begins on it at once."""
+    if not (a.old_finished_jobs or a.old_cron_runs):
+        return None
+    before = datetime.now(UTC) - timedelta(seconds=a.old_age_s)
+    started = time.perf_counter()
+    old = await seed_old_history(
+        dsn,
+        JobSpec(target=target, schedule=OneOffSchedule(before)),
+        owner="old",
+        finished_jobs=a.old_finished_jobs,
+        runs_per_job=a.old_runs_per_job,
+        cron_runs=a.old_cron_runs,
+        finished_before=before,
+    )
+    print(
+        f"  old history: {old.finished_jobs} finished jobs, {old.runs} history rows "
+        f"in {time.perf_counter() - started:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return old
+
+
+def old_history_during(
+    old: OldHistory, left: Sequence[tuple[float, HistoryLeft]], t_due_s: float, drain_s: float
+) -> dict[str, Any]:
+    """What the maintenance service deleted of the old history between T and the last start (from
+    the samples nearest each), and what was left at the end: whether retention was at work during
+    the whole burst, and how fast."""
+
+    def nearest(at: float) -> tuple[float, HistoryLeft]:
+        return min(left, key=lambda s: abs(s[0] - at))
+
+    t0, at_t = nearest(t_due_s)
+    t1, at_drain = nearest(t_due_s + drain_s)
+    span = t1 - t0
+    deleted = at_t.runs - at_drain.runs
+    return {
+        "seeded": {"finished_jobs": old.finished_jobs, "history_rows": old.runs},
+        "left_at_T": {"history_rows": at_t.runs, "finished_jobs": at_t.finished_jobs},
+        "left_at_last_start": {"history_rows": at_drain.runs, "finished_jobs": at_drain.finished_jobs},
+        "left_at_end": {"history_rows": left[-1][1].runs, "finished_jobs": left[-1][1].finished_jobs},
+        "history_rows_deleted_T_to_last_start": deleted,
+        "finished_jobs_deleted_T_to_last_start": at_t.finished_jobs - at_drain.finished_jobs,
+        "deleted_rows_per_s": round(deleted / span) if span > 0 else None,
+        "samples_s_after_T": [round(t0 - t_due_s, 1), round(t1 - t_due_s, 1)],
+        # (s after T, history rows left, finished jobs left), about one a second
+        "series": [[round(t - t_due_s, 1), h.runs, h.finished_jobs] for t, h in left],
+    }
 
 
 def failover(
@@ -1137,9 +1223,29 @@ def report(result: dict[str, Any]) -> None:
             ("load average (1 min) start, end", " → ".join(str(x) for x in result.get("load_1m", []))),
             ("plot", result.get("plot", "-")),
             *_failover_rows(result.get("failover")),
+            *_old_history_rows(result.get("old_history")),
             *(report_rows(result["cpu"]) if result.get("cpu") else []),
         ],
     )
+
+
+def _old_history_rows(o: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if o is None:
+        return []
+    return [
+        (
+            "old history seeded",
+            f"{o['seeded']['history_rows']:,} history rows, {o['seeded']['finished_jobs']:,} finished jobs",
+        ),
+        (
+            "retention, T → last start",
+            f"{o['history_rows_deleted_T_to_last_start']:,} history rows and "
+            f"{o['finished_jobs_deleted_T_to_last_start']:,} jobs deleted "
+            f"({o['deleted_rows_per_s']}/s); left at T {o['left_at_T']['history_rows']:,}, "
+            f"at the last start {o['left_at_last_start']['history_rows']:,}, "
+            f"at the end {o['left_at_end']['history_rows']:,}",
+        ),
+    ]
 
 
 def _failover_rows(f: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -1196,6 +1302,25 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
         help="--topology cluster: SIGKILL engine-0 S seconds after T and report the failover",
     )
     p.add_argument(
+        "--old-finished-jobs",
+        type=int,
+        default=0,
+        help="finished jobs --old-age-s old, each with --old-runs-per-job history rows, seeded first",
+    )
+    p.add_argument("--old-runs-per-job", type=int, default=10)
+    p.add_argument(
+        "--old-cron-runs",
+        type=int,
+        default=0,
+        help="history rows of 16 live (paused) crons, --old-age-s old, seeded first",
+    )
+    p.add_argument(
+        "--old-age-s",
+        type=float,
+        default=40 * 86_400.0,
+        help="how long ago the old history finished (default 40 days: past the default retention)",
+    )
+    p.add_argument(
         "--stages",
         nargs="?",
         const="native",
@@ -1224,6 +1349,10 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
         label=a.label,
         split_shards=a.split_shards,
         kill_engine_at_s=a.kill_engine_at,
+        old_finished_jobs=a.old_finished_jobs,
+        old_runs_per_job=a.old_runs_per_job,
+        old_cron_runs=a.old_cron_runs,
+        old_age_s=a.old_age_s,
         stages=a.stages,
         stages_rate=a.stages_rate,
     )
@@ -1233,6 +1362,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     a = parse_args(argv)
     result = uvloop.run(run_burst(a))
     report(result)
+    OUT_DIR.mkdir(exist_ok=True)
     with (OUT_DIR / "burst-results.jsonl").open("a") as f:
         f.write(json.dumps({"at": datetime.now(UTC).isoformat(), **result}, default=str) + "\n")
 

@@ -4,7 +4,10 @@ then at 10,000,000 (spread over a year), on the same database.
     python -m loadtest.registry_scale --large 10000000 --small 100000
 
 Fills ``jobs`` with COPY (``storage.bulk``, in chunks, with progress) for 100 owners, one-off
-jobs due uniformly over the next 365 days. At each size it measures:
+jobs due uniformly over the next 365 days, each with four labels; their ``job_labels`` rows are
+COPYed beside them with the label trigger off for that transaction and checked against the
+trigger's on a sample of every chunk (``--trigger-fill``: the trigger writes them instead). Then
+VACUUM (ANALYZE). At each size it measures:
 
 * claim rate: ``--due`` extra jobs due within the lookahead, claimed by ``claim_due`` over the
   16 shards (batch 500) as an engine does, in claims/s;
@@ -18,7 +21,8 @@ jobs due uniformly over the next 365 days. At each size it measures:
 
 Prints the ratios large/small (claim rate) and small/large (latencies): 1.0 means the registry's
 size costs nothing; the target is at least 0.8. Check ``df -h`` first: ten million rows are about
-6 GB with their indexes. The database is dropped at the end unless ``--keep``.
+12 GB with their indexes, plus ``job_labels``, and the fill takes about 20 minutes of a 2-core
+machine. The database is dropped at the end unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import random
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -40,7 +46,14 @@ import uvloop
 from duetime.core import codec
 from duetime.core.ids import new_job_id, shard_of
 from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
-from duetime.storage.bulk import BulkJob, analyze_jobs, copy_jobs, seed_jobs
+from duetime.storage.bulk import (
+    BulkJob,
+    copy_jobs,
+    copy_jobs_with_labels,
+    label_rows_differ,
+    seed_jobs,
+    vacuum_analyze_registry,
+)
 from duetime.storage.migrate import migrate
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
@@ -52,9 +65,15 @@ TARGET = WebhookTarget(url="https://hooks.example.com/duetime")
 ENVS = ("prod", "staging", "dev")
 
 
-def year_of_rows(n: int, now: datetime, rng: random.Random) -> Iterator[tuple[Any, ...]]:
+LabelRow = tuple[str, str, str, uuid.UUID]
+
+
+def year_of_jobs(
+    n: int, now: datetime, rng: random.Random
+) -> Iterator[tuple[tuple[Any, ...], list[LabelRow]]]:
     """COPY records of ``n`` one-off jobs for 100 owners in turn, due uniformly over the next 365
-    days (from two minutes ahead, so none is claimed during the measurement).
+    days (from two minutes ahead, so none is claimed during the measurement), each with its four
+    ``job_labels`` rows (owner, key, value, job_id), the rows the label trigger makes.
 
     The rows ``storage.bulk.job_rows`` would make for these jobs, built from one JSON template
     instead of a ``JobSpec`` per row: ten million of those cost more time than the COPY.
@@ -69,17 +88,44 @@ def year_of_rows(n: int, now: datetime, rng: random.Random) -> Iterator[tuple[An
     for i in range(n):
         at = (now + timedelta(seconds=120 + rng.random() * span_s)).replace(microsecond=0)
         job_id = new_job_id()
+        owner = OWNERS[i % len(OWNERS)]
+        team, env, tier = (
+            f"team-{(i // 100) % 50}",
+            ENVS[(i // 100) % 3],
+            "gold" if i % 100_000 == 0 else "std",
+        )
         spec = (
             template.replace(marker, json.dumps(codec.format_time(at)))
-            .replace("@T@", f"team-{(i // 100) % 50}")
-            .replace("@E@", ENVS[(i // 100) % 3])
-            .replace("@R@", "gold" if i % 100_000 == 0 else "std")
+            .replace("@T@", team)
+            .replace("@E@", env)
+            .replace("@R@", tier)
         )
-        yield (job_id, shard_of(job_id), OWNERS[i % len(OWNERS)], spec, "scheduled", at, at, 0, now, now)
+        row = (job_id, shard_of(job_id), owner, spec, "scheduled", at, at, 0, now, now)
+        yield (
+            row,
+            [
+                (owner, "team", team, job_id),
+                (owner, "env", env, job_id),
+                (owner, "tier", tier, job_id),
+                (owner, "all", "1", job_id),
+            ],
+        )
 
 
-async def fill(dsn: str, n: int, *, label: str, rng: random.Random) -> float:
-    """COPY ``n`` more jobs; returns rows per second."""
+def year_of_rows(n: int, now: datetime, rng: random.Random) -> Iterator[tuple[Any, ...]]:
+    """The job rows of ``year_of_jobs`` alone (a load that lets the trigger write the labels)."""
+    return (row for row, _ in year_of_jobs(n, now, rng))
+
+
+async def fill(dsn: str, n: int, *, label: str, rng: random.Random, direct: bool = True) -> dict[str, Any]:
+    """COPY ``n`` more jobs; returns rows per second and how the labels were written and checked.
+
+    ``direct``: the jobs and their label rows in one COPY each per chunk, the label trigger off
+    for that transaction (``storage.bulk.copy_jobs_with_labels``); each chunk's label rows of 100
+    sampled jobs are then compared with what the trigger makes from their specs, and at the end
+    the table's count with four per job. Otherwise the trigger writes them, as a create does.
+    Then VACUUM (ANALYZE) of both tables, timed apart.
+    """
     started = time.perf_counter()
     last = [started]
 
@@ -90,23 +136,49 @@ async def fill(dsn: str, n: int, *, label: str, rng: random.Random) -> float:
             rate = done / (now - started)
             eta = (n - done) / rate if rate else float("nan")
             print(
-                f"  {label}: {done:,}/{n:,} rows, {rate:,.0f}/s, ~{eta:.0f} s left",
+                f"  {label}: {done:,}/{n:,} rows, {rate:,.0f}/s, ~{eta:.0f} s left,"
+                f" load {os.getloadavg()[0]:.1f}",
                 file=sys.stderr,
                 flush=True,
             )
 
     conn = await asyncpg.connect(dsn)
+    checked = 0
     try:
+        labels_before = await conn.fetchval("SELECT count(*) FROM job_labels")
         done = 0
-        rows = year_of_rows(n, datetime.now(UTC), rng)
+        jobs = year_of_jobs(n, datetime.now(UTC), rng)
         while done < n:
-            chunk = list(itertools.islice(rows, 100_000))
-            done += await copy_jobs(conn, chunk)
+            chunk = list(itertools.islice(jobs, 100_000))
+            rows = [row for row, _ in chunk]
+            if direct:
+                done += await copy_jobs_with_labels(conn, rows, [lr for _, lrs in chunk for lr in lrs])
+                sample = [row[0] for row in rng.sample(rows, min(100, len(rows)))]
+                if differ := await label_rows_differ(conn, sample):
+                    raise RuntimeError(
+                        f"{differ} label rows differ from the trigger's in a sample of {len(sample)} jobs"
+                    )
+                checked += len(sample)
+            else:
+                done += await copy_jobs(conn, rows)
             progress(done)
+        labels_after = await conn.fetchval("SELECT count(*) FROM job_labels")
+        if labels_after - labels_before != 4 * n:
+            raise RuntimeError(
+                f"{labels_after - labels_before:,} label rows written for {n:,} jobs of four labels"
+            )
     finally:
         await conn.close()
-    await analyze_jobs([dsn])
-    return n / (time.perf_counter() - started)
+    copied = time.perf_counter()
+    await vacuum_analyze_registry([dsn])
+    finished = time.perf_counter()
+    return {
+        "rows_per_s": round(n / (copied - started)),
+        "labels": "direct" if direct else "trigger",
+        "label_rows": 4 * n,
+        "label_rows_checked_jobs": checked,
+        "vacuum_analyze_s": round(finished - copied, 1),
+    }
 
 
 async def claim_rate(dsn: str, due: int) -> float:
@@ -277,6 +349,7 @@ async def _run_clients(timed: Any, method: str, make: Any, requests: int, client
 
 
 async def measure(dsn: str, label: str, due: int, requests: int, clients: int) -> dict[str, Any]:
+    load_before = os.getloadavg()
     rate = await claim_rate(dsn, due)
     api = await api_latency(dsn, requests, clients)
     bulk = await bulk_pause(dsn, OWNERS[1] if label == "small" else OWNERS[2])
@@ -287,8 +360,9 @@ async def measure(dsn: str, label: str, due: int, requests: int, clients: int) -
         size = await conn.fetchval("SELECT pg_total_relation_size('jobs')")
     finally:
         await conn.close()
+    load = {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]}
     print(
-        f"  {label}: {count:,} rows, claims {rate:,.0f}/s, api {api}, bulk {bulk}",
+        f"  {label}: {count:,} rows, claims {rate:,.0f}/s, api {api}, bulk {bulk}, load {load}",
         file=sys.stderr,
         flush=True,
     )
@@ -299,10 +373,13 @@ async def measure(dsn: str, label: str, due: int, requests: int, clients: int) -
         "api_ms": api,
         "bulk_pause": bulk,
         "store_label_list_ms": in_store,
+        "load_average": load,
     }
 
 
-async def bench(small: int, large: int, *, due: int, requests: int, clients: int, keep: bool) -> None:
+async def bench(
+    small: int, large: int, *, due: int, requests: int, clients: int, keep: bool, direct: bool
+) -> None:
     rng = random.Random(20261201)
     name = f"duetime_registry_{int(time.time())}"
     admin = await asyncpg.connect(ADMIN_DSN)
@@ -313,9 +390,9 @@ async def bench(small: int, large: int, *, due: int, requests: int, clients: int
     dsn = f"{ADMIN_DSN.rpartition('/')[0]}/{name}"
     try:
         await migrate(dsn)
-        fill_small = await fill(dsn, small, label="small fill", rng=rng)
+        fill_small = await fill(dsn, small, label="small fill", rng=rng, direct=direct)
         at_small = await measure(dsn, "small", due, requests, clients)
-        fill_large = await fill(dsn, large - at_small["rows"], label="large fill", rng=rng)
+        fill_large = await fill(dsn, large - at_small["rows"], label="large fill", rng=rng, direct=direct)
         at_large = await measure(dsn, "large", due, requests, clients)
     finally:
         if not keep:
@@ -339,7 +416,7 @@ async def bench(small: int, large: int, *, due: int, requests: int, clients: int
     result: dict[str, Any] = {
         "small": at_small,
         "large": at_large,
-        "fill_rows_per_s": {"small": round(fill_small), "large": round(fill_large)},
+        "fill": {"small": fill_small, "large": fill_large},
         "ratios": ratios,
         "target_ratio": 0.8,
         "met": all(v >= 0.8 for v in ratios.values()),
@@ -351,7 +428,10 @@ async def bench(small: int, large: int, *, due: int, requests: int, clients: int
             "jobs table + indexes",
             f"{at_small['jobs_bytes'] / 2**20:,.0f} MB → {at_large['jobs_bytes'] / 2**30:,.1f} GB",
         ),
-        ("fill (COPY)", f"{result['fill_rows_per_s']['large']:,} rows/s"),
+        (
+            "fill (COPY, labels " + fill_large["labels"] + ")",
+            f"{fill_large['rows_per_s']:,} rows/s, then VACUUM (ANALYZE) {fill_large['vacuum_analyze_s']} s",
+        ),
         (
             "claims/s",
             f"{at_small['claims_per_s']:,} → {at_large['claims_per_s']:,} (ratio {ratios['claims']})",
@@ -377,6 +457,9 @@ async def bench(small: int, large: int, *, due: int, requests: int, clients: int
     for size in ("small", "large"):
         b = result[size]["bulk_pause"]
         rows.append((f"bulk pause at {result[size]['rows']:,}", f"{b['changed']:,} jobs in {b['seconds']} s"))
+    for size in ("small", "large"):
+        la = result[size]["load_average"]
+        rows.append((f"load average (1/5/15 min) at {size}", f"{la['before']} → {la['after']}"))
     rows.append(("target: every ratio ≥ 0.8", "met" if result["met"] else "NOT met"))
     print_report("registry_scale", result, rows)
 
@@ -389,8 +472,23 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=2000, help="GETs and POSTs at each size")
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--keep", action="store_true", help="keep the database (and say its name)")
+    p.add_argument(
+        "--trigger-fill",
+        action="store_true",
+        help="let the label trigger write job_labels during the fill (as creates do), not the loader",
+    )
     a = p.parse_args()
-    uvloop.run(bench(a.small, a.large, due=a.due, requests=a.requests, clients=a.clients, keep=a.keep))
+    uvloop.run(
+        bench(
+            a.small,
+            a.large,
+            due=a.due,
+            requests=a.requests,
+            clients=a.clients,
+            keep=a.keep,
+            direct=not a.trigger_fill,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ whatever is due on a shard.
 from __future__ import annotations
 
 import asyncio
+import random
 import secrets
 import uuid
 from collections.abc import AsyncIterator
@@ -26,11 +27,26 @@ from duetime.core.model import (
     WebhookTarget,
 )
 from duetime.core.runpath import AttemptReport, Claim, Verdict
-from duetime.storage.bulk import BulkJob, analyze_jobs, outcome_counts, seed_jobs, table_writes
+from duetime.engine.retention import RetentionConfig, RetentionService
+from duetime.storage.bulk import (
+    BulkJob,
+    HistoryLeft,
+    analyze_jobs,
+    copy_jobs,
+    copy_jobs_with_labels,
+    job_rows,
+    label_rows_differ,
+    old_history_left,
+    outcome_counts,
+    seed_jobs,
+    seed_old_history,
+    table_writes,
+)
 from duetime.storage.migrate import migrate
 from duetime.storage.postgres import PostgresStore, job_from_row
 from duetime.storage.queries import Q
 from duetime.storage.shardmap import ShardMap
+from loadtest.registry_scale import year_of_jobs
 from tests.conftest import ADMIN_DSN
 
 ENGINE = "bulk-test-engine"
@@ -249,3 +265,120 @@ async def test_table_writes_and_outcomes_count_a_run(fresh_dsns: list[str]) -> N
     assert after["upd"] - before["upd"] == 30  # claim, fence, completion
     assert after["wal_bytes"] > before["wal_bytes"]
     assert await outcome_counts([dsn]) == {"succeeded": (5, None), "failed": (5, "HTTP 500")}
+
+
+async def _label_rows(dsn: str) -> list[tuple[str, str, str, uuid.UUID]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT owner, key, value, job_id FROM job_labels")
+    finally:
+        await conn.close()
+    return sorted((r["owner"], r["key"], r["value"], r["job_id"]) for r in rows)
+
+
+async def test_a_load_with_the_trigger_off_writes_the_trigger_s_label_rows(fresh_dsns: list[str]) -> None:
+    # The same jobs (same ids) into two databases: one by a plain COPY, the label trigger writing
+    # job_labels; one by the benchmark's loader, which writes them itself with the trigger off.
+    with_trigger, direct = fresh_dsns
+    jobs = list(year_of_jobs(2000, datetime.now(UTC), random.Random(7)))
+    rows = [row for row, _ in jobs]
+    ids = [row[0] for row in rows]
+    conn = await asyncpg.connect(with_trigger)
+    try:
+        await copy_jobs(conn, rows)
+    finally:
+        await conn.close()
+    conn = await asyncpg.connect(direct)
+    try:
+        assert await copy_jobs_with_labels(conn, rows, [lr for _, lrs in jobs for lr in lrs]) == 2000
+        assert await label_rows_differ(conn, ids) == 0
+    finally:
+        await conn.close()
+    trigger_rows = await _label_rows(with_trigger)
+    assert len(trigger_rows) == 8000
+    assert await _label_rows(direct) == trigger_rows
+    conn = await asyncpg.connect(direct)
+    try:
+        # The trigger was off for the load's transaction only: the next insert on the same
+        # connection gets its label rows from the trigger again.
+        spec = JobSpec(
+            target=WebhookTarget(url="https://example.com/h"),
+            schedule=OneOffSchedule(datetime.now(UTC) + timedelta(hours=1)),
+            labels={"k": "v"},
+        )
+        [one] = job_rows([BulkJob("erin", spec)], datetime.now(UTC))
+        await copy_jobs(conn, [one])
+        assert await conn.fetchval("SELECT count(*) FROM job_labels WHERE owner = 'erin'") == 1
+        # The check sees a missing row, a changed one (as missing: "present" is looked up under the
+        # pairs the jobs carry), and a row the trigger would not make under such a pair.
+        await conn.execute("DELETE FROM job_labels WHERE job_id = $1 AND key = 'team'", ids[0])
+        await conn.execute("UPDATE job_labels SET value = 'x' WHERE job_id = $1 AND key = 'env'", ids[1])
+        await conn.execute("INSERT INTO job_labels VALUES ($1, 'all', '1', $2)", rows[1][2], ids[2])
+        assert await label_rows_differ(conn, ids[:3]) == 3
+        assert await label_rows_differ(conn, ids[3:]) == 0
+    finally:
+        await conn.close()
+
+
+async def test_a_load_with_triggers_off_refuses_a_trigger_it_does_not_know(fresh_dsns: list[str]) -> None:
+    dsn = fresh_dsns[0]
+    jobs = list(year_of_jobs(10, datetime.now(UTC), random.Random(8)))
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "CREATE FUNCTION bulk_test_noop() RETURNS trigger LANGUAGE plpgsql"
+            " AS $$ BEGIN RETURN NULL; END $$"
+        )
+        await conn.execute(
+            "CREATE TRIGGER bulk_test_other AFTER INSERT ON jobs"
+            " FOR EACH STATEMENT EXECUTE FUNCTION bulk_test_noop()"
+        )
+        with pytest.raises(RuntimeError, match="bulk_test_other"):
+            await copy_jobs_with_labels(conn, [r for r, _ in jobs], [lr for _, lrs in jobs for lr in lrs])
+        assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
+    finally:
+        await conn.close()
+
+
+async def test_old_history_is_the_oldest_range_and_retention_deletes_it(fresh_dsns: list[str]) -> None:
+    dsn = fresh_dsns[0]
+    before = datetime.now(UTC) - timedelta(days=40)
+    old = await seed_old_history(
+        dsn,
+        _spec(before, name=None),
+        owner="old",
+        finished_jobs=5,
+        runs_per_job=3,
+        cron_runs=40,
+        finished_before=before,
+        chunk=7,
+    )
+    assert (old.finished_jobs, old.runs, old.last_run_id - old.first_run_id + 1) == (5, 55, 55)
+    store = await PostgresStore.open(ShardMap.single(dsn), pool_size=2)
+    conn = await asyncpg.connect(dsn)
+    try:
+        assert await old_history_left(conn, old) == HistoryLeft(runs=55, finished_jobs=5)
+        stamps = await conn.fetchrow(
+            "SELECT (SELECT max(finished_at) FROM runs) AS runs,"
+            " (SELECT max(updated_at) FROM jobs WHERE state = 'completed') AS jobs"
+        )
+        assert stamps["runs"] < before and stamps["jobs"] < before
+        # the 16 crons are live (paused), not finished: retention keeps them
+        assert await conn.fetchval("SELECT count(*) FROM jobs WHERE state = 'paused'") == 16
+        with pytest.raises(RuntimeError, match="runs must be empty"):
+            await seed_old_history(
+                dsn,
+                _spec(before, name=None),
+                owner="old",
+                finished_jobs=1,
+                runs_per_job=1,
+                cron_runs=0,
+                finished_before=before,
+            )
+        report = await RetentionService(store, RetentionConfig(batch=10, pause_s=0)).run_round()
+        assert (report.runs, report.jobs) == (55, 5)
+        assert await old_history_left(conn, old) == HistoryLeft(runs=0, finished_jobs=0)
+        assert await conn.fetchval("SELECT count(*) FROM jobs WHERE state = 'paused'") == 16
+    finally:
+        await conn.close()
+        await store.close()

@@ -9,18 +9,20 @@ from pathlib import Path
 
 import pytest
 
+from duetime.storage.bulk import HistoryLeft, OldHistory
 from loadtest.burst import (
     BurstArgs,
     account_starts,
     default_lead,
     job_id_of_key,
+    old_history_during,
     parse_args,
     redis_entry_ms,
     wheel_bytes_per_run,
     writes_per_run,
 )
 from loadtest.plot import cumulative_to_rate, per_second, write_burst_plot
-from loadtest.registry_scale import OWNERS, year_of_rows
+from loadtest.registry_scale import OWNERS, year_of_jobs, year_of_rows
 
 T = 1_800_000_000.0
 
@@ -124,3 +126,30 @@ def test_registry_rows_are_a_year_of_one_offs() -> None:
         assert 120 <= (next_run_at - now).total_seconds() <= 365 * 86400
         assert f'"run_at":"{next_run_at.strftime("%Y-%m-%dT%H:%M:%SZ")}"' in spec
         assert job_id.version == 7
+
+
+def test_old_history_during_the_burst_is_read_at_the_samples_nearest_t_and_the_last_start() -> None:
+    old = OldHistory(
+        first_run_id=1, last_run_id=1000, finished_jobs=10, runs=1000, finished_before=datetime.now(UTC)
+    )
+    left = [
+        (T - 2.0, HistoryLeft(900, 0)),
+        (T + 0.1, HistoryLeft(800, 0)),
+        (T + 5.2, HistoryLeft(300, 0)),
+        (T + 9.0, HistoryLeft(0, 0)),
+    ]
+    o = old_history_during(old, left, T, drain_s=5.0)
+    assert o["left_at_T"]["history_rows"] == 800
+    assert o["left_at_last_start"]["history_rows"] == 300
+    assert o["left_at_end"]["history_rows"] == 0
+    assert o["history_rows_deleted_T_to_last_start"] == 500
+    assert o["deleted_rows_per_s"] == 98  # 500 rows in 5.1 s
+    assert o["series"][0] == [-2.0, 900, 0]
+
+
+def test_year_of_jobs_labels_are_the_spec_s() -> None:
+    import json
+
+    for row, labels in year_of_jobs(300, datetime.now(UTC), random.Random(5)):
+        spec_labels = json.loads(row[3])["labels"]
+        assert sorted(labels) == sorted((row[2], k, v, row[0]) for k, v in spec_labels.items())
