@@ -12,6 +12,8 @@ import uuid
 from datetime import datetime
 from typing import Final
 
+import asyncpg
+
 from duetime.storage.postgres.pools import StoreBase, translated
 from duetime.storage.queries import Q
 
@@ -39,29 +41,43 @@ class RetentionPart(StoreBase):
     async def delete_finished_jobs(self, dsn: str, *, before: datetime, limit: int) -> tuple[int, int] | None:
         """Up to ``limit`` jobs finished before ``before``, with their history (``limit`` rows per
         statement), Idempotency-Keys and occurrence rows. Returns (jobs, history rows) deleted,
-        or None when another process holds this database's maintenance lock."""
-        pool = self.pool_for_dsn(dsn)
-        history = 0
-        async with translated():
-            async with pool.acquire() as conn, conn.transaction():
-                if not await conn.fetchval(Q["retention_lock"], *_RETENTION_LOCK):
-                    return None
-                ids: list[uuid.UUID] = [
-                    r["job_id"] for r in await conn.fetch(Q["retention_finished_jobs"], before, limit)
-                ]
-            if not ids:
-                return 0, 0
-            while True:  # their history first, in statements of its own: it may be long
-                deleted = _count(await pool.execute(Q["retention_runs_of_jobs"], ids, limit))
-                history += deleted
-                if deleted < limit:
-                    break
-            async with pool.acquire() as conn, conn.transaction():
-                locked = [r["job_id"] for r in await conn.fetch(Q["retention_lock_finished"], before, ids)]
-                if not locked:
-                    return 0, history
-                history += _count(await conn.execute(Q["retention_all_runs_of_jobs"], locked))
-                await conn.execute(Q["retention_keys_of_jobs"], locked)
-                await conn.execute(Q["retention_occurrences_of_jobs"], locked)
-                jobs = _count(await conn.execute(Q["retention_delete_jobs"], locked))
-        return jobs, history
+        or None when another process holds this database's maintenance lock.
+
+        The lock is held for the whole batch, not only while its jobs are chosen: otherwise a
+        second engine chose the same jobs while the first deleted their history, found them gone
+        at the end, took "0 deleted" for "nothing left", and the two engines then skipped each
+        other until their next rounds (old jobs went at a batch a minute)."""
+        async with translated(), self.pool_for_dsn(dsn).acquire() as conn:
+            if not await conn.fetchval(Q["retention_lock_held"], *_RETENTION_LOCK):
+                return None
+            try:
+                return await _finished_batch(conn, before, limit)
+            finally:
+                try:
+                    await conn.fetchval(Q["retention_unlock"], *_RETENTION_LOCK)
+                except BaseException:
+                    conn.terminate()  # a closed session holds no lock
+                    raise
+
+
+async def _finished_batch(conn: asyncpg.Connection, before: datetime, limit: int) -> tuple[int, int]:
+    """One batch of ``delete_finished_jobs``, on a connection that holds the maintenance lock."""
+    chosen = await conn.fetch(Q["retention_finished_jobs"], before, limit)
+    ids: list[uuid.UUID] = [r["job_id"] for r in chosen]
+    if not ids:
+        return 0, 0
+    history = 0
+    while True:  # their history first, in statements of its own: it may be long
+        deleted = _count(await conn.execute(Q["retention_runs_of_jobs"], ids, limit))
+        history += deleted
+        if deleted < limit:
+            break
+    async with conn.transaction():
+        locked = [r["job_id"] for r in await conn.fetch(Q["retention_lock_finished"], before, ids)]
+        if not locked:
+            return 0, history
+        history += _count(await conn.execute(Q["retention_all_runs_of_jobs"], locked))
+        await conn.execute(Q["retention_keys_of_jobs"], locked)
+        await conn.execute(Q["retention_occurrences_of_jobs"], locked)
+        jobs = _count(await conn.execute(Q["retention_delete_jobs"], locked))
+    return jobs, history

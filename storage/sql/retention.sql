@@ -7,6 +7,15 @@
 -- take this in a batch's transaction does the batch; the others skip the round.
 SELECT pg_try_advisory_xact_lock($1::int, $2::int);
 
+-- name: retention_lock_held
+-- The same lock for a whole batch of finished jobs, which spans several transactions (their
+-- history goes in statements of its own): held by the session until retention_unlock. Session
+-- and transaction advisory locks on one key exclude each other across sessions.
+SELECT pg_try_advisory_lock($1::int, $2::int);
+
+-- name: retention_unlock
+SELECT pg_advisory_unlock($1::int, $2::int);
+
 -- name: retention_old_runs
 -- The oldest history rows by run_id (ids grow with time, so the primary key is the age order and
 -- no index on finished_at is written per attempt), those of them that finished before $1. Walks

@@ -240,3 +240,44 @@ async def test_one_service_per_database_does_a_batch(fresh: tuple[str, PostgresS
         assert report.jobs == 1
     finally:
         await conn.close()
+
+
+async def test_a_batch_keeps_the_lock_until_its_jobs_are_gone(fresh: tuple[str, PostgresStore]) -> None:
+    """The lock covered only the choice of a batch's jobs: while one engine deleted their history,
+    another took the lock, chose the same jobs, found them gone at the end (0 deleted), took that
+    for "nothing left" and ended its round; the first then met the second's lock and skipped the
+    database until its next round. With two engines, old jobs went at about one batch a minute.
+    Now a batch holds the lock until its jobs are deleted, and the other engine skips at once."""
+    dsn, store = fresh
+    conn = await asyncpg.connect(dsn)
+    holder = await asyncpg.connect(dsn)
+    try:
+        jobs = [await _job(conn, "o", "completed", OLD) for _ in range(3)]
+        for job in jobs:
+            await _runs(conn, job, [OLD - timedelta(hours=1)])
+        # Hold one of their history rows, so the first batch waits inside its history deletes.
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("SELECT 1 FROM runs WHERE job_id = $1 FOR UPDATE", jobs[0])
+        first = asyncio.create_task(store.delete_finished_jobs(dsn, before=T - timedelta(days=30), limit=10))
+        for _ in range(100):
+            waiting = await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM runs%'"
+            )
+            if waiting:
+                break
+            await asyncio.sleep(0.05)
+        assert waiting, "the first batch is inside its history deletes"
+        second = await asyncio.wait_for(
+            store.delete_finished_jobs(dsn, before=T - timedelta(days=30), limit=10), timeout=5
+        )
+        assert second is None, "the other engine skips while a batch is under way"
+        await tx.rollback()
+        assert await asyncio.wait_for(first, timeout=10) == (3, 3)
+        assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
+        # The lock is given back: the next batch runs.
+        assert await store.delete_finished_jobs(dsn, before=T - timedelta(days=30), limit=10) == (0, 0)
+    finally:
+        await holder.close()
+        await conn.close()
