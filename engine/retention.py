@@ -26,6 +26,7 @@ from typing import Protocol
 from prometheus_client import Counter, Histogram
 
 from duetime.core.errors import DuetimeError
+from duetime.storage.ports import HistorySweep
 
 log = logging.getLogger("duetime.retention")
 
@@ -46,7 +47,9 @@ class RetentionStore(Protocol):
 
     def databases(self) -> list[str]: ...
 
-    async def delete_old_runs(self, dsn: str, *, before: datetime, limit: int) -> int | None: ...
+    async def delete_old_runs(
+        self, dsn: str, *, before: datetime, limit: int, after: int = 0
+    ) -> HistorySweep | None: ...
 
     async def delete_finished_jobs(
         self, dsn: str, *, before: datetime, limit: int
@@ -129,14 +132,16 @@ class RetentionService:
     async def _runs(self, dsn: str, report: RoundReport) -> bool:
         cfg = self._config
         before = self._clock() - timedelta(seconds=cfg.run_retention_s)
+        after = 0  # each batch starts where the last one stopped walking (docs/operations.md)
         while not self._stopping.is_set():
-            deleted = await self._store.delete_old_runs(dsn, before=before, limit=cfg.batch)
-            if deleted is None:
+            sweep = await self._store.delete_old_runs(dsn, before=before, limit=cfg.batch, after=after)
+            if sweep is None:
                 return False
-            report.runs += deleted
-            DELETED.labels("runs").inc(deleted)
-            if deleted == 0:
+            report.runs += sweep.deleted
+            DELETED.labels("runs").inc(sweep.deleted)
+            if sweep.deleted == 0 or sweep.walked is None:
                 return True
+            after = sweep.walked
             await self._pause()
         return True
 

@@ -62,6 +62,15 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
+class HistorySweep:
+    """One batch of the history sweep: how many rows went, and the last run id it walked (the
+    next batch starts after it; None when there was nothing after the batch's start)."""
+
+    deleted: int
+    walked: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class IdempotencyRequest:
     key: str
     body_hash: bytes

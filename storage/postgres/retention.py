@@ -14,6 +14,7 @@ from typing import Final
 
 import asyncpg
 
+from duetime.storage.ports import HistorySweep
 from duetime.storage.postgres.pools import StoreBase, translated
 from duetime.storage.queries import Q
 
@@ -30,13 +31,17 @@ class RetentionPart(StoreBase):
     def databases(self) -> list[str]:
         return list(self.shard_map.databases())
 
-    async def delete_old_runs(self, dsn: str, *, before: datetime, limit: int) -> int | None:
-        """History rows that finished before ``before``, among the oldest ``limit``; None when
-        another process holds this database's maintenance lock."""
+    async def delete_old_runs(
+        self, dsn: str, *, before: datetime, limit: int, after: int = 0
+    ) -> HistorySweep | None:
+        """History rows that finished before ``before``, among the oldest ``limit`` with a run id
+        above ``after``; None when another process holds this database's maintenance lock."""
         async with translated(), self.pool_for_dsn(dsn).acquire() as conn, conn.transaction():
             if not await conn.fetchval(Q["retention_lock"], *_RETENTION_LOCK):
                 return None
-            return _count(await conn.execute(Q["retention_old_runs"], before, limit))
+            row = await conn.fetchrow(Q["retention_old_runs"], before, limit, after)
+            assert row is not None
+            return HistorySweep(deleted=int(row["deleted"]), walked=row["walked"])
 
     async def delete_finished_jobs(self, dsn: str, *, before: datetime, limit: int) -> tuple[int, int] | None:
         """Up to ``limit`` jobs finished before ``before``, with their history (``limit`` rows per

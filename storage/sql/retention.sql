@@ -17,12 +17,18 @@ SELECT pg_try_advisory_lock($1::int, $2::int);
 SELECT pg_advisory_unlock($1::int, $2::int);
 
 -- name: retention_old_runs
--- The oldest history rows by run_id (ids grow with time, so the primary key is the age order and
--- no index on finished_at is written per attempt), those of them that finished before $1. Walks
--- at most $2 rows of the index.
-WITH head AS (SELECT run_id FROM runs ORDER BY run_id LIMIT $2)
-DELETE FROM runs r USING head
-WHERE r.run_id = head.run_id AND coalesce(r.finished_at, r.scheduled_for) < $1;
+-- The oldest history rows by run_id after $3 (ids grow with time, so the primary key is the age
+-- order and no index on finished_at is written per attempt), those of them that finished before
+-- $1. Walks at most $2 rows of the index, from $3 on: a round's batches pass on the last id each
+-- one walked, so the next does not walk again past the entries its predecessors deleted (dead
+-- until VACUUM). Answers how many went and the last id walked (null: nothing after $3).
+WITH head AS (SELECT run_id FROM runs WHERE run_id > $3 ORDER BY run_id LIMIT $2),
+gone AS (
+    DELETE FROM runs r USING head
+    WHERE r.run_id = head.run_id AND coalesce(r.finished_at, r.scheduled_for) < $1
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT max(run_id) FROM head) AS walked;
 
 -- name: retention_finished_jobs
 -- Jobs finished (completed, cancelled, dead) before $1, oldest first, from jobs_finished; none

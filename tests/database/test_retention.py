@@ -281,3 +281,30 @@ async def test_a_batch_keeps_the_lock_until_its_jobs_are_gone(fresh: tuple[str, 
     finally:
         await holder.close()
         await conn.close()
+
+
+async def test_the_history_sweep_goes_on_where_the_last_batch_stopped(
+    fresh: tuple[str, PostgresStore],
+) -> None:
+    """Each batch walks on from the last run id the one before it walked, so it does not walk
+    again past the index entries its predecessors deleted (dead until VACUUM: with autovacuum
+    off the sweep slowed from 251,000 to 81,000 rows/s after a million deletes)."""
+    dsn, store = fresh
+    conn = await asyncpg.connect(dsn)
+    try:
+        job = await _job(conn, "o", "scheduled", YOUNG)
+        await _runs(conn, job, [OLD - timedelta(minutes=i) for i in range(10)])
+        ids = [r["run_id"] for r in await conn.fetch("SELECT run_id FROM runs ORDER BY run_id")]
+        before = T - timedelta(days=30)
+        first = await store.delete_old_runs(dsn, before=before, limit=4)
+        assert first is not None and (first.deleted, first.walked) == (4, ids[3])
+        # From after ids[5]: ids[4] and ids[5] are left for a later round.
+        second = await store.delete_old_runs(dsn, before=before, limit=4, after=ids[5])
+        assert second is not None and (second.deleted, second.walked) == (4, ids[9])
+        end = await store.delete_old_runs(dsn, before=before, limit=4, after=ids[9])
+        assert end is not None and (end.deleted, end.walked) == (0, None)
+        assert [r["run_id"] for r in await conn.fetch("SELECT run_id FROM runs ORDER BY run_id")] == ids[4:6]
+        report = await _service(store, finished_job_retention_s=0).run_round()
+        assert report.runs == 2
+    finally:
+        await conn.close()
