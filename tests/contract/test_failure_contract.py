@@ -11,7 +11,7 @@ from datetime import timedelta
 from duetime.core.model import JobState, OnFailure, Outcome, Overlap, RetryPolicy, WebhookTarget
 from duetime.storage.ports import EventSettlement, OutboxEvent
 from tests.contract.conftest import Store, cron, engine_id, new_owner, now
-from tests.contract.test_runstore_contract import claim, fence, report
+from tests.contract.test_runstore_contract import claim, fence, report, running_with_occurrences
 
 HOOK = WebhookTarget(url="https://example.com/failures", headers={"X-Token": "t0k"})
 
@@ -147,20 +147,11 @@ async def test_the_outbox_settles_delivered_retried_and_given_up_events(store: S
 async def test_an_occurrence_row_counts_for_its_job_and_pauses_it(store: Store) -> None:
     """overlap=allow: an occurrence run in a row of its own fails; its job's count (on the job's
     row, locked with the batch) moves, and the job pauses while its own run is in flight."""
-    import asyncio
-
     o, e = new_owner(), engine_id()
     spec = cron("* * * * * *", on_failure=OnFailure(target=HOOK), pause_after_failures=1)
     job, _ = await store.create_job(o, spec)  # overlap=allow is the default
     jid = uuid.UUID(job.id)
-    [run] = await fence(store, (await claim(store, e, [jid])).values())
-    await asyncio.sleep(1.1)
-    assert await store.split_overlapping(run.shard, horizon_s=5) >= 1
-    occurrences = [
-        r
-        for r in await store.claim_due(run.shard, e, lookahead_s=60, lease_s=30, limit=500)
-        if r.owner == o and r.job_id != jid
-    ]
+    run, occurrences = await running_with_occurrences(store, o, e, jid)
     [occ] = await fence(store, occurrences[:1])
     assert occ.parent_id == jid
     await store.complete_runs([report(occ, Outcome.FAILED)])

@@ -367,18 +367,27 @@ async def test_the_nats_queue_leases_pass_from_engine_to_one_worker(store: Store
     assert (await store.list_runs(o, taken_id, limit=10, cursor=None)).items == []
 
 
-async def test_overlap_allow_hands_the_next_occurrence_to_a_row_of_its_own(store: Store) -> None:
-    o, e = new_owner(), engine_id()
-    job, _ = await store.create_job(o, cron("* * * * * *"))  # overlap=allow is the default
-    jid = uuid.UUID(job.id)
-    [run] = await fence(store, (await claim(store, e, [jid])).values())
+async def running_with_occurrences(
+    store: Store, owner: str, engine: str, jid: uuid.UUID
+) -> tuple[FencedRun, list[Claim]]:
+    """``jid`` (an every-second cron, overlap=allow) fenced and running past its next occurrence:
+    the split hands those occurrences to rows of their own, claimed here by ``engine``."""
+    [run] = await fence(store, (await claim(store, engine, [jid])).values())
     await asyncio.sleep(1.1)
     assert await store.split_overlapping(run.shard, horizon_s=5) >= 1
     occurrences = [
         r
-        for r in await store.claim_due(run.shard, e, lookahead_s=60, lease_s=30, limit=500)
-        if r.owner == o and r.job_id != jid
+        for r in await store.claim_due(run.shard, engine, lookahead_s=60, lease_s=30, limit=500)
+        if r.owner == owner and r.job_id != jid
     ]
+    return run, occurrences
+
+
+async def test_overlap_allow_hands_the_next_occurrence_to_a_row_of_its_own(store: Store) -> None:
+    o, e = new_owner(), engine_id()
+    job, _ = await store.create_job(o, cron("* * * * * *"))  # overlap=allow is the default
+    jid = uuid.UUID(job.id)
+    run, occurrences = await running_with_occurrences(store, o, e, jid)
     assert occurrences and all(r.scheduled_for > run.scheduled_for for r in occurrences)
     [occ] = await fence(store, occurrences[:1])
     assert occ.parent_id == jid and occ.public_id == jid

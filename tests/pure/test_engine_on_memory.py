@@ -54,6 +54,19 @@ async def test_a_due_job_reaches_the_run_queue_once_and_its_outcome_finishes_it(
     assert [str(r.job_id) for r in rows] == [later.id]
 
 
+async def _short_lease_engine(store: MemoryStore, jid: uuid.UUID) -> tuple[Engine, InProcessRunQueue]:
+    """A started engine serving ``jid``'s shard with 2 s leases and a janitor every 0.2 s: a claim
+    nobody fires would be renewed (or rescued) within the tests' waits."""
+    queue = InProcessRunQueue()
+    keeper = LeaseKeeper(store, lease_s=2, heartbeat_s=1)
+    config = EngineConfig(
+        engine_id="e1", shards=(shard_of(jid),), poll_interval_s=0.05, lease_s=2, janitor_interval_s=0.2
+    )
+    engine = Engine(store, queue, keeper, config)
+    await engine.start()
+    return engine, queue
+
+
 class _AnswerLostOnce(MemoryStore):
     """A store whose first claim is made and committed but whose answer never reaches the engine,
     as when PostgreSQL restarts between the commit and the reply."""
@@ -76,13 +89,7 @@ async def test_a_claim_whose_answer_was_lost_still_fires() -> None:
     store = _AnswerLostOnce()
     job, _ = await store.create_job(OWNER, _spec(datetime.now(UTC) + timedelta(milliseconds=300)))
     jid = uuid.UUID(job.id)
-    queue = InProcessRunQueue()
-    keeper = LeaseKeeper(store, lease_s=2, heartbeat_s=1)
-    config = EngineConfig(
-        engine_id="e1", shards=(shard_of(jid),), poll_interval_s=0.05, lease_s=2, janitor_interval_s=0.2
-    )
-    engine = Engine(store, queue, keeper, config)
-    await engine.start()
+    engine, queue = await _short_lease_engine(store, jid)
     try:
         run = await asyncio.wait_for(queue.get(), timeout=8)
         assert store.lost == 1
@@ -113,13 +120,7 @@ async def test_a_claim_whose_skip_write_failed_is_taken_back_and_finished() -> N
     jid = uuid.UUID(job.id)
     # Missed by ten minutes, as after an outage (a create in the past is due now, not missed).
     store._jobs[jid].next_run_at = store._jobs[jid].scheduled_for = datetime.now(UTC) - timedelta(seconds=600)
-    queue = InProcessRunQueue()
-    keeper = LeaseKeeper(store, lease_s=2, heartbeat_s=1)
-    config = EngineConfig(
-        engine_id="e1", shards=(shard_of(jid),), poll_interval_s=0.05, lease_s=2, janitor_interval_s=0.2
-    )
-    engine = Engine(store, queue, keeper, config)
-    await engine.start()
+    engine, queue = await _short_lease_engine(store, jid)
     try:
         for _ in range(160):
             if (await store.get_job(OWNER, jid)).state is not JobState.SCHEDULED:
