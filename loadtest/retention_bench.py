@@ -32,6 +32,7 @@ import uvloop
 
 from duetime.core.ids import new_job_id, shard_of
 from duetime.engine.retention import RetentionConfig, RetentionService
+from duetime.storage.bulk import RUN_COLUMNS
 from duetime.storage.migrate import migrate
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
@@ -40,16 +41,6 @@ from loadtest.common import ADMIN_DSN, print_report
 SPEC = json.dumps(
     {"target": {"type": "queue", "broker": "nats", "topic": "t"}, "schedule": {"cron": "* * * * * *"}}
 )
-_COLUMNS = [
-    "job_id",
-    "shard",
-    "scheduled_for",
-    "attempt",
-    "started_at",
-    "finished_at",
-    "outcome",
-    "lateness_ms",
-]
 
 
 def _history(job_id: uuid.UUID, start: datetime, seconds: int) -> Iterator[tuple[Any, ...]]:
@@ -123,7 +114,7 @@ async def bench(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         seconds = args.days * 86_400
         await conn.copy_records_to_table(
-            "runs", records=_history(cron, now - timedelta(seconds=seconds), seconds), columns=_COLUMNS
+            "runs", records=_history(cron, now - timedelta(seconds=seconds), seconds), columns=RUN_COLUMNS
         )
         old = now - timedelta(days=args.keep_days + 1)
         for _ in range(args.finished):
@@ -137,7 +128,9 @@ async def bench(args: argparse.Namespace) -> None:
                 old,
             )
             await conn.copy_records_to_table(
-                "runs", records=_history(job, old - timedelta(hours=1), args.runs_per_job), columns=_COLUMNS
+                "runs",
+                records=_history(job, old - timedelta(hours=1), args.runs_per_job),
+                columns=RUN_COLUMNS,
             )
         await conn.execute("ANALYZE runs")
         result["fill_s"] = round(time.perf_counter() - started, 1)

@@ -199,7 +199,8 @@ async def vacuum_analyze_registry(dsns: Iterable[str]) -> None:
             await conn.close()
 
 
-_RUN_COLUMNS = (
+# The history columns a bulk loader fills, in the order of its records (loadtest/ builds them too).
+RUN_COLUMNS = (
     "job_id",
     "shard",
     "scheduled_for",
@@ -284,7 +285,7 @@ async def seed_old_history(
         async def flush() -> None:
             nonlocal written
             if batch:
-                await conn.copy_records_to_table("runs", records=batch, columns=_RUN_COLUMNS)
+                await conn.copy_records_to_table("runs", records=batch, columns=RUN_COLUMNS)
                 written += len(batch)
                 batch.clear()
 
