@@ -8,7 +8,9 @@ the ordinary reports, the default) and the general path alone (``lock_for_comple
 
 * node: this process's CPU (``time.process_time``: the driver's encoding and decoding, the
   completion's Python, the event loop), around the ``complete_runs`` calls only;
-* PostgreSQL: ``utime + stime`` from ``/proc`` of the pool's backends, around the same calls.
+* PostgreSQL: ``utime + stime`` from ``/proc`` of the pool's backend, around the same calls;
+* WAL bytes written meanwhile (``pg_current_wal_lsn``; the server's, so anything else writing
+  to it counts too), and a check that every run got its one history row.
 
 Usage: ``python -m loadtest.record_bench --runs 20000 --rounds 4``. Everything else on the
 machine runs beside it, so compare the two paths within one invocation (they alternate) and note
@@ -79,13 +81,20 @@ async def _record(
     reports = [AttemptReport(r, ok, now, now) for r in runs]
     for r in runs:
         _ = r.spec.parsed  # the worker parsed it for the call; not the record stage's cost
+    lsn = "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"
+    wal0 = await store.home_pool.fetchval(lsn)
     node0, pg0, wall0 = time.process_time(), _cpu_s(pids), time.perf_counter()
     applied = 0
     for i in range(0, len(reports), batch):
         applied += (await store.complete_runs(reports[i : i + batch])).applied
     node, pg, wall = time.process_time() - node0, _cpu_s(pids) - pg0, time.perf_counter() - wall0
-    assert applied == len(reports), (applied, len(reports))
-    return {"node_us": node / len(runs) * 1e6, "pg_us": pg / len(runs) * 1e6, "wall_s": wall}
+    wal = await store.home_pool.fetchval(lsn) - wal0
+    history = await store.home_pool.fetchval(
+        "SELECT count(*) FROM runs WHERE job_id = ANY($1::uuid[])", [r.job_id for r in runs]
+    )
+    assert applied == len(reports) == history, (applied, len(reports), history)
+    n = len(runs)
+    return {"node_us": node / n * 1e6, "pg_us": pg / n * 1e6, "wal_b": float(wal) / n, "wall_s": wall}
 
 
 async def main(a: argparse.Namespace) -> None:
@@ -116,7 +125,8 @@ async def main(a: argparse.Namespace) -> None:
             for path, results in out.items():
                 if not results:
                     continue
-                mean = {k: round(sum(r[k] for r in results) / len(results), 2) for k in ("node_us", "pg_us")}
+                keys = ("node_us", "pg_us", "wal_b")
+                mean = {k: round(sum(r[k] for r in results) / len(results), 2) for k in keys}
                 summary[path] = mean | {
                     "node_us_each": [round(r["node_us"], 1) for r in results],
                     "pg_us_each": [round(r["pg_us"], 1) for r in results],
