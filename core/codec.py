@@ -7,6 +7,7 @@ This is the trusted direction (our own records in and out); untrusted input goes
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -225,6 +226,33 @@ def run_to_json(run: Run) -> dict[str, Any]:
         "error": run.error,
         "lateness_ms": run.lateness_ms,
     }
+
+
+def history_text(
+    *,
+    scheduled_for: datetime,
+    attempt: int,
+    started_at: datetime | None,
+    finished_at: datetime | None,
+    outcome: Outcome,
+    status_code: int | None,
+    error: str | None,
+    lateness_ms: int | None,
+) -> str:
+    """``run_to_json`` of the run with these fields, as JSON text: what the completion's one
+    statement stores as ``last_run`` (``::jsonb``), written straight from the columns instead of a
+    dict per run encoded again by the driver. Same values, same keys (jsonb keeps no key order);
+    outcome values are plain words, the error is escaped."""
+    started = "null" if started_at is None else f'"{format_time(started_at)}"'
+    finished = "null" if finished_at is None else f'"{format_time(finished_at)}"'
+    code = "null" if status_code is None else str(int(status_code))
+    late = "null" if lateness_ms is None else str(int(lateness_ms))
+    err = "null" if error is None else json.dumps(error)
+    return (
+        f'{{"scheduled_for":"{format_time(scheduled_for)}","attempt":{int(attempt)},'
+        f'"started_at":{started},"finished_at":{finished},"outcome":"{outcome.value}",'
+        f'"status_code":{code},"error":{err},"lateness_ms":{late}}}'
+    )
 
 
 def run_from_json(data: dict[str, Any]) -> Run:

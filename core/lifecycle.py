@@ -223,7 +223,8 @@ def _after_final(
         following = next_occurrence(spec.schedule, after) if after else None
         base = _regular(job_id, spec, following, JobState.SCHEDULED if following else JobState.COMPLETED)
     base = _apply_overlap(job_id, spec, base, now)
-    base = replace(base, pending_triggers=plan.pending_triggers)
+    if base.pending_triggers != plan.pending_triggers:  # a copy only when there is one to make
+        base = replace(base, pending_triggers=plan.pending_triggers)
     if base.pending_triggers and base.state == JobState.SCHEDULED:
         first, rest = base.pending_triggers[0], base.pending_triggers[1:]
         base = replace(start_manual(base, first), pending_triggers=rest)
@@ -317,9 +318,14 @@ def after_attempt(
     )
     if retried is not None:
         return retried
-    plan = replace(plan, attempt=attempt)
+    # The copies below are made only when they change something: this runs once per recorded
+    # attempt, and a dataclass copy costs a few microseconds.
+    if plan.attempt != attempt:
+        plan = replace(plan, attempt=attempt)
     owner_state = plan.state
-    nxt = _after_final(job_id, spec, replace(plan, state=JobState.SCHEDULED), succeeded, now)
+    if owner_state is not JobState.SCHEDULED:
+        plan = replace(plan, state=JobState.SCHEDULED)
+    nxt = _after_final(job_id, spec, plan, succeeded, now)
     if owner_state == JobState.CANCELLED:
         return replace(nxt, state=JobState.CANCELLED, next_run_at=None)
     if owner_state == JobState.PAUSED and nxt.state == JobState.SCHEDULED:

@@ -117,6 +117,12 @@ class RunSpec:
             object.__setattr__(self, "_parsed", spec)  # a cache, not a change: same value each time
         return spec
 
+    @property
+    def parsed_already(self) -> JobSpec | None:
+        """The parsed spec if it was parsed already (the worker parses it for its call), else None:
+        for a use that can do without it rather than decode it (the completion's one statement)."""
+        return self._parsed
+
     def reuse(self, text: str) -> JobSpec:
         """The parsed spec of a row whose spec text is now ``text``: this one's parse while the text
         is unchanged since the fence (the common case), else ``text`` decoded."""

@@ -119,6 +119,7 @@ class RunEvent(enum.StrEnum):
     TAKE = "take"
     KEEP_PUBLISHED = "keep_published"
     COMPLETE = "complete"
+    FINISH_ORDINARY = "finish_ordinary"
     SKIP = "skip"
     LAPSE = "lapse"
     RESTART = "restart"
@@ -217,6 +218,14 @@ PHASE_EVENTS: dict[RunEvent, PhaseStep] = {
         "an attempt's outcome is recorded under its lease: history, then what comes next",
         ("lock_for_completion", "apply_plans"),
         guard="python",
+    ),
+    RunEvent.FINISH_ORDINARY: PhaseStep(
+        _ph(_RUNNING),
+        _IDLE,
+        "complete's common case in one statement: a succeeded attempt of a row still as its fence left "
+        "it (the plan is core.lifecycle's); any other row goes the general way",
+        ("finish_ordinary",),
+        states=frozenset({_S}),
     ),
     RunEvent.SKIP: PhaseStep(
         _ph(_CLAIMED),

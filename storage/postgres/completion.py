@@ -101,13 +101,55 @@ def _history_arrays(runs: Sequence[HistoryWrite]) -> list[list[Any]]:
 class CompletionPart(StoreBase):
     """Fenced writes of ``PostgresStore``."""
 
+    #: Finish the ordinary attempts of a batch with ``finish_ordinary`` (one statement) before the
+    #: general path takes the rest. Off: every report goes the general way (the tests that compare
+    #: the two paths' rows turn it off on one store).
+    finish_ordinary: bool = True
+
     async def complete_runs(self, reports: Sequence[AttemptReport]) -> CompletionStats:
         """Finish attempts under their leases, in one transaction per database.
 
         A report whose token no longer matches (the lease lapsed and was taken over, or the
         owner revoked it) changes nothing and is counted as stale.
         """
-        return await self._under_lease(reports, finishable, BatchWriter.finish, failure_parents)
+        if not self.finish_ordinary:
+            return await self._under_lease(reports, finishable, BatchWriter.finish, failure_parents)
+        applied = stale = history = 0
+        now = utcnow()
+        async with translated():
+            for dsn, group in self.by_db(reports).items():
+                also = failure_parents(group)
+                ordinary = OrdinaryBatch.of(group, also, now)
+                writer = BatchWriter()
+                async with self.pool_for_dsn(dsn).acquire() as conn:
+                    async with conn.transaction():
+                        rest: Sequence[AttemptReport] = group
+                        if ordinary.job_ids:
+                            # Locks the whole batch (and ``also``) in job id order, finishes the
+                            # ordinary rows; the rest, already locked, go the general way below.
+                            done = set(
+                                await conn.fetchval(
+                                    Q["finish_ordinary"], [g.job_id for g in group], also, *ordinary.arrays()
+                                )
+                            )
+                            applied += len(done)
+                            history += len(done)
+                            rest = [g for g in group if g.job_id not in done] if done else group
+                        if rest:
+                            rows = {
+                                r["job_id"]: r
+                                for r in await conn.fetch(
+                                    Q["lock_for_completion"], [g.job_id for g in rest], also
+                                )
+                            }
+                            stale += apply_leased(
+                                writer, rows, rest, phase_ok=finishable, apply=BatchWriter.finish, now=now
+                            )
+                            await writer.flush(conn)
+                    applied += len(writer.seen)
+                    history += writer.history_count
+                    self._hints.wake(await writer.after_commit(conn))
+        return CompletionStats(applied=applied, stale=stale, history=history)
 
     async def skip_missed(self, items: Sequence[Skip]) -> CompletionStats:
         """Record skipped occurrences and move claimed rows on to their next occurrence."""
@@ -304,6 +346,201 @@ def _event_arrays(events: Sequence[FailureEvent]) -> list[list[Any]]:
     ]
 
 
+def _nominal_due(public_id: uuid.UUID, rep: AttemptReport, spec: JobSpec, run_kind: str) -> datetime:
+    """When the attempt's occurrence was due: its jitter included; a trigger when it was asked for."""
+    if run_kind == "manual":
+        return rep.scheduled_for
+    return jitter.due_at(public_id, rep.scheduled_for, spec.jitter_s)
+
+
+def _lateness_ms(rep: AttemptReport, due: datetime) -> int | None:
+    if rep.started_at is None:
+        return None
+    return int((rep.started_at - due).total_seconds() * 1000)
+
+
+def _history_error(spec: JobSpec, rep: AttemptReport, due: datetime, now: datetime) -> str | None:
+    """The history row's error: the verdict's, or ``WINDOW_EXCEEDED`` when the occurrence is over
+    only because its retry could not start in time (the status code stays in its own field)."""
+    verdict = rep.verdict
+    if retry_window_exceeded(
+        spec,
+        attempt=rep.attempt,
+        outcome=verdict.outcome,
+        retryable=verdict.retryable,
+        now=now,
+        due=due,
+        retry_after_s=verdict.retry_after_s,
+    ):
+        return WINDOW_EXCEEDED
+    return verdict.error
+
+
+_SUCCEEDED, _SCHEDULED = Outcome.SUCCEEDED, JobState.SCHEDULED  # an enum member's lookup is not free
+
+
+class OrdinaryBatch:
+    """The ordinary attempts of a batch, in columns: ``finish_ordinary``'s arrays, $3..$20.
+
+    Ordinary: the attempt succeeded, on a job's own row (not an occurrence row), run on its
+    schedule (not a trigger), with the spec its worker parsed, the job's only report in the
+    batch, not a job whose failure count the batch's occurrence rows may change. What its row
+    becomes is ``core.lifecycle.after_attempt``'s answer for the row as its fence left it
+    (scheduled, this occurrence, the attempts before this one, no trigger waiting, no overlap
+    hand-over); the statement applies it only where the row under lock still is exactly that,
+    and leaves any other row to the general path, which decides from the row as locked. A plan
+    that records more than this attempt (occurrences an overlap policy passed over) or must wait
+    for occurrence rows (a schedule that ended) is not ordinary.
+
+    For a success, ``after_attempt`` reads no part of the spec a PATCH can change without a new
+    ``spec_version`` except the overlap policy (compared in the statement): retries and the
+    failure count (0, and not failing, checked) do not come into it.
+    """
+
+    __slots__ = (
+        "attempts",
+        "errors",
+        "finished_at",
+        "handed_upto",
+        "job_ids",
+        "last_runs",
+        "lateness",
+        "next_attempts",
+        "next_for",
+        "next_run_at",
+        "overlaps",
+        "ran_for",
+        "split_at",
+        "started_at",
+        "states",
+        "status_codes",
+        "tokens",
+        "versions",
+    )
+
+    def __init__(self) -> None:
+        self.job_ids: list[uuid.UUID] = []
+        self.tokens: list[int] = []
+        self.versions: list[int] = []
+        self.overlaps: list[str | None] = []
+        self.ran_for: list[datetime] = []
+        self.attempts: list[int] = []
+        self.states: list[str] = []
+        self.next_run_at: list[datetime | None] = []
+        self.next_for: list[datetime | None] = []
+        self.next_attempts: list[int] = []
+        self.split_at: list[datetime | None] = []
+        self.handed_upto: list[datetime | None] = []
+        self.last_runs: list[str] = []
+        self.started_at: list[datetime | None] = []
+        self.finished_at: list[datetime] = []
+        self.status_codes: list[int | None] = []
+        self.errors: list[str | None] = []
+        self.lateness: list[int | None] = []
+
+    @classmethod
+    def of(cls, reports: Sequence[AttemptReport], also: Sequence[uuid.UUID], now: datetime) -> OrdinaryBatch:
+        batch = cls()
+        once: set[uuid.UUID] = set()
+        twice: set[uuid.UUID] = set(also)
+        for rep in reports:
+            (twice if rep.job_id in once else once).add(rep.job_id)
+        for rep in reports:
+            if rep.job_id not in twice:
+                batch.add(rep, now)
+        return batch
+
+    def add(self, rep: AttemptReport, now: datetime) -> bool:
+        """Take ``rep`` if it is ordinary (see the class); False leaves it to the general path."""
+        run = rep.run
+        verdict = rep.verdict
+        if verdict.outcome is not _SUCCEEDED or run.parent_id is not None or run.run_kind != "scheduled":
+            return False
+        spec = run.spec.parsed_already  # the worker's parse; never decoded here
+        if spec is None:
+            return False
+        job_id = run.job_id
+        due = _nominal_due(job_id, rep, spec, "scheduled")
+        # The row as the fence left it. Its attempt column still counts the attempts before this
+        # one (the statement checks that); after_attempt's first step is to set this one's number,
+        # so the plan is handed that number already and the step copies nothing.
+        fenced = RowPlan(_SCHEDULED, run.due_at, run.scheduled_for, run.attempt)
+        plan = after_attempt(
+            job_id,
+            spec,
+            fenced,
+            attempt=run.attempt,
+            outcome=verdict.outcome,
+            retryable=verdict.retryable,
+            now=now,
+            due=due,
+            retry_after_s=verdict.retry_after_s,
+        )
+        if (
+            plan.retrying
+            or plan.overlap_skipped
+            or plan.pending_triggers
+            or plan.run_kind != "scheduled"
+            or plan.resume_at is not None
+            or _hold(spec, plan)
+        ):
+            return False
+        error = _history_error(spec, rep, due, now)
+        lateness = _lateness_ms(rep, due)
+        self.job_ids.append(job_id)
+        self.tokens.append(run.lease_token)
+        self.versions.append(run.spec.version)
+        self.overlaps.append(spec.overlap.value if spec.recurring else None)
+        self.ran_for.append(run.scheduled_for)
+        self.attempts.append(run.attempt)
+        self.states.append(plan.state.value)
+        self.next_run_at.append(plan.next_run_at)
+        self.next_for.append(plan.scheduled_for)
+        self.next_attempts.append(plan.attempt)
+        self.split_at.append(split_point(spec, plan))
+        self.handed_upto.append(plan.handed_upto)
+        self.last_runs.append(
+            codec.history_text(
+                scheduled_for=run.scheduled_for,
+                attempt=run.attempt,
+                started_at=rep.started_at,
+                finished_at=rep.finished_at,
+                outcome=verdict.outcome,
+                status_code=verdict.status_code,
+                error=error,
+                lateness_ms=lateness,
+            )
+        )
+        self.started_at.append(rep.started_at)
+        self.finished_at.append(rep.finished_at)
+        self.status_codes.append(verdict.status_code)
+        self.errors.append(error)
+        self.lateness.append(lateness)
+        return True
+
+    def arrays(self) -> list[list[Any]]:
+        return [
+            self.job_ids,
+            self.tokens,
+            self.versions,
+            self.overlaps,
+            self.ran_for,
+            self.attempts,
+            self.states,
+            self.next_run_at,
+            self.next_for,
+            self.next_attempts,
+            self.split_at,
+            self.handed_upto,
+            self.last_runs,
+            self.started_at,
+            self.finished_at,
+            self.status_codes,
+            self.errors,
+            self.lateness,
+        ]
+
+
 class BatchWriter:
     """Collects the row updates and history of one transaction and writes each as one statement.
 
@@ -338,24 +575,8 @@ class BatchWriter:
         self.seen.add(rep.job_id)
         spec = _locked_spec(row, rep)
         parent = row["parent_id"]
-        lateness = None
-        nominal_due = jitter.due_at(parent or rep.job_id, rep.scheduled_for, spec.jitter_s)
-        if row["run_kind"] == "manual":
-            nominal_due = rep.scheduled_for  # a trigger is due when it was asked for, no jitter
-        if rep.started_at is not None:
-            lateness = int((rep.started_at - nominal_due).total_seconds() * 1000)
+        nominal_due = _nominal_due(parent or rep.job_id, rep, spec, row["run_kind"])
         verdict = rep.verdict
-        error = verdict.error
-        if retry_window_exceeded(
-            spec,
-            attempt=rep.attempt,
-            outcome=verdict.outcome,
-            retryable=verdict.retryable,
-            now=now,
-            due=nominal_due,
-            retry_after_s=verdict.retry_after_s,
-        ):
-            error = WINDOW_EXCEEDED  # the status code stays in its own field
         run = Run(
             scheduled_for=rep.scheduled_for,
             attempt=rep.attempt,
@@ -363,8 +584,8 @@ class BatchWriter:
             finished_at=rep.finished_at,
             outcome=verdict.outcome,
             status_code=verdict.status_code,
-            error=error,
-            lateness_ms=lateness,
+            error=_history_error(spec, rep, nominal_due, now),
+            lateness_ms=_lateness_ms(rep, nominal_due),
         )
         last = self._history(row, run, rep.lease_token)
         current = plan_of(row)

@@ -137,3 +137,57 @@ INSERT INTO failure_events (event_id, job_id, shard, owner, type, scheduled_for,
                             target, body)
 SELECT * FROM unnest($1::text[], $2::uuid[], $3::smallint[], $4::text[], $5::text[],
                      $6::timestamptz[], $7::bigint[], $8::jsonb[], $9::jsonb[]);
+
+-- name: finish_ordinary
+-- The common completion in one statement (storage/postgres/completion.py, OrdinaryBatch): an
+-- attempt that succeeded, of a job's own row run on its schedule. The node computed what the
+-- row becomes (core.lifecycle.after_attempt) from the row as its fence left it; the update
+-- applies that only where the row still is so under lock (plain, and the same lease, spec
+-- version, overlap policy, occurrence and attempt): running, scheduled, no trigger waiting, no
+-- failure counted. Any other row is left as it is for the general path (lock_for_completion,
+-- apply_plans), in the same transaction: its decisions are then made from the row as locked.
+-- Every row of the batch (and $2, the failure counts' jobs) is locked first, in job id order, as
+-- lock_for_completion does, and the guards are read from the rows as locked (the latest
+-- version); the update then finds each row by its primary key (guards on jobs itself made the
+-- planner scan jobs by state). The history row of each updated one is written by the same
+-- statement. Returns the ids it finished.
+WITH locked AS MATERIALIZED (
+    SELECT job_id, lease_token, spec_version, scheduled_for, attempt, spec->>'overlap' AS overlap,
+           (phase = 'running' AND state = 'scheduled' AND parent_id IS NULL AND run_kind = 'scheduled'
+            AND resume_at IS NULL AND handed_upto IS NULL AND cardinality(pending_triggers) = 0
+            AND consecutive_failures = 0 AND NOT failing) AS plain
+    FROM jobs
+    WHERE job_id = ANY($1::uuid[] || $2::uuid[])
+    ORDER BY job_id
+    FOR UPDATE
+),
+done AS (
+    UPDATE jobs j SET
+        state = u.state, next_run_at = u.next_run_at, scheduled_for = u.next_for,
+        attempt = u.next_attempt, split_at = u.split_at, handed_upto = u.handed_upto,
+        phase = 'idle', claimed_by = NULL, leased_until = NULL,
+        last_run = u.last_run::jsonb,
+        updated_at = now()
+    FROM locked l
+    JOIN unnest($3::uuid[], $4::bigint[], $5::int[], $6::text[], $7::timestamptz[], $8::int[],
+                $9::text[], $10::timestamptz[], $11::timestamptz[], $12::int[], $13::timestamptz[],
+                $14::timestamptz[], $15::text[], $16::timestamptz[], $17::timestamptz[], $18::int[],
+                $19::text[], $20::bigint[])
+         AS u(job_id, token, spec_version, overlap, ran_for, attempt, state, next_run_at, next_for,
+              next_attempt, split_at, handed_upto, last_run, started_at, finished_at, status_code,
+              error, lateness_ms)
+      ON u.job_id = l.job_id
+    WHERE j.job_id = l.job_id AND l.plain AND l.lease_token = u.token
+      AND l.spec_version = u.spec_version AND l.scheduled_for = u.ran_for
+      AND l.attempt = u.attempt - 1 AND (u.overlap IS NULL OR l.overlap = u.overlap)
+    RETURNING j.job_id, j.shard, u.ran_for, u.attempt, u.started_at, u.finished_at, u.status_code,
+              u.error, u.lateness_ms, u.token
+),
+history AS (
+    INSERT INTO runs (job_id, shard, scheduled_for, attempt, started_at, finished_at, outcome,
+                      status_code, error, lateness_ms, fencing_token)
+    SELECT job_id, shard, ran_for, attempt, started_at, finished_at, 'succeeded', status_code, error,
+           lateness_ms, token
+    FROM done
+)
+SELECT ARRAY(SELECT job_id FROM done) AS done, (SELECT count(*) FROM locked) AS locked;
