@@ -96,6 +96,7 @@ from duetime.storage.bulk import (
 )
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
+from loadtest import pgstats
 from loadtest.cluster import EnginesAndWorkers
 from loadtest.common import ADMIN_DSN, ReceiverProcess, free_port, print_report, quantiles, scratch_database
 from loadtest.plot import cumulative_to_rate, per_second, write_burst_plot
@@ -749,6 +750,8 @@ class BurstArgs:
     # stage split, with or without native frames: loadtest/stages.py)
     stages: str = "off"
     stages_rate: int = 100
+    # --pg-statements: per statement and per index, from the benchmark server (loadtest/pgstats.py)
+    pg_statements: bool = False
 
 
 def default_lead(a: BurstArgs, lookahead_s: float) -> float:
@@ -876,6 +879,11 @@ async def _measure(
     )
     if ahead_s <= 0:
         raise SystemExit(f"registration ended {-ahead_s:.1f} s after T; raise --lead")
+    indexes_before = None
+    if a.pg_statements:
+        indexes_before = await pgstats.index_state(dsn)
+        if not await pgstats.reset_statements(ADMIN_DSN):
+            print("  --pg-statements: the server does not load pg_stat_statements", file=sys.stderr)
 
     timeout = a.timeout_s if a.timeout_s is not None else max(120.0, a.jobs / 2000.0)
     deadline = t_due_s + timeout
@@ -978,6 +986,11 @@ async def _measure(
         result["old_history"] = old_history_during(old, left, t_due_s, result["drain_s"])
     if cpu is not None:
         result["cpu"] = cpu
+    if indexes_before is not None:
+        result["pg_statements"] = {
+            "statements": await pgstats.statements(ADMIN_DSN, dsn.rpartition("/")[2], a.jobs),
+            "indexes": pgstats.index_growth(indexes_before, await pgstats.index_state(dsn), a.jobs),
+        }
     return result
 
 
@@ -1225,6 +1238,7 @@ def report(result: dict[str, Any]) -> None:
             *_failover_rows(result.get("failover")),
             *_old_history_rows(result.get("old_history")),
             *(report_rows(result["cpu"]) if result.get("cpu") else []),
+            *(pgstats.report_rows(result["pg_statements"]) if result.get("pg_statements") else []),
         ],
     )
 
@@ -1330,6 +1344,12 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
         "given) or python, py-spy's split by stage of the run path (loadtest/stages.py)",
     )
     p.add_argument("--stages-rate", type=int, default=100, help="py-spy samples per second (--stages)")
+    p.add_argument(
+        "--pg-statements",
+        action="store_true",
+        help="time, rows, buffers and WAL per named statement (pg_stat_statements, which the server at "
+        "DUETIME_BENCH_PG must load) and index entries written per index: loadtest/pgstats.py",
+    )
     a = p.parse_args(argv)
     if a.kill_engine_at is not None and a.topology != "cluster":
         p.error("--kill-engine-at needs --topology cluster")
@@ -1355,6 +1375,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
         old_age_s=a.old_age_s,
         stages=a.stages,
         stages_rate=a.stages_rate,
+        pg_statements=a.pg_statements,
     )
 
 

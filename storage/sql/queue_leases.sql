@@ -15,31 +15,36 @@
 -- "claimed_by IS NOT DISTINCT FROM" (the publisher is never NULL) rather than "=": "=" implies
 -- the holder index's predicate (claimed_by IS NOT NULL), and with statistics from before a burst
 -- the planner then scans every row the engine holds once per locked row (seconds per batch).
+-- The whole batch is locked behind the gate of fence_runs (storage/sql/runpath.sql): joined to
+-- the update instead, the CTE was rescanned once per row.
 WITH locked AS (
     SELECT job_id FROM jobs
-    WHERE job_id = ANY($1::uuid[]) AND phase = 'running'
+    WHERE job_id = ANY($1::uuid[])
     ORDER BY job_id
     FOR UPDATE
 )
 UPDATE jobs j SET claimed_by = $4, leased_until = now() + make_interval(secs => $5)
-FROM locked, unnest($1::uuid[], $2::bigint[], $3::text[]) AS u(job_id, token, publisher)
-WHERE j.job_id = locked.job_id AND u.job_id = locked.job_id AND j.lease_token = u.token
+FROM unnest($1::uuid[], $2::bigint[], $3::text[]) AS u(job_id, token, publisher)
+WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
+  AND j.job_id = u.job_id AND j.lease_token = u.token
   AND j.phase = 'running' AND j.claimed_by IS NOT DISTINCT FROM u.publisher
 RETURNING j.job_id, j.lease_token;
 
 -- name: extend_published
 -- An engine keeps the leases of runs it published alive until a worker takes them (the holder
 -- changes) or they are finished; what this does not return is no longer the engine's to keep.
--- Locked in job id order first, by primary key (see take_runs), and updated by primary key.
+-- Locked in job id order first, by primary key (see take_runs), behind the gate of fence_runs,
+-- and updated by primary key.
 WITH locked AS (
     SELECT job_id FROM jobs
-    WHERE job_id = ANY($1::uuid[]) AND phase = 'running'
+    WHERE job_id = ANY($1::uuid[])
     ORDER BY job_id
     FOR UPDATE
 )
 UPDATE jobs j SET leased_until = now() + make_interval(secs => $4)
-FROM locked, unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
-WHERE j.job_id = locked.job_id AND u.job_id = locked.job_id AND j.lease_token = u.token
+FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
+  AND j.job_id = u.job_id AND j.lease_token = u.token
   AND j.phase = 'running' AND j.claimed_by IS NOT DISTINCT FROM $3
 RETURNING j.job_id;
 

@@ -61,6 +61,14 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_
 -- Rows are locked in job id order first, as every other statement on these rows does: a batch
 -- holds the rows of many jobs (and a job's occurrence rows beside its own), and locking them in
 -- the order of its input deadlocked with owner actions (issue 17).
+-- The lock is a gate, not a join: "(SELECT count(*) FROM locked)" is computed once, before the
+-- first row is written (a one-time filter), and reads the whole CTE, so every row of the batch
+-- is locked in id order before the update touches any; the update then finds its rows by
+-- primary key from the array alone. Joined to the update ("FROM locked ... j.job_id =
+-- locked.job_id"), the planner, which expects one claimed row from statistics taken before the
+-- burst, rescanned the CTE once per row: 250,000 comparisons and ~150 ms of a 500-row fence,
+-- the largest single cost of the database in a burst (docs/performance.md, fifth session).
+-- The same gate is in extend_leases, release_claims, take_runs and extend_published.
 WITH locked AS (
     SELECT job_id FROM jobs
     WHERE job_id = ANY($1::uuid[])  -- the batch by primary key, whatever the statistics say (0002)
@@ -71,8 +79,9 @@ UPDATE jobs j SET
     phase = 'running',
     scheduled_for = u.scheduled_for,
     leased_until = now() + make_interval(secs => $3)
-FROM locked, unnest($1::uuid[], $2::bigint[], $4::timestamptz[]) AS u(job_id, token, scheduled_for)
-WHERE j.job_id = locked.job_id AND u.job_id = locked.job_id AND j.lease_token = u.token
+FROM unnest($1::uuid[], $2::bigint[], $4::timestamptz[]) AS u(job_id, token, scheduled_for)
+WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
+  AND j.job_id = u.job_id AND j.lease_token = u.token
   AND j.phase = 'claimed' AND j.state = 'scheduled'
 RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.scheduled_for, j.next_run_at, j.attempt,
     j.spec::text AS spec, j.spec_version, j.run_kind, j.parent_id;
@@ -80,16 +89,18 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.scheduled_for, j.next_run
 -- name: extend_leases
 -- Rows are locked in job id order first (as by lock_for_completion, take_runs and
 -- extend_published): batches that overlap must not lock in the orders of their input arrays, or
--- they deadlock under load (see take_runs).
+-- they deadlock under load (see take_runs). The whole batch is locked, behind the gate of
+-- fence_runs, so no row the update writes is locked out of that order.
 WITH locked AS (
     SELECT job_id FROM jobs
-    WHERE job_id = ANY($1::uuid[]) AND phase <> 'idle'
+    WHERE job_id = ANY($1::uuid[])
     ORDER BY job_id
     FOR UPDATE
 )
 UPDATE jobs j SET leased_until = now() + make_interval(secs => $3)
-FROM locked, unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
-WHERE j.job_id = locked.job_id AND u.job_id = locked.job_id AND j.lease_token = u.token
+FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
+  AND j.job_id = u.job_id AND j.lease_token = u.token
   AND j.phase <> 'idle'
 RETURNING j.job_id;
 
@@ -113,12 +124,13 @@ WHERE j.job_id = held.job_id;
 
 -- name: release_claims
 -- Give back rows that were claimed but not fired (shutdown): they become claimable at once.
--- Locked in job id order first, like fence_runs.
+-- Locked in job id order first, behind the gate of fence_runs.
 WITH locked AS (
     SELECT job_id FROM jobs WHERE job_id = ANY($1::uuid[]) ORDER BY job_id FOR UPDATE
 )
 UPDATE jobs j SET phase = 'idle', claimed_by = NULL, leased_until = NULL
-FROM locked, unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
-WHERE j.job_id = locked.job_id AND u.job_id = locked.job_id AND j.lease_token = u.token
+FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
+  AND j.job_id = u.job_id AND j.lease_token = u.token
   AND j.phase = 'claimed'
 RETURNING j.job_id;

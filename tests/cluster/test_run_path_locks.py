@@ -24,7 +24,7 @@ import asyncpg
 import pytest
 
 from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
-from duetime.core.runpath import Lease, PublishedRun
+from duetime.core.runpath import Claim, Lease, PublishedRun
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from tests.cluster.harness import utcnow
@@ -126,3 +126,37 @@ async def test_extend_leases_locks_in_job_id_order(store: PostgresStore, pg_dsn:
         return await store.extend_leases([Lease(j, 0, TOKEN) for j in batch], lease_s=30)
 
     assert await _locks_in_id_order(pg_dsn, ids, extend) == []
+
+
+async def _claimed_jobs(store: PostgresStore, n: int) -> list[Claim]:
+    """n jobs claimed under TOKEN by ENGINE, as the fence and a release find them; ascending by id."""
+    ids = await _running_jobs(store, n)
+    await store.pool_for_shard(0).execute(
+        "UPDATE jobs SET phase = 'claimed' WHERE job_id = ANY($1::uuid[])", ids
+    )
+    now = utcnow()
+    return [Claim(j, 0, TOKEN, now, now, 0, "scheduled", now) for j in ids]
+
+
+async def test_fence_runs_locks_in_job_id_order(store: PostgresStore, pg_dsn: str) -> None:
+    """The fence's lock is a one-time gate before the update (not a join the planner rescans per
+    row): the whole batch is still locked in id order before any row is written."""
+    claims = await _claimed_jobs(store, 3)
+    by_id = {c.job_id: c for c in claims}
+
+    async def fence(batch: list[uuid.UUID]) -> object:
+        fenced = await store.fence_runs([by_id[j] for j in batch], lease_s=30)
+        assert sorted(f.job_id for f in fenced) == sorted(batch)  # the gate lets every row through
+        return fenced
+
+    assert await _locks_in_id_order(pg_dsn, [c.job_id for c in claims], fence) == []
+
+
+async def test_release_claims_locks_in_job_id_order(store: PostgresStore, pg_dsn: str) -> None:
+    claims = await _claimed_jobs(store, 3)
+
+    async def release(batch: list[uuid.UUID]) -> object:
+        assert await store.release_claims([Lease(j, 0, TOKEN) for j in batch]) == len(batch)
+        return None
+
+    assert await _locks_in_id_order(pg_dsn, [c.job_id for c in claims], release) == []
