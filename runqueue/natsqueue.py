@@ -30,7 +30,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import nats
 import nats.errors
@@ -181,6 +180,12 @@ class NatsRunPublisher(InProcessRunQueue):
         self._busy = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        # The batch in flight: reply token → run, until its PubAck arrives
+        self._awaiting: dict[str, FencedRun] = {}
+        self._refused: list[FencedRun] = []
+        self._answered = asyncio.Event()
+        self._seq = 0
+        self._reply_prefix = ""
 
     @property
     def connected(self) -> bool:
@@ -190,6 +195,10 @@ class NatsRunPublisher(InProcessRunQueue):
         self._nc = await connect(self._url, f"duetime-engine {self._publisher}")
         self._js = self._nc.jetstream()
         self._stream = await ensure_stream(self._js, self._prefix, ack_wait_s=self._ack_wait_s)
+        self._reply_prefix = self._nc.new_inbox()
+        await self._nc.subscribe(
+            f"{self._reply_prefix}.*", cb=self._on_puback, pending_msgs_limit=self._batch * 4 + 1024
+        )
         self._task = asyncio.create_task(self._publish_loop(), name="duetime-nats-publisher")
 
     async def put(self, run: FencedRun) -> None:
@@ -230,33 +239,54 @@ class NatsRunPublisher(InProcessRunQueue):
             if not self.qsize():
                 self._idle.set()
 
+    async def _on_puback(self, msg: Msg) -> None:
+        """A PubAck (or an error, or the server's "no responders") for one message of the batch in
+        flight, matched by the last token of its reply subject. Only an answer without an error
+        counts: the stream stored the message (or had it already, a duplicate of a retry)."""
+        run = self._awaiting.pop(msg.subject.rpartition(".")[2], None)
+        if run is None:
+            return  # an answer to an earlier attempt that timed out: that run was published again
+        if (msg.headers and msg.headers.get("Status")) or b'"error"' in msg.data:
+            log.debug("publish refused: %r", msg.data[:200])
+            self._refused.append(run)
+        if not self._awaiting:
+            self._answered.set()
+
     async def _publish(self, runs: list[FencedRun]) -> None:
-        assert self._js is not None
+        """Publish a batch and wait for its PubAcks together.
+
+        One reply subscription (``<inbox>.<n>``) takes the answers to every message of the engine:
+        a message costs one core publish and one small callback, where ``publish_async`` cost a
+        semaphore wait and two tasks per message (``wait_for`` on the semaphore and on each PubAck
+        future). What was not acknowledged within the PubAck timeout (or was refused) is published
+        again under the same ``Nats-Msg-Id``: the stream's duplicate window drops a copy it had."""
+        assert self._nc is not None
         pause = 0.1
         while runs:
-            futures: list[asyncio.Future[Any] | None] = []
+            self._awaiting = {}
+            self._refused = []
+            self._answered.clear()
+            failed: list[FencedRun] = []
             for run in runs:
+                self._seq += 1
+                token = str(self._seq)
+                self._awaiting[token] = run
                 try:
-                    fut = await self._js.publish_async(
+                    await self._nc.publish(
                         subject_for(self._prefix, run.shard),
                         wire.encode_message(run, self._publisher),
+                        reply=f"{self._reply_prefix}.{token}",
                         headers={"Nats-Msg-Id": f"{run.job_id}:{run.lease_token}"},
-                        wait_stall=self._timeout,
                     )
                 except (nats.errors.Error, OSError) as exc:
                     log.debug("publish failed: %s", exc)
-                    fut = None
-                futures.append(fut)
-            results = await asyncio.gather(
-                *(asyncio.wait_for(f, self._timeout) for f in futures if f is not None),
-                return_exceptions=True,
-            )
-            outcome = iter(results)
-            failed = [
-                run
-                for run, fut in zip(runs, futures, strict=True)
-                if fut is None or isinstance(next(outcome), BaseException)
-            ]
+                    del self._awaiting[token]
+                    failed.append(run)
+            if self._awaiting:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._answered.wait(), self._timeout)
+            failed += [*self._awaiting.values(), *self._refused]
+            self._awaiting = {}
             PUBLISHED.inc(len(runs) - len(failed))
             if not failed:
                 return
