@@ -535,8 +535,11 @@ class Engine:
             metrics.FENCE_SECONDS.observe(time.perf_counter() - started)
             metrics.FENCED.inc(len(fenced))
             metrics.FENCE_REJECTED.inc(len(batch) - len(fenced))
+            # Every lease is kept from the moment its fence returned, not from its put: a put may
+            # wait for room in the run queue, and a lease must not go unkept while it waits.
             for run in fenced:
                 self._keeper.track(run)
+            for run in fenced:
                 await self._queue.put(run)
 
     # ------------------------------------------------------------------ janitor

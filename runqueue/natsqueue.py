@@ -186,6 +186,8 @@ class NatsRunPublisher(InProcessRunQueue):
         self._answered = asyncio.Event()
         self._seq = 0
         self._reply_prefix = ""
+        # runs in the stream no worker fetched yet, as last counted plus published since
+        self._undelivered = 0
 
     @property
     def connected(self) -> bool:
@@ -232,12 +234,38 @@ class NatsRunPublisher(InProcessRunQueue):
                 batch.append(run)
             self._busy = len(batch)
             try:
+                await self._room_for(len(batch))
                 with PUBLISH_SECONDS.time():
                     await self._publish(batch)
+                self._undelivered += len(batch)
             finally:
                 self._busy = 0
             if not self.qsize():
                 self._idle.set()
+
+    async def _room_for(self, n: int) -> None:
+        """Wait until the stream's runs that no worker fetched yet leave room for ``n`` more: the
+        run queue's bound (DUETIME_RUN_QUEUE_MAX) holds for the stream as for the in-process queue.
+
+        Without it an engine fenced and published a whole burst within seconds of T, and every
+        run then waited in the broker with its lease kept by the engine: a row write per run per
+        heartbeat (three per run in a two-minute drain), competing with the workers' takes for
+        the same rows. Held back here, the runs wait in the local buffer and then, unfenced, in
+        the wheel, as they do in one process, and are fenced shortly before a worker takes them.
+        The count comes from the consumer's ``num_pending`` (shared by every engine), asked only
+        when the estimate since the last answer says the bound may be reached; an unanswered
+        question lets the batch through (publishing has its own retries)."""
+        assert self._js is not None
+        while self._undelivered and self._undelivered + n > self._maxsize:
+            try:
+                info = await self._js.consumer_info(self._stream, CONSUMER, timeout=2)
+            except Exception as exc:  # any failure: publish, do not stall the engine
+                log.debug("consumer info failed (%s); publishing without the bound", exc)
+                return
+            self._undelivered = info.num_pending or 0
+            if not self._undelivered or self._undelivered + n <= self._maxsize:
+                return
+            await asyncio.sleep(0.05)
 
     async def _on_puback(self, msg: Msg) -> None:
         """A PubAck (or an error, or the server's "no responders") for one message of the batch in
@@ -300,7 +328,15 @@ class NatsRunPublisher(InProcessRunQueue):
 class PublishedLeaseKeeper(LeaseKeeper):
     """The engine's heartbeats with DUETIME_RUN_QUEUE=nats: keeps the lease of each run it published
     until a worker takes it over (the row's holder changes) or it finishes, and for no longer than
-    ``max_wait_s``: a message the broker lost must not keep its run's lease alive forever."""
+    ``max_wait_s``: a message the broker lost must not keep its run's lease alive forever.
+
+    A beat extends only the leases set at least half a heartbeat ago (by the fence or by an earlier
+    beat); the younger ones wait for the next beat. In a burst every run is fenced and published
+    within seconds and waits in the broker until a worker takes it, so extending every lease at
+    every beat wrote most runs' rows once more for nothing: a lease left alone at a beat still has
+    more than ``lease_s - heartbeat_s / 2`` to run, so at the next beat it has more than
+    ``lease_s - 1.5 heartbeat_s`` left (15 s of the default 30, a heartbeat and a half), and it is
+    extended then. docs/guarantees.md ("Run-queue leases") has the margins."""
 
     def __init__(
         self, store: RunStore, *, holder: str, lease_s: float, heartbeat_s: float, max_wait_s: float
@@ -309,20 +345,28 @@ class PublishedLeaseKeeper(LeaseKeeper):
         self._holder = holder
         self._max_wait = max_wait_s
         self._since: dict[uuid.UUID, float] = {}
+        # when each held lease was last set, by the fence (tracked right after it) or by a beat
+        # (the instant before its statement: the lease runs at least lease_s from there)
+        self._set_at: dict[uuid.UUID, float] = {}
 
     def track(self, run: Leased) -> None:
         # Only the lease is kept, not the run: once published, the run (and its spec text) is the
         # broker's to hold, and a burst may wait there by the hundred thousand.
         super().track(Lease(run.job_id, run.shard, run.lease_token))
-        self._since[run.job_id] = time.monotonic()
+        now = time.monotonic()
+        self._since[run.job_id] = now
+        self._set_at[run.job_id] = now
 
     def _forget(self, job_id: uuid.UUID, token: int) -> None:
         held = self._held.get(job_id)
         if held is not None and held.lease_token == token:
             del self._held[job_id]
             self._since.pop(job_id, None)
+            self._set_at.pop(job_id, None)
 
-    async def beat(self) -> None:
+    async def beat(self, *, every: bool = False) -> None:
+        """Extend the held leases set half a heartbeat ago or longer (all of them when ``every``);
+        forget those a worker took or that finished."""
         now = time.monotonic()
         overdue = [j for j, t in self._since.items() if now - t > self._max_wait]
         for job_id in overdue:
@@ -330,13 +374,20 @@ class PublishedLeaseKeeper(LeaseKeeper):
         if overdue:
             QUEUE_WAIT_ABANDONED.inc(len(overdue))
             log.warning("%d published runs waited longer than the queue wait limit", len(overdue))
-        items = list(self._held.values())
+        set_before = now - self._heartbeat_s / 2
+        set_at = self._set_at
+        items = [
+            lease for lease in self._held.values() if every or set_at.get(lease.job_id, 0.0) <= set_before
+        ]
         for i in range(0, len(items), 1000):
             chunk = items[i : i + 1000]
+            started = time.monotonic()
             kept = await self._store.extend_published(chunk, holder=self._holder, lease_s=self._lease_s)
             metrics.LEASE_EXTENSIONS.inc(len(kept))
             for lease in chunk:
-                if lease.job_id not in kept:
+                if lease.job_id in kept:
+                    set_at[lease.job_id] = started
+                else:
                     self._forget(lease.job_id, lease.lease_token)
 
     async def drain(self, within_s: float) -> int:
@@ -346,7 +397,7 @@ class PublishedLeaseKeeper(LeaseKeeper):
         deadline = time.monotonic() + within_s
         while self._held and time.monotonic() < deadline:
             try:
-                await self.beat()
+                await self.beat(every=True)
             except StorageUnavailable:
                 log.warning("heartbeat failed while draining published runs")
             if self._held:

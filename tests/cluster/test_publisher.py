@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 from nats.aio.msg import Msg
 
@@ -43,8 +44,8 @@ def _run(i: int) -> FencedRun:
     )
 
 
-async def _publisher(url: str, prefix: str, **kw: float) -> NatsRunPublisher:
-    pub = NatsRunPublisher(url=url, prefix=prefix, publisher="engine-p", ack_wait_s=5, batch=256, **kw)
+async def _publisher(url: str, prefix: str) -> NatsRunPublisher:
+    pub = NatsRunPublisher(url=url, prefix=prefix, publisher="engine-p", ack_wait_s=5, batch=256)
     await pub.start()
     return pub
 
@@ -59,7 +60,7 @@ async def test_a_batch_is_published_once_each_with_no_task_per_message(nats_serv
         loop = asyncio.get_running_loop()
         factory = loop.get_task_factory()
 
-        def counting(lp: asyncio.AbstractEventLoop, coro, **kw):  # type: ignore[no-untyped-def]
+        def counting(lp: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
             nonlocal created
             created += 1
             return asyncio.Task(coro, loop=lp, **kw)
@@ -121,4 +122,44 @@ async def test_runs_without_a_puback_are_published_again_and_stored_once(nats_se
         finally:
             await nc.close()
     finally:
+        await pub.close(1.0)
+
+
+async def test_the_stream_holds_no_more_undelivered_runs_than_the_run_queue_bound(
+    nats_server: NatsServer,
+) -> None:
+    """DUETIME_RUN_QUEUE_MAX bounds the runs waiting in the stream for a worker: the engine holds
+    the rest back (unfenced, in the end), and publishes more as workers fetch."""
+    prefix = "pubtest" + uuid.uuid4().hex[:6]
+    pub = NatsRunPublisher(
+        url=nats_server.url, prefix=prefix, publisher="engine-p", ack_wait_s=5, maxsize=100, batch=40
+    )
+    await pub.start()
+    nc = await connect(nats_server.url, "check")
+    try:
+        js = nc.jetstream()
+
+        async def fence() -> None:  # the fencer: held back once the engine's buffer is full too
+            for i in range(300):
+                await pub.put(_run(i))
+
+        fencer = asyncio.create_task(fence())
+        await asyncio.sleep(1.0)
+        info = await js.stream_info(stream_name(prefix))
+        assert info.state.messages <= 100, info.state.messages
+        assert pub.backlog() >= 60  # the next ones wait in the engine
+        assert not fencer.done()  # and the fence is held back
+        sub = await js.pull_subscribe_bind(CONSUMER, stream_name(prefix))
+        fetched = 0
+        for _ in range(30):
+            for m in await sub.fetch(50, timeout=5):
+                await m.ack()
+                fetched += 1
+            if fetched >= 300:
+                break
+        assert fetched == 300  # the workers fetching made room for every run
+        assert fencer.done()
+        assert pub.backlog() == 0
+    finally:
+        await nc.close()
         await pub.close(1.0)

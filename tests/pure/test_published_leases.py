@@ -1,0 +1,147 @@
+"""The engine's keeper of published runs' leases (DUETIME_RUN_QUEUE=nats) writes a lease only
+when it needs it: a lease set less than half a heartbeat ago waits for the next beat, and no lease
+is ever left with less than ``lease_s - 1.5 heartbeat_s`` at a beat. And the engine keeps a fenced
+run's lease from the moment its fence returned, not from the moment the run queue had room."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from duetime.core.ids import shard_of
+from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
+from duetime.core.runpath import Lease, Leased
+from duetime.engine.service import Engine, EngineConfig
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
+from duetime.runqueue.natsqueue import PublishedLeaseKeeper
+from duetime.storage.memory import MemoryStore
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Recording(MemoryStore):
+    """Keeps every published lease (none is taken) and records which ones each beat wrote."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[set[uuid.UUID]] = []
+
+    async def extend_published(
+        self, leases: Sequence[Leased], *, holder: str, lease_s: float
+    ) -> set[uuid.UUID]:
+        ids = {lease.job_id for lease in leases}
+        self.written.append(ids)
+        return ids
+
+
+def _lease() -> Lease:
+    return Lease(uuid.uuid4(), 0, 1)
+
+
+async def test_a_beat_writes_only_leases_set_half_a_heartbeat_ago(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr("duetime.runqueue.natsqueue.time.monotonic", clock)
+    store = _Recording()
+    keeper = PublishedLeaseKeeper(store, holder="e1", lease_s=30, heartbeat_s=10, max_wait_s=120)
+    old, fresh = _lease(), _lease()
+    keeper.track(old)
+    clock.now += 6  # more than half a beat
+    keeper.track(fresh)
+    clock.now += 1
+    await keeper.beat()
+    assert store.written == [{old.job_id}]  # the fresh one still has more than 24 s to run
+    clock.now += 2
+    await keeper.beat()
+    assert store.written[-1:] == [{old.job_id}]  # the old one was just extended: nothing to write
+    assert len(store.written) == 1
+    clock.now += 8  # a beat later: both were set half a beat ago or more
+    await keeper.beat()
+    assert store.written[-1] == {old.job_id, fresh.job_id}
+    assert len(keeper) == 2
+
+
+async def test_no_lease_comes_closer_to_lapsing_than_a_heartbeat_and_a_half(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Leases tracked at every phase of the beat, beats that take their time: at every beat, each
+    lease (its expiry estimated from when it was last set) has at least lease_s - 1.5 heartbeat_s."""
+    clock = _Clock()
+    monkeypatch.setattr("duetime.runqueue.natsqueue.time.monotonic", clock)
+    store = _Recording()
+    lease_s, beat_s = 30.0, 10.0
+    keeper = PublishedLeaseKeeper(store, holder="e1", lease_s=lease_s, heartbeat_s=beat_s, max_wait_s=1e9)
+    expiry: dict[uuid.UUID, float] = {}
+    for step in range(200):
+        lease = _lease()
+        keeper.track(lease)
+        expiry[lease.job_id] = clock.now + lease_s
+        clock.now += 0.37  # tracked at all phases of the beat
+        if step % 27 == 0:
+            clock.now += 0.2  # a slow beat: the next one comes later
+            before = len(store.written)
+            at = clock.now
+            await keeper.beat()
+            for ids in store.written[before:]:
+                for job_id in ids:
+                    expiry[job_id] = at + lease_s
+            assert min(e - clock.now for e in expiry.values()) >= lease_s - 1.5 * beat_s - 0.2
+            clock.now += beat_s - 27 * 0.37
+
+
+async def test_draining_checks_every_lease_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At shutdown the engine waits until workers took what it published: a lease just set is
+    checked too, or the drain would wait half a heartbeat for nothing."""
+    clock = _Clock()
+    monkeypatch.setattr("duetime.runqueue.natsqueue.time.monotonic", clock)
+    store = _Recording()
+    keeper = PublishedLeaseKeeper(store, holder="e1", lease_s=30, heartbeat_s=10, max_wait_s=120)
+    lease = _lease()
+    keeper.track(lease)
+    await keeper.beat(every=True)
+    assert store.written == [{lease.job_id}]
+
+
+async def test_every_run_of_a_fenced_batch_is_kept_before_the_run_queue_has_room() -> None:
+    """A run queue with room for one run, two runs fenced in one batch: the second waits for room,
+    and its lease must be kept meanwhile (a put can wait longer than a lease)."""
+    store = MemoryStore()
+    due = datetime.now(UTC) + timedelta(milliseconds=300)
+    spec = JobSpec(target=WebhookTarget(url="https://example.com/hook"), schedule=OneOffSchedule(run_at=due))
+    jobs = [await store.create_job("alice", spec) for _ in range(80)]
+    by_shard: dict[int, list[uuid.UUID]] = {}
+    for job, _ in jobs:
+        by_shard.setdefault(shard_of(uuid.UUID(job.id)), []).append(uuid.UUID(job.id))
+    shard, same = max(by_shard.items(), key=lambda kv: len(kv[1]))
+    assert len(same) >= 3
+    queue = InProcessRunQueue(maxsize=1)
+    keeper = LeaseKeeper(store, lease_s=30, heartbeat_s=10)
+    engine = Engine(store, queue, keeper, EngineConfig(engine_id="e1", shards=(shard,), poll_interval_s=0.05))
+    await engine.start()
+    try:
+        for _ in range(100):
+            if queue.qsize():
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # the fence loop now waits for room for the second run
+        assert queue.qsize() == 1
+        assert len(keeper) == len(same), "every fenced run of the batch is kept"
+    finally:
+
+        async def drain() -> None:
+            while True:
+                await queue.get()
+
+        drainer = asyncio.create_task(drain())
+        await engine.stop()
+        drainer.cancel()
