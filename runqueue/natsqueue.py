@@ -330,13 +330,16 @@ class PublishedLeaseKeeper(LeaseKeeper):
     until a worker takes it over (the row's holder changes) or it finishes, and for no longer than
     ``max_wait_s``: a message the broker lost must not keep its run's lease alive forever.
 
-    A beat extends only the leases set at least half a heartbeat ago (by the fence or by an earlier
-    beat); the younger ones wait for the next beat. In a burst every run is fenced and published
-    within seconds and waits in the broker until a worker takes it, so extending every lease at
-    every beat wrote most runs' rows once more for nothing: a lease left alone at a beat still has
-    more than ``lease_s - heartbeat_s / 2`` to run, so at the next beat it has more than
-    ``lease_s - 1.5 heartbeat_s`` left (15 s of the default 30, a heartbeat and a half), and it is
-    extended then. docs/guarantees.md ("Run-queue leases") has the margins."""
+    A run waiting in the broker costs a row write each time its lease is extended, so the keeper
+    extends a lease by two leases rather than one, and a beat writes only the leases with less
+    than one lease left (every fence's lease, at the first beat after it). So after every beat
+    each held lease has at least ``lease_s`` to run, as when every lease was extended by one lease
+    at every beat -- the same margin for failed beats -- while a run waiting in the broker is
+    written once per lease and a heartbeat, not once per heartbeat. The longer extension costs
+    nothing once a worker takes the run (the take sets the lease to ``lease_s`` from then, so a
+    dead worker's run is retried as soon as before); it only lets a run whose message the broker
+    lost wait one lease longer before the janitor retries it. docs/guarantees.md ("Run-queue
+    leases") has the reasoning."""
 
     def __init__(
         self, store: RunStore, *, holder: str, lease_s: float, heartbeat_s: float, max_wait_s: float
@@ -344,10 +347,11 @@ class PublishedLeaseKeeper(LeaseKeeper):
         super().__init__(store, lease_s=lease_s, heartbeat_s=heartbeat_s)
         self._holder = holder
         self._max_wait = max_wait_s
+        self._extend_s = 2 * lease_s
         self._since: dict[uuid.UUID, float] = {}
-        # when each held lease was last set, by the fence (tracked right after it) or by a beat
-        # (the instant before its statement: the lease runs at least lease_s from there)
-        self._set_at: dict[uuid.UUID, float] = {}
+        # when each held lease runs out at the earliest (monotonic): the fence's lease from when it
+        # was tracked (right after the fence), an extension's from the instant before its statement
+        self._expires: dict[uuid.UUID, float] = {}
 
     def track(self, run: Leased) -> None:
         # Only the lease is kept, not the run: once published, the run (and its spec text) is the
@@ -355,18 +359,18 @@ class PublishedLeaseKeeper(LeaseKeeper):
         super().track(Lease(run.job_id, run.shard, run.lease_token))
         now = time.monotonic()
         self._since[run.job_id] = now
-        self._set_at[run.job_id] = now
+        self._expires[run.job_id] = now + self._lease_s
 
     def _forget(self, job_id: uuid.UUID, token: int) -> None:
         held = self._held.get(job_id)
         if held is not None and held.lease_token == token:
             del self._held[job_id]
             self._since.pop(job_id, None)
-            self._set_at.pop(job_id, None)
+            self._expires.pop(job_id, None)
 
     async def beat(self, *, every: bool = False) -> None:
-        """Extend the held leases set half a heartbeat ago or longer (all of them when ``every``);
-        forget those a worker took or that finished."""
+        """Extend the held leases that need it (all of them when ``every``); forget those a worker
+        took or that finished."""
         now = time.monotonic()
         overdue = [j for j, t in self._since.items() if now - t > self._max_wait]
         for job_id in overdue:
@@ -374,19 +378,19 @@ class PublishedLeaseKeeper(LeaseKeeper):
         if overdue:
             QUEUE_WAIT_ABANDONED.inc(len(overdue))
             log.warning("%d published runs waited longer than the queue wait limit", len(overdue))
-        set_before = now - self._heartbeat_s / 2
-        set_at = self._set_at
+        due_before = now + self._lease_s
+        expires = self._expires
         items = [
-            lease for lease in self._held.values() if every or set_at.get(lease.job_id, 0.0) <= set_before
+            lease for lease in self._held.values() if every or expires.get(lease.job_id, 0.0) < due_before
         ]
         for i in range(0, len(items), 1000):
             chunk = items[i : i + 1000]
             started = time.monotonic()
-            kept = await self._store.extend_published(chunk, holder=self._holder, lease_s=self._lease_s)
+            kept = await self._store.extend_published(chunk, holder=self._holder, lease_s=self._extend_s)
             metrics.LEASE_EXTENSIONS.inc(len(kept))
             for lease in chunk:
                 if lease.job_id in kept:
-                    set_at[lease.job_id] = started
+                    expires[lease.job_id] = started + self._extend_s
                 else:
                     self._forget(lease.job_id, lease.lease_token)
 

@@ -1,6 +1,6 @@
 """The engine's keeper of published runs' leases (DUETIME_RUN_QUEUE=nats) writes a lease only
-when it needs it: a lease set less than half a heartbeat ago waits for the next beat, and no lease
-is ever left with less than ``lease_s - 1.5 heartbeat_s`` at a beat. And the engine keeps a fenced
+when it has less than a lease left, and then for two: after every beat every lease still has at
+least a lease to run, as when every beat extended every lease. And the engine keeps a fenced
 run's lease from the moment its fence returned, not from the moment the run queue had room."""
 
 from __future__ import annotations
@@ -31,17 +31,20 @@ class _Clock:
 
 
 class _Recording(MemoryStore):
-    """Keeps every published lease (none is taken) and records which ones each beat wrote."""
+    """Keeps every published lease (none is taken) and records which ones each beat wrote, and
+    for how long."""
 
     def __init__(self) -> None:
         super().__init__()
         self.written: list[set[uuid.UUID]] = []
+        self.lengths: list[float] = []
 
     async def extend_published(
         self, leases: Sequence[Leased], *, holder: str, lease_s: float
     ) -> set[uuid.UUID]:
         ids = {lease.job_id for lease in leases}
         self.written.append(ids)
+        self.lengths.append(lease_s)
         return ids
 
 
@@ -49,40 +52,46 @@ def _lease() -> Lease:
     return Lease(uuid.uuid4(), 0, 1)
 
 
-async def test_a_beat_writes_only_leases_set_half_a_heartbeat_ago(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_beat_writes_only_the_leases_that_need_it(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _Clock()
     monkeypatch.setattr("duetime.runqueue.natsqueue.time.monotonic", clock)
     store = _Recording()
     keeper = PublishedLeaseKeeper(store, holder="e1", lease_s=30, heartbeat_s=10, max_wait_s=120)
-    old, fresh = _lease(), _lease()
+    old = _lease()
     keeper.track(old)
-    clock.now += 6  # more than half a beat
-    keeper.track(fresh)
     clock.now += 1
     await keeper.beat()
-    assert store.written == [{old.job_id}]  # the fresh one still has more than 24 s to run
-    clock.now += 2
+    assert store.written == [{old.job_id}]  # a fence's lease: extended at the first beat
+    assert store.lengths == [60]  # by two leases
+    fresh = _lease()
+    keeper.track(fresh)
+    clock.now += 10
     await keeper.beat()
-    assert store.written[-1:] == [{old.job_id}]  # the old one was just extended: nothing to write
-    assert len(store.written) == 1
-    clock.now += 8  # a beat later: both were set half a beat ago or more
-    await keeper.beat()
-    assert store.written[-1] == {old.job_id, fresh.job_id}
+    assert store.written[-1] == {fresh.job_id}  # the old one has 50 s left: not written
+    for _ in range(2):  # at 21 and 31 s the old one has 40 and 30 s left
+        clock.now += 10
+        await keeper.beat()
+    assert len(store.written) == 2
+    clock.now += 10
+    await keeper.beat()  # at 41 s, 20 s: less than a lease
+    assert store.written[-1] == {old.job_id}
+    assert len(store.written) == 3  # 2 writes in 41 s of waiting, where every beat wrote 5
     assert len(keeper) == 2
 
 
-async def test_no_lease_comes_closer_to_lapsing_than_a_heartbeat_and_a_half(
+async def test_after_every_beat_every_lease_has_a_lease_to_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Leases tracked at every phase of the beat, beats that take their time: at every beat, each
-    lease (its expiry estimated from when it was last set) has at least lease_s - 1.5 heartbeat_s."""
+    lease (its expiry estimated from when it was last set) has at least a lease to run after the
+    beat, as when every beat extended every lease by one lease."""
     clock = _Clock()
     monkeypatch.setattr("duetime.runqueue.natsqueue.time.monotonic", clock)
     store = _Recording()
     lease_s, beat_s = 30.0, 10.0
     keeper = PublishedLeaseKeeper(store, holder="e1", lease_s=lease_s, heartbeat_s=beat_s, max_wait_s=1e9)
     expiry: dict[uuid.UUID, float] = {}
-    for step in range(200):
+    for step in range(400):
         lease = _lease()
         keeper.track(lease)
         expiry[lease.job_id] = clock.now + lease_s
@@ -92,10 +101,10 @@ async def test_no_lease_comes_closer_to_lapsing_than_a_heartbeat_and_a_half(
             before = len(store.written)
             at = clock.now
             await keeper.beat()
-            for ids in store.written[before:]:
+            for ids, length in zip(store.written[before:], store.lengths[before:], strict=True):
                 for job_id in ids:
-                    expiry[job_id] = at + lease_s
-            assert min(e - clock.now for e in expiry.values()) >= lease_s - 1.5 * beat_s - 0.2
+                    expiry[job_id] = at + length
+            assert min(e - clock.now for e in expiry.values()) >= lease_s
             clock.now += beat_s - 27 * 0.37
 
 
