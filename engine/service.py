@@ -523,7 +523,9 @@ class Engine:
             batch = [wire.unpack_entry(e) for e in raw]
             started = time.perf_counter()
             try:
-                fenced = await self._store.fence_runs(batch, lease_s=cfg.lease_s)
+                fenced = await self._store.fence_runs(
+                    batch, lease_s=self._keeper.fence_lease_s or cfg.lease_s
+                )
             except Exception:
                 log.exception("fence failed; the batch will be retried")
                 self._queue_fired(raw, front=True)

@@ -330,15 +330,16 @@ class PublishedLeaseKeeper(LeaseKeeper):
     until a worker takes it over (the row's holder changes) or it finishes, and for no longer than
     ``max_wait_s``: a message the broker lost must not keep its run's lease alive forever.
 
-    A run waiting in the broker costs a row write each time its lease is extended, so the keeper
-    extends a lease by two leases rather than one, and a beat writes only the leases with less
-    than one lease left (every fence's lease, at the first beat after it). So after every beat
+    A run waiting in the broker costs a row write each time its lease is extended, so the engine
+    fences it with a lease of two leases (``fence_lease_s``), the keeper extends it by two leases
+    rather than one, and a beat writes only the leases with less than one lease left. So after every beat
     each held lease has at least ``lease_s`` to run, as when every lease was extended by one lease
     at every beat -- the same margin for failed beats -- while a run waiting in the broker is
     written once per lease and a heartbeat, not once per heartbeat. The longer extension costs
     nothing once a worker takes the run (the take sets the lease to ``lease_s`` from then, so a
     dead worker's run is retried as soon as before); it only lets a run whose message the broker
-    lost wait one lease longer before the janitor retries it. docs/guarantees.md ("Run-queue
+    lost, or whose engine died before the PubAck, wait one lease longer before the janitor
+    retries it. docs/guarantees.md ("Run-queue
     leases") has the reasoning."""
 
     def __init__(
@@ -348,6 +349,7 @@ class PublishedLeaseKeeper(LeaseKeeper):
         self._holder = holder
         self._max_wait = max_wait_s
         self._extend_s = 2 * lease_s
+        self.fence_lease_s = self._extend_s
         self._since: dict[uuid.UUID, float] = {}
         # when each held lease runs out at the earliest (monotonic): the fence's lease from when it
         # was tracked (right after the fence), an extension's from the instant before its statement
@@ -359,7 +361,7 @@ class PublishedLeaseKeeper(LeaseKeeper):
         super().track(Lease(run.job_id, run.shard, run.lease_token))
         now = time.monotonic()
         self._since[run.job_id] = now
-        self._expires[run.job_id] = now + self._lease_s
+        self._expires[run.job_id] = now + self._extend_s  # the fence's lease (fence_lease_s)
 
     def _forget(self, job_id: uuid.UUID, token: int) -> None:
         held = self._held.get(job_id)

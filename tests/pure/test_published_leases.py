@@ -57,25 +57,26 @@ async def test_a_beat_writes_only_the_leases_that_need_it(monkeypatch: pytest.Mo
     monkeypatch.setattr("duetime.runqueue.natsqueue.time.monotonic", clock)
     store = _Recording()
     keeper = PublishedLeaseKeeper(store, holder="e1", lease_s=30, heartbeat_s=10, max_wait_s=120)
+    assert keeper.fence_lease_s == 60  # the engine fences published runs for two leases
     old = _lease()
     keeper.track(old)
-    clock.now += 1
-    await keeper.beat()
-    assert store.written == [{old.job_id}]  # a fence's lease: extended at the first beat
-    assert store.lengths == [60]  # by two leases
+    for step in (1, 10, 10):  # at 1, 11 and 21 s the fence's 60 s leave 59, 49 and 39 s
+        clock.now += step
+        await keeper.beat()
+    assert store.written == []
     fresh = _lease()
     keeper.track(fresh)
     clock.now += 10
-    await keeper.beat()
-    assert store.written[-1] == {fresh.job_id}  # the old one has 50 s left: not written
-    for _ in range(2):  # at 21 and 31 s the old one has 40 and 30 s left
+    await keeper.beat()  # at 31 s, 29 s left: less than a lease
+    assert store.written == [{old.job_id}]
+    assert store.lengths == [60]  # extended by two leases
+    for _ in range(2):  # 41 and 51 s: the old one has 50 and 40 s left, the fresh one 40 and 30
         clock.now += 10
         await keeper.beat()
-    assert len(store.written) == 2
+    assert len(store.written) == 1  # one write in 51 s of waiting, where every beat wrote 6
     clock.now += 10
-    await keeper.beat()  # at 41 s, 20 s: less than a lease
-    assert store.written[-1] == {old.job_id}
-    assert len(store.written) == 3  # 2 writes in 41 s of waiting, where every beat wrote 5
+    await keeper.beat()  # 61 s: the fresh one has 20 s left
+    assert store.written[-1] == {fresh.job_id}
     assert len(keeper) == 2
 
 
@@ -94,7 +95,7 @@ async def test_after_every_beat_every_lease_has_a_lease_to_run(
     for step in range(400):
         lease = _lease()
         keeper.track(lease)
-        expiry[lease.job_id] = clock.now + lease_s
+        expiry[lease.job_id] = clock.now + keeper.fence_lease_s  # type: ignore[operator]
         clock.now += 0.37  # tracked at all phases of the beat
         if step % 27 == 0:
             clock.now += 0.2  # a slow beat: the next one comes later
@@ -154,3 +155,34 @@ async def test_every_run_of_a_fenced_batch_is_kept_before_the_run_queue_has_room
         drainer = asyncio.create_task(drain())
         await engine.stop()
         drainer.cancel()
+
+
+async def test_a_publishing_engine_fences_for_its_keepers_lease() -> None:
+    """The fence's lease is the keeper's ``fence_lease_s`` (two leases for published runs); an
+    engine with the in-process queue fences for one lease, as before."""
+    for keeper_kind, expected_s in (("published", 60.0), ("in-process", 30.0)):
+        store = MemoryStore()
+        due = datetime.now(UTC) + timedelta(milliseconds=200)
+        spec = JobSpec(
+            target=WebhookTarget(url="https://example.com/hook"), schedule=OneOffSchedule(run_at=due)
+        )
+        job, _ = await store.create_job("alice", spec)
+        jid = uuid.UUID(job.id)
+        queue = InProcessRunQueue()
+        keeper: LeaseKeeper = (
+            PublishedLeaseKeeper(store, holder="e1", lease_s=30, heartbeat_s=10, max_wait_s=120)
+            if keeper_kind == "published"
+            else LeaseKeeper(store, lease_s=30, heartbeat_s=10)
+        )
+        engine = Engine(
+            store, queue, keeper, EngineConfig(engine_id="e1", shards=(shard_of(jid),), lease_s=30)
+        )
+        await engine.start()
+        try:
+            await asyncio.wait_for(queue.get(), timeout=10)
+            until = store._jobs[jid].leased_until
+            assert until is not None
+            left = (until - datetime.now(UTC)).total_seconds()
+            assert expected_s - 5 < left <= expected_s, (keeper_kind, left)
+        finally:
+            await engine.stop()
