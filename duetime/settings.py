@@ -786,7 +786,8 @@ class Settings:
         default=10000,
         metadata=_meta(
             "DUETIME_RUN_QUEUE_MAX",
-            "Runs that may wait in the run queue before the engine is held back (back-pressure).",
+            "Runs that may wait in the run queue before the engine is held back (back-pressure); with "
+            "DUETIME_RUN_QUEUE=nats, also the runs waiting in the stream for a worker.",
             _integer(1),
         ),
     )

@@ -523,7 +523,9 @@ class Engine:
             batch = [wire.unpack_entry(e) for e in raw]
             started = time.perf_counter()
             try:
-                fenced = await self._store.fence_runs(batch, lease_s=cfg.lease_s)
+                fenced = await self._store.fence_runs(
+                    batch, lease_s=self._keeper.fence_lease_s or cfg.lease_s
+                )
             except Exception:
                 log.exception("fence failed; the batch will be retried")
                 self._queue_fired(raw, front=True)
@@ -535,8 +537,11 @@ class Engine:
             metrics.FENCE_SECONDS.observe(time.perf_counter() - started)
             metrics.FENCED.inc(len(fenced))
             metrics.FENCE_REJECTED.inc(len(batch) - len(fenced))
+            # Every lease is kept from the moment its fence returned, not from its put: a put may
+            # wait for room in the run queue, and a lease must not go unkept while it waits.
             for run in fenced:
                 self._keeper.track(run)
+            for run in fenced:
                 await self._queue.put(run)
 
     # ------------------------------------------------------------------ janitor

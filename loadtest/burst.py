@@ -898,6 +898,7 @@ async def _measure(
             rate=a.stages_rate,
             native=a.stages == "native",
             profile=a.stages in ("native", "python"),
+            roles={pid: name.rpartition("-")[0] for name, pid in named.items()},
         )
         await window.start()
     marked = False

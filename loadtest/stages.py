@@ -451,6 +451,7 @@ class CpuReading:
     pg_s: float
     pg_background_s: float
     redis_s: float
+    nats_s: float = 0.0
 
 
 class StageWindow:
@@ -466,14 +467,18 @@ class StageWindow:
         rate: int = 100,
         native: bool = True,
         profile: bool = True,
+        roles: dict[int, str] | None = None,
     ) -> None:
         self.node_pids = list(node_pids)
+        # pid → role ("engine", "worker", "node"): the cluster topology's CPU per process kind
+        self.roles = roles or {}
         self.pg = PgCpu(admin_dsn, database)
         self._spies = [Spy(p, rate=rate, native=native) for p in node_pids] if profile else []
         self._background = {
             name: pid for name, pid in pids_named(*(f"postgres: 15/main: {n}" for n in PG_BACKGROUND)).items()
         }
         self._redis = pids_named("redis-server").get("redis-server")
+        self._nats = pids_named("nats-server").get("nats-server")
         self.readings: dict[str, CpuReading] = {}
         self.attached: list[bool] = []
         self.native = native
@@ -487,6 +492,7 @@ class StageWindow:
             pg_s=self.pg.cpu_s(),
             pg_background_s=sum(proc_cpu_s(p) or 0.0 for p in self._background.values()),
             redis_s=(proc_cpu_s(self._redis) or 0.0) if self._redis else 0.0,
+            nats_s=(proc_cpu_s(self._nats) or 0.0) if self._nats else 0.0,
         )
 
     async def start(self) -> None:
@@ -536,7 +542,20 @@ class StageWindow:
             "pg_us_per_run": round((last.pg_s - first.pg_s) / n * 1e6, 1),
             "pg_background_us_per_run": round((last.pg_background_s - first.pg_background_s) / n * 1e6, 1),
             "redis_us_per_run": round((last.redis_s - first.redis_s) / n * 1e6, 1),
+            "nats_us_per_run": round((last.nats_s - first.nats_s) / n * 1e6, 1),
         }
+        if self.roles:
+            # CPU per run by process kind (engines, workers, nats-server, the burst's PostgreSQL
+            # backends), and per process: where the cluster's extra cost per run sits
+            by_role: dict[str, float] = {}
+            for p, v in node_s.items():
+                role = self.roles.get(p, "node")
+                by_role[role] = by_role.get(role, 0.0) + v
+            out["role_us_per_run"] = {
+                **{k: round(v / n * 1e6, 1) for k, v in sorted(by_role.items())},
+                "nats-server": out["nats_us_per_run"],
+                "postgres": out["pg_us_per_run"],
+            }
         idle = r["idle"]
         if "claims" in r and first.at - idle.at >= 2.0:
             # all nodes together, CPU seconds per second while nothing was claimed or due
@@ -661,7 +680,11 @@ def report_rows(cpu: dict[str, Any]) -> list[tuple[str, str]]:
             f"{cpu['pg_background_us_per_run']} µs (walwriter, checkpointer, bgwriter)",
         ),
         ("redis-server CPU per run (shared)", f"{cpu['redis_us_per_run']} µs"),
+        ("nats-server CPU per run (shared)", f"{cpu.get('nats_us_per_run', 0.0)} µs"),
     ]
+    if cpu.get("role_us_per_run"):
+        roles = ", ".join(f"{k} {v}" for k, v in cpu["role_us_per_run"].items())
+        rows.append(("CPU per run by process kind", f"{roles} µs"))
     return rows
 
 

@@ -21,6 +21,10 @@ _CHUNK = 1000
 
 
 class LeaseKeeper:
+    fence_lease_s: float | None = None
+    """How long the fence's lease of a run this keeper keeps should last; None: the engine's
+    ``lease_s``. The NATS publisher's keeper fences for longer (see ``PublishedLeaseKeeper``)."""
+
     def __init__(self, store: RunStore, *, lease_s: float, heartbeat_s: float) -> None:
         self._store = store
         self._lease_s = lease_s

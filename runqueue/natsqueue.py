@@ -30,7 +30,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import nats
 import nats.errors
@@ -181,6 +180,14 @@ class NatsRunPublisher(InProcessRunQueue):
         self._busy = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        # The batch in flight: reply token → run, until its PubAck arrives
+        self._awaiting: dict[str, FencedRun] = {}
+        self._refused: list[FencedRun] = []
+        self._answered = asyncio.Event()
+        self._seq = 0
+        self._reply_prefix = ""
+        # runs in the stream no worker fetched yet, as last counted plus published since
+        self._undelivered = 0
 
     @property
     def connected(self) -> bool:
@@ -190,6 +197,10 @@ class NatsRunPublisher(InProcessRunQueue):
         self._nc = await connect(self._url, f"duetime-engine {self._publisher}")
         self._js = self._nc.jetstream()
         self._stream = await ensure_stream(self._js, self._prefix, ack_wait_s=self._ack_wait_s)
+        self._reply_prefix = self._nc.new_inbox()
+        await self._nc.subscribe(
+            f"{self._reply_prefix}.*", cb=self._on_puback, pending_msgs_limit=self._batch * 4 + 1024
+        )
         self._task = asyncio.create_task(self._publish_loop(), name="duetime-nats-publisher")
 
     async def put(self, run: FencedRun) -> None:
@@ -223,40 +234,87 @@ class NatsRunPublisher(InProcessRunQueue):
                 batch.append(run)
             self._busy = len(batch)
             try:
+                await self._room_for(len(batch))
                 with PUBLISH_SECONDS.time():
                     await self._publish(batch)
+                self._undelivered += len(batch)
             finally:
                 self._busy = 0
             if not self.qsize():
                 self._idle.set()
 
-    async def _publish(self, runs: list[FencedRun]) -> None:
+    async def _room_for(self, n: int) -> None:
+        """Wait until the stream's runs that no worker fetched yet leave room for ``n`` more: the
+        run queue's bound (DUETIME_RUN_QUEUE_MAX) holds for the stream as for the in-process queue.
+
+        Without it an engine fenced and published a whole burst within seconds of T, and every
+        run then waited in the broker with its lease kept by the engine: a row write per run per
+        heartbeat (three per run in a two-minute drain), competing with the workers' takes for
+        the same rows. Held back here, the runs wait in the local buffer and then, unfenced, in
+        the wheel, as they do in one process, and are fenced shortly before a worker takes them.
+        The count comes from the consumer's ``num_pending`` (shared by every engine), asked only
+        when the estimate since the last answer says the bound may be reached; an unanswered
+        question lets the batch through (publishing has its own retries)."""
         assert self._js is not None
+        while self._undelivered and self._undelivered + n > self._maxsize:
+            try:
+                info = await self._js.consumer_info(self._stream, CONSUMER, timeout=2)
+            except Exception as exc:  # any failure: publish, do not stall the engine
+                log.debug("consumer info failed (%s); publishing without the bound", exc)
+                return
+            self._undelivered = info.num_pending or 0
+            if not self._undelivered or self._undelivered + n <= self._maxsize:
+                return
+            await asyncio.sleep(0.05)
+
+    async def _on_puback(self, msg: Msg) -> None:
+        """A PubAck (or an error, or the server's "no responders") for one message of the batch in
+        flight, matched by the last token of its reply subject. Only an answer without an error
+        counts: the stream stored the message (or had it already, a duplicate of a retry)."""
+        run = self._awaiting.pop(msg.subject.rpartition(".")[2], None)
+        if run is None:
+            return  # an answer to an earlier attempt that timed out: that run was published again
+        if (msg.headers and msg.headers.get("Status")) or b'"error"' in msg.data:
+            log.debug("publish refused: %r", msg.data[:200])
+            self._refused.append(run)
+        if not self._awaiting:
+            self._answered.set()
+
+    async def _publish(self, runs: list[FencedRun]) -> None:
+        """Publish a batch and wait for its PubAcks together.
+
+        One reply subscription (``<inbox>.<n>``) takes the answers to every message of the engine:
+        a message costs one core publish and one small callback, where ``publish_async`` cost a
+        semaphore wait and two tasks per message (``wait_for`` on the semaphore and on each PubAck
+        future). What was not acknowledged within the PubAck timeout (or was refused) is published
+        again under the same ``Nats-Msg-Id``: the stream's duplicate window drops a copy it had."""
+        assert self._nc is not None
         pause = 0.1
         while runs:
-            futures: list[asyncio.Future[Any] | None] = []
+            self._awaiting = {}
+            self._refused = []
+            self._answered.clear()
+            failed: list[FencedRun] = []
             for run in runs:
+                self._seq += 1
+                token = str(self._seq)
+                self._awaiting[token] = run
                 try:
-                    fut = await self._js.publish_async(
+                    await self._nc.publish(
                         subject_for(self._prefix, run.shard),
                         wire.encode_message(run, self._publisher),
+                        reply=f"{self._reply_prefix}.{token}",
                         headers={"Nats-Msg-Id": f"{run.job_id}:{run.lease_token}"},
-                        wait_stall=self._timeout,
                     )
                 except (nats.errors.Error, OSError) as exc:
                     log.debug("publish failed: %s", exc)
-                    fut = None
-                futures.append(fut)
-            results = await asyncio.gather(
-                *(asyncio.wait_for(f, self._timeout) for f in futures if f is not None),
-                return_exceptions=True,
-            )
-            outcome = iter(results)
-            failed = [
-                run
-                for run, fut in zip(runs, futures, strict=True)
-                if fut is None or isinstance(next(outcome), BaseException)
-            ]
+                    del self._awaiting[token]
+                    failed.append(run)
+            if self._awaiting:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._answered.wait(), self._timeout)
+            failed += [*self._awaiting.values(), *self._refused]
+            self._awaiting = {}
             PUBLISHED.inc(len(runs) - len(failed))
             if not failed:
                 return
@@ -270,7 +328,19 @@ class NatsRunPublisher(InProcessRunQueue):
 class PublishedLeaseKeeper(LeaseKeeper):
     """The engine's heartbeats with DUETIME_RUN_QUEUE=nats: keeps the lease of each run it published
     until a worker takes it over (the row's holder changes) or it finishes, and for no longer than
-    ``max_wait_s``: a message the broker lost must not keep its run's lease alive forever."""
+    ``max_wait_s``: a message the broker lost must not keep its run's lease alive forever.
+
+    A run waiting in the broker costs a row write each time its lease is extended, so the engine
+    fences it with a lease of two leases (``fence_lease_s``), the keeper extends it by two leases
+    rather than one, and a beat writes only the leases with less than one lease left. So after every beat
+    each held lease has at least ``lease_s`` to run, as when every lease was extended by one lease
+    at every beat -- the same margin for failed beats -- while a run waiting in the broker is
+    written once per lease and a heartbeat, not once per heartbeat. The longer extension costs
+    nothing once a worker takes the run (the take sets the lease to ``lease_s`` from then, so a
+    dead worker's run is retried as soon as before); it only lets a run whose message the broker
+    lost, or whose engine died before the PubAck, wait one lease longer before the janitor
+    retries it. docs/guarantees.md ("Run-queue
+    leases") has the reasoning."""
 
     def __init__(
         self, store: RunStore, *, holder: str, lease_s: float, heartbeat_s: float, max_wait_s: float
@@ -278,21 +348,31 @@ class PublishedLeaseKeeper(LeaseKeeper):
         super().__init__(store, lease_s=lease_s, heartbeat_s=heartbeat_s)
         self._holder = holder
         self._max_wait = max_wait_s
+        self._extend_s = 2 * lease_s
+        self.fence_lease_s = self._extend_s
         self._since: dict[uuid.UUID, float] = {}
+        # when each held lease runs out at the earliest (monotonic): the fence's lease from when it
+        # was tracked (right after the fence), an extension's from the instant before its statement
+        self._expires: dict[uuid.UUID, float] = {}
 
     def track(self, run: Leased) -> None:
         # Only the lease is kept, not the run: once published, the run (and its spec text) is the
         # broker's to hold, and a burst may wait there by the hundred thousand.
         super().track(Lease(run.job_id, run.shard, run.lease_token))
-        self._since[run.job_id] = time.monotonic()
+        now = time.monotonic()
+        self._since[run.job_id] = now
+        self._expires[run.job_id] = now + self._extend_s  # the fence's lease (fence_lease_s)
 
     def _forget(self, job_id: uuid.UUID, token: int) -> None:
         held = self._held.get(job_id)
         if held is not None and held.lease_token == token:
             del self._held[job_id]
             self._since.pop(job_id, None)
+            self._expires.pop(job_id, None)
 
-    async def beat(self) -> None:
+    async def beat(self, *, every: bool = False) -> None:
+        """Extend the held leases that need it (all of them when ``every``); forget those a worker
+        took or that finished."""
         now = time.monotonic()
         overdue = [j for j, t in self._since.items() if now - t > self._max_wait]
         for job_id in overdue:
@@ -300,13 +380,20 @@ class PublishedLeaseKeeper(LeaseKeeper):
         if overdue:
             QUEUE_WAIT_ABANDONED.inc(len(overdue))
             log.warning("%d published runs waited longer than the queue wait limit", len(overdue))
-        items = list(self._held.values())
+        due_before = now + self._lease_s
+        expires = self._expires
+        items = [
+            lease for lease in self._held.values() if every or expires.get(lease.job_id, 0.0) < due_before
+        ]
         for i in range(0, len(items), 1000):
             chunk = items[i : i + 1000]
-            kept = await self._store.extend_published(chunk, holder=self._holder, lease_s=self._lease_s)
+            started = time.monotonic()
+            kept = await self._store.extend_published(chunk, holder=self._holder, lease_s=self._extend_s)
             metrics.LEASE_EXTENSIONS.inc(len(kept))
             for lease in chunk:
-                if lease.job_id not in kept:
+                if lease.job_id in kept:
+                    expires[lease.job_id] = started + self._extend_s
+                else:
                     self._forget(lease.job_id, lease.lease_token)
 
     async def drain(self, within_s: float) -> int:
@@ -316,7 +403,7 @@ class PublishedLeaseKeeper(LeaseKeeper):
         deadline = time.monotonic() + within_s
         while self._held and time.monotonic() < deadline:
             try:
-                await self.beat()
+                await self.beat(every=True)
             except StorageUnavailable:
                 log.warning("heartbeat failed while draining published runs")
             if self._held:
