@@ -24,7 +24,7 @@ from datetime import timedelta
 
 from duetime.core import jitter
 from duetime.core.misfire import CatchUp, FireNow, SkipTo, decide
-from duetime.core.runpath import Claim, Leased, Skip
+from duetime.core.runpath import Claim, FencedRun, Leased, Skip
 from duetime.engine.clock import Clock, SystemClock
 from duetime.engine.wheel import TimerWheel, WheelDriver
 from duetime.runqueue import metrics, wire
@@ -537,12 +537,20 @@ class Engine:
             metrics.FENCE_SECONDS.observe(time.perf_counter() - started)
             metrics.FENCED.inc(len(fenced))
             metrics.FENCE_REJECTED.inc(len(batch) - len(fenced))
-            # Every lease is kept from the moment its fence returned, not from its put: a put may
-            # wait for room in the run queue, and a lease must not go unkept while it waits.
-            for run in fenced:
-                self._keeper.track(run)
-            for run in fenced:
-                await self._queue.put(run)
+            await self._hand_over(fenced)
+            # Not kept while waiting for the next fire: the batch's runs are the queue's and the
+            # workers' now, and are freed once recorded (see WorkerPool._work).
+            del raw, batch, fenced
+
+    async def _hand_over(self, fenced: list[FencedRun]) -> None:
+        """Track each fenced run's lease and put it in the run queue (waiting while it is full).
+
+        Every lease is kept from the moment its fence returned, not from its put: a put may wait
+        for room in the run queue, and a lease must not go unkept while it waits."""
+        for run in fenced:
+            self._keeper.track(run)
+        for run in fenced:
+            await self._queue.put(run)
 
     # ------------------------------------------------------------------ janitor
 

@@ -48,6 +48,7 @@ import argparse
 import array
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import gc
 import json
@@ -99,7 +100,7 @@ from duetime.storage.shardmap import ShardMap
 from loadtest import pgstats
 from loadtest.cluster import EnginesAndWorkers
 from loadtest.common import ADMIN_DSN, ReceiverProcess, free_port, print_report, quantiles, scratch_database
-from loadtest.plot import cumulative_to_rate, per_second, write_burst_plot
+from loadtest.plot import cumulative_to_rate, per_second, write_burst_plot, write_memory_plot
 from loadtest.stages import StageWindow, report_rows
 
 REDIS_URL = os.environ.get("DUETIME_BENCH_REDIS", "redis://127.0.0.1:6379/0")
@@ -203,11 +204,131 @@ class NodeSamples:
     fence_time_s: float
     # time in the cyclic garbage collector after start, per generation (gc.callbacks)
     gc_s: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    # about once a second: what holds the node's memory (``memory_sample``)
+    memory: list[MemorySample] = field(default_factory=list)
+    # at the end, after the last sample: what one full collection found (gc.DEBUG_SAVEALL: the
+    # unreachable objects by type, most first) and the memory after it
+    garbage_by_type: list[tuple[str, int]] = field(default_factory=list)
+    after_collect: MemorySample | None = None
+
+
+@dataclass
+class MemorySample:
+    """One look at where a node's memory is: the kernel's view (RSS, anonymous pages), the
+    allocator's (glibc ``mallinfo2``: bytes its arenas took from the kernel, in use by live
+    blocks, free but kept), Python's (tracemalloc, when ``DUETIME_BENCH_TRACEMALLOC=1``), and how
+    many runs each in-memory stage of the node holds."""
+
+    t: float
+    rss: int
+    anon: int | None
+    arena: int | None  # mallinfo2: sbrk'd main arena + mmap'd arenas (bytes)
+    in_use: int | None  # mallinfo2.uordblks: allocated blocks (bytes)
+    free: int | None  # mallinfo2.fordblks: free blocks the allocator keeps (bytes)
+    mmapped: int | None  # mallinfo2.hblkhd: large blocks mmap'd on their own (bytes)
+    traced: int | None  # tracemalloc's live Python allocations (bytes), if tracing
+    # pymalloc (Python's own allocator for objects of ≤ 512 B, in 1 MiB arenas of its own, not in
+    # malloc's): arena bytes, bytes in live blocks; every fifth sample (None between)
+    py_arenas: int | None
+    py_in_use: int | None
+    wheel: int
+    fired: int  # fired, waiting for the fencer (claims, not fenced yet)
+    queued: int  # fenced, waiting in the run queue
+    inflight: int  # taken by workers, call in flight
+    pending: int  # outcomes waiting for the completer
+    held: int  # the lease keeper's held runs (fenced, not recorded)
 
 
 def _rss_bytes() -> float:
     with open("/proc/self/statm") as f:
         return float(f.read().split()[1]) * _PAGE
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _libc() -> Any:
+    """glibc, when this process runs on it (``mallinfo2`` is glibc 2.33+); else None."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _Mallinfo2
+        return libc
+    return None
+
+
+def _anon_bytes() -> int | None:
+    """Anonymous (heap, not file-backed) resident bytes, from /proc/self/smaps_rollup."""
+    with contextlib.suppress(OSError), open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def pymalloc_stats() -> tuple[int, int] | None:
+    """(bytes of pymalloc arenas, bytes in their allocated blocks), from
+    ``sys._debugmallocstats``, which prints to the C stderr: caught through a temporary file."""
+    import re
+    import tempfile
+
+    with tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode(errors="replace")
+    arenas = re.search(r"(\d+) arenas \* (\d+) bytes/arena", text)
+    used = re.search(r"# bytes in allocated blocks\s+=\s+([\d,]+)", text)
+    if arenas is None or used is None:
+        return None
+    return int(arenas[1]) * int(arenas[2]), int(used[1].replace(",", ""))
+
+
+def memory_sample(node: Any, libc: Any, *, pymalloc: bool = False) -> MemorySample:
+    """Where this node's memory is now (see ``MemorySample``); cheap enough for once a second."""
+    import tracemalloc
+
+    engine, pool = node._engine, node._pool
+    info = libc.mallinfo2() if libc is not None else None
+    py = pymalloc_stats() if pymalloc else None
+    return MemorySample(
+        t=time.time(),
+        rss=int(_rss_bytes()),
+        anon=_anon_bytes(),
+        arena=info.arena + info.hblkhd if info is not None else None,
+        in_use=info.uordblks if info is not None else None,
+        free=info.fordblks if info is not None else None,
+        mmapped=info.hblkhd if info is not None else None,
+        traced=tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else None,
+        py_arenas=py[0] if py is not None else None,
+        py_in_use=py[1] if py is not None else None,
+        wheel=len(engine.wheel) if engine is not None else 0,
+        fired=engine._fired_count if engine is not None else 0,
+        queued=pool._queue.qsize() if pool is not None else 0,
+        inflight=pool._inflight if pool is not None else 0,
+        pending=pool.completer.pending() if pool is not None else 0,
+        held=len(node._keeper) if node._keeper is not None else 0,
+    )
 
 
 def _dump_tasks(node: Any) -> None:
@@ -250,6 +371,10 @@ def _dump_tasks(node: Any) -> None:
         print(f"--- traced: {tracemalloc.get_traced_memory()[0] / 2**20:.1f} MB", file=out)
         for stat in snapshot.statistics("lineno")[:25]:
             print(f"  {stat}", file=out)
+        for stat in snapshot.statistics("traceback")[:6]:
+            print(f"--- {stat.size / 2**20:.1f} MB in {stat.count} blocks:", file=out)
+            for line in stat.traceback.format()[-12:]:
+                print(f"  {line}", file=out)
     OUT_DIR.mkdir(exist_ok=True)
     (OUT_DIR / f"tasks-{os.getpid()}.txt").write_text(out.getvalue())
 
@@ -276,7 +401,7 @@ def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any)
         if os.environ.get("DUETIME_BENCH_TRACEMALLOC") == "1":
             import tracemalloc
 
-            tracemalloc.start()
+            tracemalloc.start(12)
         node = Node(settings, api=False)
         await node.start()
         assert node._engine is not None
@@ -285,15 +410,32 @@ def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any)
         engine.lateness_probe = late.extend
 
         samples: list[tuple[float, int, float, float, float]] = []
+        memory: list[MemorySample] = []
+        libc = _libc()
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks, node)
         gc.callbacks.append(on_gc)
         started.set()
+        tick = 0
         while not stop.is_set():
             completions = total(metrics.COMPLETIONS)
             samples.append((time.time(), len(engine.wheel), total(metrics.CLAIMS), completions, _rss_bytes()))
+            if tick % 10 == 0:
+                memory.append(memory_sample(node, libc, pymalloc=tick % 50 == 0))
+            tick += 1
             done.value = int(completions)
             await asyncio.sleep(0.1)
         statements, spent = engine.fence_statements, engine.fence_time_s
+        # What a full collection would free now: cyclic garbage the thresholds left in place.
+        import collections
+
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        gc.set_debug(0)
+        kinds = collections.Counter(type(o).__qualname__ for o in gc.garbage)
+        gc.garbage.clear()
+        gc.collect()
+        after_collect = memory_sample(node, libc, pymalloc=True)
+        _dump_tasks(node)  # with DUETIME_BENCH_TRACEMALLOC=1: what is still allocated, and where
         await node.stop()
         out.send(
             NodeSamples(
@@ -305,6 +447,9 @@ def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any)
                 fence_statements=statements,
                 fence_time_s=spent,
                 gc_s=[round(x, 2) for x in gc_s],
+                memory=memory,
+                garbage_by_type=kinds.most_common(20),
+                after_collect=after_collect,
             )
         )
         out.close()
@@ -752,6 +897,9 @@ class BurstArgs:
     stages_rate: int = 100
     # --pg-statements: per statement and per index, from the benchmark server (loadtest/pgstats.py)
     pg_statements: bool = False
+    # all-in-one: keep the nodes (and their memory samples) running this long after the last
+    # outcome, for the RSS the drain leaves behind
+    after_drain_s: float = 60.0
 
 
 def default_lead(a: BurstArgs, lookahead_s: float) -> float:
@@ -951,6 +1099,7 @@ async def _measure(
             await probe.close()
         raise
     cpu = await window.stop(a.jobs) if window is not None else None
+    drained_at = time.time()
     reports: list[NodeSamples] | None = None
     if isinstance(fleet, BurstCluster):
         # Stopped first: a backend that went idle less than a second after its last report keeps
@@ -965,6 +1114,10 @@ async def _measure(
     outcomes = await outcome_counts([dsn])
     starts = await target.starts()
     if reports is None:
+        settle = drained_at + a.after_drain_s - time.time()
+        if settle > 0:
+            print(f"  drained; sampling memory for {settle:.0f} s more", file=sys.stderr, flush=True)
+            await asyncio.sleep(settle)
         reports = await fleet.finish()
     result = summarise(
         a,
@@ -981,6 +1134,18 @@ async def _measure(
         rss=rss,
         outcomes=outcomes,
     )
+    if reports:
+        result["memory"] = memory_figures(reports, t_due_s=t_due_s, drained_at=drained_at)
+        if a.plot:
+            result["memory_plot"] = str(
+                write_memory_plot(
+                    OUT_DIR / f"{Path(result['plot']).stem}-rss.png",
+                    title=f"{a.jobs} runs due at T, {a.target}, {a.topology}, P={a.processes}: node memory",
+                    t_due_s=t_due_s,
+                    drained_s=drained_at - t_due_s,
+                    nodes=[r.memory for r in reports],
+                )
+            )
     if killed is not None:
         result["failover"] = failover(ids, starts, t_due_s, killed[0], killed[1])
     if old is not None:
@@ -993,6 +1158,65 @@ async def _measure(
             "indexes": pgstats.index_growth(indexes_before, await pgstats.index_state(dsn), a.jobs),
         }
     return result
+
+
+def memory_figures(
+    reports: Sequence[NodeSamples], *, t_due_s: float, drained_at: float
+) -> list[dict[str, Any]]:
+    """Per node: RSS idle (the last sample before the first claim), at its peak, and at the last
+    sample (``--after-drain`` seconds after the last outcome); and at the peak, what the allocator,
+    tracemalloc and each in-memory stage held."""
+    mb = 2**20
+    out: list[dict[str, Any]] = []
+    for r in reports:
+        if not r.memory:
+            continue
+        first_claim = next((s[0] for s in r.samples if s[2] > 0), t_due_s)
+        idle = [m for m in r.memory if m.t < first_claim] or r.memory[:1]
+        peak = max(r.memory, key=lambda m: m.rss)
+        last = r.memory[-1]
+        most = max(r.memory, key=lambda m: m.held)
+        with_py = [m for m in r.memory if m.py_arenas is not None]
+        py_peak = max(with_py, key=lambda m: m.rss) if with_py else None
+
+        def view(m: MemorySample) -> dict[str, Any]:
+            return {
+                "s_after_T": round(m.t - t_due_s, 1),
+                "rss_mb": round(m.rss / mb, 1),
+                "anon_mb": round(m.anon / mb, 1) if m.anon is not None else None,
+                "malloc_arena_mb": round(m.arena / mb, 1) if m.arena is not None else None,
+                "malloc_in_use_mb": round(m.in_use / mb, 1) if m.in_use is not None else None,
+                "malloc_free_kept_mb": round(m.free / mb, 1) if m.free is not None else None,
+                "malloc_mmapped_mb": round(m.mmapped / mb, 1) if m.mmapped is not None else None,
+                "traced_mb": round(m.traced / mb, 1) if m.traced is not None else None,
+                "pymalloc_arenas_mb": round(m.py_arenas / mb, 1) if m.py_arenas is not None else None,
+                "pymalloc_in_use_mb": round(m.py_in_use / mb, 1) if m.py_in_use is not None else None,
+                "wheel": m.wheel,
+                "fired_unfenced": m.fired,
+                "run_queue": m.queued,
+                "in_flight": m.inflight,
+                "completer_pending": m.pending,
+                "held": m.held,
+            }
+
+        out.append(
+            {
+                "pid": r.pid,
+                "idle_rss_mb": round(idle[-1].rss / mb, 1),
+                "peak_rss_mb": round(peak.rss / mb, 1),
+                "after_drain_rss_mb": round(last.rss / mb, 1),
+                "after_drain_s": round(last.t - drained_at, 1),
+                "after_drain_over_idle": round(last.rss / idle[-1].rss, 2),
+                "at_peak": view(peak),
+                "at_most_held": view(most),
+                "at_peak_pymalloc_sample": view(py_peak) if py_peak is not None else None,
+                "after_drain_pymalloc_sample": view(with_py[-1]) if with_py else None,
+                "after_drain": view(last),
+                "after_full_collection": view(r.after_collect) if r.after_collect is not None else None,
+                "garbage_by_type": dict(r.garbage_by_type),
+            }
+        )
+    return out
 
 
 async def seed_old(a: BurstArgs, dsn: str, target: Target) -> OldHistory | None:
@@ -1236,12 +1460,70 @@ def report(result: dict[str, Any]) -> None:
             ("peak RSS", ", ".join(f"{k} {v:.0f} MB" for k, v in result["peak_rss_mb"].items())),
             ("load average (1 min) start, end", " → ".join(str(x) for x in result.get("load_1m", []))),
             ("plot", result.get("plot", "-")),
+            *_memory_rows(result.get("memory"), result.get("memory_plot")),
             *_failover_rows(result.get("failover")),
             *_old_history_rows(result.get("old_history")),
             *(report_rows(result["cpu"]) if result.get("cpu") else []),
             *(pgstats.report_rows(result["pg_statements"]) if result.get("pg_statements") else []),
         ],
     )
+
+
+def _memory_rows(nodes: list[dict[str, Any]] | None, plot: str | None) -> list[tuple[str, str]]:
+    if not nodes:
+        return []
+
+    def stages(v: dict[str, Any]) -> str:
+        return (
+            f"wheel {v['wheel']:,}, fired {v['fired_unfenced']:,}, queue {v['run_queue']:,}, "
+            f"in flight {v['in_flight']:,}, completer {v['completer_pending']:,}, held {v['held']:,}"
+        )
+
+    def alloc(v: dict[str, Any]) -> str:
+        traced = "" if v["traced_mb"] is None else f", traced {v['traced_mb']} MB"
+        return (
+            f"anon {v['anon_mb']} MB, malloc arenas {v['malloc_arena_mb']} MB "
+            f"(in use {v['malloc_in_use_mb']}, free kept {v['malloc_free_kept_mb']}, "
+            f"mmapped {v['malloc_mmapped_mb']}){traced}"
+        )
+
+    rows: list[tuple[str, str]] = []
+    for i, n in enumerate(nodes):
+        rows += [
+            (
+                f"node-{i} RSS idle / peak / {n['after_drain_s']:.0f} s after drain",
+                f"{n['idle_rss_mb']:.0f} / {n['peak_rss_mb']:.0f} / {n['after_drain_rss_mb']:.0f} MB "
+                f"({n['after_drain_over_idle']}× idle)",
+            ),
+            (f"node-{i} at peak (T{n['at_peak']['s_after_T']:+.0f} s)", alloc(n["at_peak"])),
+            (f"node-{i} at peak: runs held", stages(n["at_peak"])),
+            (f"node-{i} most held (T{n['at_most_held']['s_after_T']:+.0f} s)", stages(n["at_most_held"])),
+            (f"node-{i} after drain", alloc(n["after_drain"])),
+            *(
+                [
+                    (
+                        f"node-{i} after gc.collect()",
+                        f"RSS {c['rss_mb']:.0f} MB, pymalloc in live blocks {c['pymalloc_in_use_mb']} MB; "
+                        f"garbage found: {sum(n['garbage_by_type'].values()):,} objects ("
+                        + ", ".join(f"{k} {v:,}" for k, v in list(n["garbage_by_type"].items())[:6])
+                        + ")",
+                    )
+                    for c in [n["after_full_collection"]]
+                    if c is not None
+                ]
+            ),
+            *(
+                [
+                    (
+                        f"node-{i} pymalloc (T{p['s_after_T']:+.0f} s, RSS {p['rss_mb']:.0f} MB)",
+                        f"arenas {p['pymalloc_arenas_mb']} MB, in live blocks {p['pymalloc_in_use_mb']} MB",
+                    )
+                    for p in (n["at_peak_pymalloc_sample"], n["after_drain_pymalloc_sample"])
+                    if p is not None
+                ]
+            ),
+        ]
+    return [*rows, ("memory plot", plot or "-")]
 
 
 def _old_history_rows(o: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -1351,6 +1633,14 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
         help="time, rows, buffers and WAL per named statement (pg_stat_statements, which the server at "
         "DUETIME_BENCH_PG must load) and index entries written per index: loadtest/pgstats.py",
     )
+    p.add_argument(
+        "--after-drain",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="all-in-one: keep the nodes running S seconds after the last outcome, sampling their "
+        "memory (the RSS a drain leaves behind); 0 stops them at once",
+    )
     a = p.parse_args(argv)
     if a.kill_engine_at is not None and a.topology != "cluster":
         p.error("--kill-engine-at needs --topology cluster")
@@ -1377,6 +1667,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
         stages=a.stages,
         stages_rate=a.stages_rate,
         pg_statements=a.pg_statements,
+        after_drain_s=a.after_drain,
     )
 
 

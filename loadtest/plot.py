@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 
 def per_second(instants_s: Sequence[float], origin_s: float) -> dict[int, int]:
@@ -65,6 +66,54 @@ def write_burst_plot(
     late.set_xlabel("start lateness (s)")
     late.set_ylabel("runs")
     late.set_title("start lateness at the target", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_memory_plot(
+    path: Path,
+    *,
+    title: str,
+    t_due_s: float,
+    drained_s: float,
+    nodes: Sequence[Sequence[Any]],
+) -> Path:
+    """Node memory against seconds from T, one colour per node: RSS (solid), the allocator's
+    bytes in use (dashed) and tracemalloc's (dotted, when traced) on the left axis; the runs
+    held by the lease keeper (fenced, not recorded) and waiting in the wheel on the right.
+    ``nodes`` are ``loadtest.burst.MemorySample`` lists."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mb = 2**20
+    fig, (mem, runs) = plt.subplots(2, 1, figsize=(10, 5.4), dpi=80, sharex=True)
+    for i, samples in enumerate(nodes):
+        if not samples:
+            continue
+        colour = f"C{i}"
+        xs = [m.t - t_due_s for m in samples]
+        mem.plot(xs, [m.rss / mb for m in samples], "-", color=colour, label=f"node-{i} RSS")
+        if samples[0].in_use is not None:
+            mem.plot(
+                xs, [m.in_use / mb for m in samples], "--", color=colour, label=f"node-{i} malloc in use"
+            )
+        if samples[0].traced is not None:
+            mem.plot(xs, [m.traced / mb for m in samples], ":", color=colour, label=f"node-{i} tracemalloc")
+        runs.plot(xs, [m.held for m in samples], "-", color=colour, label=f"node-{i} fenced, not recorded")
+        runs.plot(xs, [m.wheel for m in samples], ":", color=colour, label=f"node-{i} in the wheel")
+    for ax in (mem, runs):
+        ax.axvline(0, color="grey", linewidth=0.8)
+        ax.axvline(drained_s, color="grey", linewidth=0.8, linestyle="--")
+        ax.legend(fontsize=7, loc="upper right")
+    mem.set_ylabel("MB")
+    mem.set_title(title + " (T, and the last outcome: grey lines)", fontsize=9)
+    runs.set_ylabel("runs")
+    runs.set_xlabel("seconds from T (the due instant)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

@@ -174,10 +174,14 @@ class Completer:
             metrics.COMPLETIONS.inc(stats.applied)
             if stats.stale:
                 metrics.STALE_COMPLETIONS.inc(stats.stale)
-            for rep in batch:
-                self._keeper.untrack(rep.job_id, rep.lease_token)
-            if self._on_recorded is not None:
-                self._on_recorded(batch)
+            self._recorded(batch)
+            del batch  # recorded: not kept alive while this writer waits for the next batch
+
+    def _recorded(self, batch: list[AttemptReport]) -> None:
+        for report in batch:
+            self._keeper.untrack(report.job_id, report.lease_token)
+        if self._on_recorded is not None:
+            self._on_recorded(batch)
 
 
 class WorkerPool:
@@ -229,35 +233,43 @@ class WorkerPool:
     async def _work(self) -> None:
         take_while = getattr(self._queue, "take_while", None)
         while True:
-            run = await self._queue.get()
-            if take_while is not None and _to_redis(run):
-                # A burst to a Redis stream: take the runs queued behind this one that go to
-                # Redis too and send them as one batch (one coroutine, one limiter slot, one
-                # batcher call) instead of a worker, a slot and a future chain per run.
-                # Runs in flight stay within the pool's concurrency, as one run per worker did:
-                # without that bound a thousand workers could take the whole run queue each time
-                # the fencer refilled it, and fenced runs (leases held, heartbeats paid, memory
-                # used) would pile up ahead of what the target and the completer take.
-                room = min(REDIS_BATCH, self._concurrency - self._inflight) - 1
-                runs = [run, *take_while(_to_redis, room)] if room > 0 else [run]
-                self._inflight += len(runs)
-                try:
-                    reports = await self.call_redis_many(runs)
-                finally:
-                    self._inflight -= len(runs)
-                for report in reports:
-                    self.completer.add(report)
-                await self.completer.room()
-            else:
-                self._inflight += 1
-                try:
-                    report = await self.call(run)
-                finally:
-                    self._inflight -= 1
-                self.completer.add(report)
-                await self.completer.room()
+            # No local of this loop may outlive one iteration: an idle worker waits here, and
+            # whatever its frame still names stays alive while it waits. Named runs, reports and
+            # batches of the last iteration were kept by each of the thousand idle workers: up to
+            # 500 fenced runs each (their specs, deliveries and reports), half a million runs of
+            # a node after a burst, never freed (the issue-16 RSS growth).
+            await self._handle(await self._queue.get(), take_while)
             if not self._inflight and not self._queue.qsize():
                 self._idle.set()
+
+    async def _handle(self, run: FencedRun, take_while: Callable[..., list[FencedRun]] | None) -> None:
+        """Call ``run`` (and, on the Redis path, the runs queued behind it) and hand the reports to
+        the completer; returns once the completer has room."""
+        if take_while is not None and _to_redis(run):
+            # A burst to a Redis stream: take the runs queued behind this one that go to
+            # Redis too and send them as one batch (one coroutine, one limiter slot, one
+            # batcher call) instead of a worker, a slot and a future chain per run.
+            # Runs in flight stay within the pool's concurrency, as one run per worker did:
+            # without that bound a thousand workers could take the whole run queue each time
+            # the fencer refilled it, and fenced runs (leases held, heartbeats paid, memory
+            # used) would pile up ahead of what the target and the completer take.
+            room = min(REDIS_BATCH, self._concurrency - self._inflight) - 1
+            runs = [run, *take_while(_to_redis, room)] if room > 0 else [run]
+            self._inflight += len(runs)
+            try:
+                reports = await self.call_redis_many(runs)
+            finally:
+                self._inflight -= len(runs)
+            for report in reports:
+                self.completer.add(report)
+        else:
+            self._inflight += 1
+            try:
+                one = await self.call(run)
+            finally:
+                self._inflight -= 1
+            self.completer.add(one)
+        await self.completer.room()
 
     async def call_redis_many(self, runs: list[FencedRun]) -> list[AttemptReport]:
         """One attempt each for runs whose target is a Redis stream, sent together. Queue
