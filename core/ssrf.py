@@ -428,6 +428,23 @@ def check_url(url: str, policy: AddressPolicy) -> None:
     _check_host(host, policy)
 
 
+def judge_literal(host: str, policy: AddressPolicy) -> IPAddress | None:
+    """The address ``host`` spells when it is a literal, judged without DNS; None for a name.
+
+    Raises ``TargetNotAllowed`` for a literal the policy does not open. Pure (the host and the
+    policy decide it), so a worker may remember the answer for a URL instead of re-reading it
+    before every call; ``resolve_checked`` starts with it.
+    """
+    literal = parse_host_literal(host)
+    if literal is None:
+        return None
+    literal = _unscoped(literal)
+    reason = refusal_reason(literal)
+    if reason is not None and not policy.permits(literal):
+        raise _refuse(host, reason)
+    return literal
+
+
 async def resolve_checked(
     host: str,
     port: int,
@@ -442,12 +459,8 @@ async def resolve_checked(
     fallback. The caller must connect to one of the returned addresses and not resolve again.
     Literals are judged without DNS, and always-local names before it.
     """
-    literal = parse_host_literal(host)
+    literal = judge_literal(host, policy)
     if literal is not None:
-        literal = _unscoped(literal)
-        reason = refusal_reason(literal)
-        if reason is not None and not policy.permits(literal):
-            raise _refuse(host, reason)
         return [literal]
     name = normalize_host(host)
     name_reason = None if policy.allow_private else _name_refusal(name, policy)

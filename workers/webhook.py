@@ -17,6 +17,7 @@ scheduler, the one layer that retries.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import re
 import socket
@@ -99,11 +100,70 @@ def invalid_header(headers: dict[str, str]) -> str | None:
     return None
 
 
+# URLs whose parse and guard verdict are remembered (per policy). A burst calls a few URLs many
+# times; a million different URLs only cost the cache's churn (least recently used go first).
+URL_CACHE_SIZE = 4096
+
+
+@functools.lru_cache(maxsize=URL_CACHE_SIZE)
 def limiter_key(url: str) -> str:
-    """``host:port`` of a webhook URL: the unit the per-host limits are counted in."""
+    """``host:port`` of a webhook URL: the unit the per-host limits are counted in.
+
+    Remembered per URL (it is a function of the text alone); a URL that does not parse raises
+    ``ValueError`` every time, as exceptions are not cached."""
     parsed = URL(url)
     host = (parsed.host or "").lower()
     return f"{host}:{parsed.port}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JudgedUrl:
+    """What a webhook URL's text decides under one policy, before any DNS: its parse, its host,
+    and either a final refusal or leave to call.
+
+    ``resolve_literal`` marks a host that aiohttp takes for an address literal (so its resolver
+    will not be asked) but that the guard's parser does not read as one: such a host goes
+    through ``ssrf.resolve_checked`` at every call, as before, instead of being remembered.
+    """
+
+    url: URL | None
+    host: str
+    refusal: Verdict | None
+    resolve_literal: bool = False
+
+
+@functools.lru_cache(maxsize=URL_CACHE_SIZE)
+def judge_url(raw: str, policy: ssrf.AddressPolicy) -> JudgedUrl:
+    """The guard's verdict on a URL's text: ``check_url`` and, for an address literal, the
+    address check ``resolve_checked`` makes without DNS.
+
+    Both are pure functions of the text and the policy (tests/pure/test_ssrf.py), so the verdict
+    is remembered per (URL, policy) instead of being re-read before every call: the verdict each
+    call obeys is the one the guard gives for that URL under that policy, exactly as before. What
+    can change between calls, a name's DNS answers, is not remembered here: ``CheckedResolver``
+    resolves and checks a name for every new connection, as before.
+    """
+    host = ""
+    try:
+        url = URL(raw)
+        host = url.host or ""
+        ssrf.check_url(raw, policy)
+        # aiohttp skips the resolver for whatever it takes for an address literal (its own test,
+        # used here so the two cannot disagree), so such a host is checked here instead.
+        if is_ip_address(host) and ssrf.judge_literal(host, policy) is None:
+            return JudgedUrl(url, host, None, resolve_literal=True)
+    except TargetNotAllowed as exc:
+        refused = Verdict(Outcome.FAILED, False, None, f"target_not_allowed: {exc.message}")
+        return JudgedUrl(None, host, refused)
+    except (InvalidRequest, ValueError):
+        return JudgedUrl(None, host, Verdict(Outcome.FAILED, False, None, "invalid webhook URL"))
+    return JudgedUrl(url, host, None)
+
+
+@functools.lru_cache(maxsize=64)
+def _timeout(total_s: float) -> aiohttp.ClientTimeout:
+    """One (immutable) timeout object per distinct ``timeout_s``, not one per call."""
+    return aiohttp.ClientTimeout(total=total_s)
 
 
 class CheckedResolver(AbstractResolver):
@@ -196,21 +256,20 @@ async def call(
     now: datetime,
 ) -> Verdict:
     """One attempt; every failure of the target comes back as a ``Verdict``, never raised."""
-    host = ""
-    try:
-        url = URL(target.url)
-        host = url.host or ""
-        ssrf.check_url(target.url, policy)
-        # aiohttp skips the resolver for whatever it takes for an address literal (its own test,
-        # used here so the two cannot disagree), so such a host is checked here instead.
-        if is_ip_address(host):
+    judged = judge_url(target.url, policy)
+    if judged.refusal is not None:
+        return judged.refusal
+    url, host = judged.url, judged.host
+    assert url is not None  # a URL that did not parse carries a refusal
+    if judged.resolve_literal:
+        try:
             await ssrf.resolve_checked(host, url.port or 0, policy)
-    except TargetNotAllowed as exc:
-        return Verdict(Outcome.FAILED, False, None, f"target_not_allowed: {exc.message}")
-    except (InvalidRequest, ValueError):
-        return Verdict(Outcome.FAILED, False, None, "invalid webhook URL")
-    except ssrf.ResolutionFailed:
-        return Verdict(Outcome.FAILED, True, None, f"name resolution failed for {host}")
+        except TargetNotAllowed as exc:
+            return Verdict(Outcome.FAILED, False, None, f"target_not_allowed: {exc.message}")
+        except (InvalidRequest, ValueError):
+            return Verdict(Outcome.FAILED, False, None, "invalid webhook URL")
+        except ssrf.ResolutionFailed:
+            return Verdict(Outcome.FAILED, True, None, f"name resolution failed for {host}")
 
     bad = invalid_header(target.headers)
     if bad is not None:
@@ -218,7 +277,7 @@ async def call(
     headers = request_headers(target, contract_headers(d, body, now))
     if d.traceparent is not None:
         headers[TRACEPARENT] = d.traceparent
-    timeout = aiohttp.ClientTimeout(total=target.timeout_s)
+    timeout = _timeout(target.timeout_s)
     try:
         async with session.request(
             target.method.value,

@@ -325,6 +325,63 @@ async def test_ssrf_refused_at_call_time(
     assert connections == []
 
 
+async def test_a_remembered_url_verdict_is_per_policy(canary: tuple[int, list[int]]) -> None:
+    """The guard's verdict on a URL is remembered per (URL, policy): the same loopback URL that
+    an open policy called is refused, without a connection, under a closed one (and the other
+    way round), in the same process."""
+    port, connections = canary
+    url = f"http://127.0.0.1:{port}/hook"
+    results = []
+    for policy in (ALLOW_PRIVATE, DENY_PRIVATE, ALLOW_PRIVATE, DENY_PRIVATE):
+        d = Dispatcher(policy=policy, nats_url=None, redis_url=None)
+        await d.start()
+        try:
+            results.append(await d.deliver(delivery(WebhookTarget(url=url))))
+        finally:
+            await d.close()
+        if policy is DENY_PRIVATE:
+            assert results[-1].error is not None
+            assert results[-1].error.startswith("target_not_allowed:")
+    # The open policy reached the canary (it closes at once: a retryable failure); the closed
+    # one never connected.
+    assert len(connections) == 2
+    assert [r.retryable for r in results] == [True, False, True, False]
+
+
+async def test_a_name_is_checked_again_for_each_new_connection(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Remembering a URL's verdict remembers nothing about its name's answers: a session's new
+    connection resolves and checks the name again, so an answer re-pointed at a metadata address
+    after an earlier call (DNS rebinding) is refused."""
+    answers = [ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv4Address("169.254.169.254")]
+    policy = ssrf.AddressPolicy(allow_cidrs=(ipaddress.IPv4Network("127.0.0.0/8"),))
+
+    async def checked(host: str, port: int, p: ssrf.AddressPolicy) -> list[ssrf.IPAddress]:
+        ip = answers.pop(0)
+        reason = ssrf.refusal_reason(ip)
+        if reason is not None and not p.permits(ip):
+            raise TargetNotAllowed(f"{host} resolves to {ip}, {reason}")
+        return [ip]
+
+    monkeypatch.setattr(ssrf, "resolve_checked", checked)
+    url = f"http://rebind.duetime.invalid:{receiver.port}/ok"
+    results = []
+    for _ in range(2):
+        d = Dispatcher(policy=policy, nats_url=None, redis_url=None)
+        await d.start()
+        try:
+            results.append(await d.deliver(delivery(WebhookTarget(url=url))))
+        finally:
+            await d.close()
+    assert results[0].outcome is Outcome.SUCCEEDED, results[0].error
+    assert (results[1].outcome, results[1].retryable) == (Outcome.FAILED, False)
+    assert results[1].error is not None
+    assert "169.254.169.254" in results[1].error
+    assert answers == []
+    assert len(receiver.seen) == 1
+
+
 async def test_connection_goes_to_the_checked_address(
     receiver: Receiver, dispatcher: Dispatcher, monkeypatch: pytest.MonkeyPatch
 ) -> None:
