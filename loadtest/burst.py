@@ -375,8 +375,47 @@ def _dump_tasks(node: Any) -> None:
             print(f"--- {stat.size / 2**20:.1f} MB in {stat.count} blocks:", file=out)
             for line in stat.traceback.format()[-12:]:
                 print(f"  {line}", file=out)
+    if os.environ.get("DUETIME_BENCH_REFERRERS") == "1":
+        _who_holds_runs(out)
     OUT_DIR.mkdir(exist_ok=True)
     (OUT_DIR / f"tasks-{os.getpid()}.txt").write_text(out.getvalue())
+
+
+def _who_holds_runs(out: Any) -> None:
+    """With ``DUETIME_BENCH_REFERRERS=1``: how many fenced runs and reports are alive, and what
+    refers to a sample of them, two levels up (the way the perf-mem work found the idle workers'
+    frames): a run no stage counts is held by something the dump then names."""
+    import collections
+
+    from duetime.core.runpath import AttemptReport, FencedRun
+
+    objs = gc.get_objects()
+    runs = [o for o in objs if type(o) is FencedRun]
+    reports = [o for o in objs if type(o) is AttemptReport]
+    print(f"--- alive: {len(runs)} FencedRun, {len(reports)} AttemptReport", file=out)
+    for name, n in collections.Counter(type(o).__qualname__ for o in objs).most_common(25):
+        print(f"  {n:>9} {name}", file=out)
+    del objs
+    ignore = {id(runs), id(reports)}
+
+    def describe(o: Any) -> str:
+        name = type(o).__qualname__
+        if isinstance(o, (list, dict, set, tuple, collections.deque)):
+            return f"{name}(len={len(o)})"
+        code = getattr(o, "f_code", None) or getattr(o, "cr_code", None)
+        if code is not None:
+            return f"{name}:{code.co_filename}:{code.co_name}"
+        return name
+
+    chains: collections.Counter[str] = collections.Counter()
+    for sample in (runs[:: max(1, len(runs) // 20)] + reports[:: max(1, len(reports) // 20)])[:40]:
+        for ref in gc.get_referrers(sample):
+            if id(ref) in ignore:
+                continue
+            ups = [describe(r2) for r2 in gc.get_referrers(ref) if id(r2) not in ignore][:4]
+            chains[f"{type(sample).__qualname__} <- {describe(ref)} <- {ups}"] += 1
+    for text, n in chains.most_common(30):
+        print(f"  {n}x {text}", file=out)
 
 
 def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any) -> None:
