@@ -11,37 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 
-from duetime.core.model import Broker, JobSpec, OneOffSchedule, Outcome, QueueTarget
-from duetime.core.runpath import AttemptReport, Delivery, FencedRun, Verdict
-from duetime.engine.service import Engine, EngineConfig
-from duetime.runqueue import metrics
-from duetime.runqueue.inprocess import InProcessRunQueue
-from duetime.runqueue.leases import LeaseKeeper
+from duetime.core.runpath import AttemptReport, FencedRun
 from duetime.storage.memory import MemoryStore
-from duetime.workers.pool import WorkerPool
+from tests.support.memory_burst import burst_node, completions
 
 RUNS = 3000
-
-
-@dataclass
-class _Sent:
-    started_at: datetime
-    finished_at: datetime
-    verdicts: list[Verdict]
-
-
-class _RedisThatSucceeds:
-    """The dispatcher's Redis batch path, answering every XADD with success after a moment."""
-
-    broker_timeout_s = 10.0
-
-    async def deliver_redis_many(self, deliveries: list[Delivery]) -> _Sent:
-        started = datetime.now(UTC)
-        await asyncio.sleep(0.001)
-        return _Sent(started, datetime.now(UTC), [Verdict(Outcome.SUCCEEDED, False, None)] * len(deliveries))
 
 
 def _alive(kind: type) -> int:
@@ -50,37 +25,20 @@ def _alive(kind: type) -> int:
 
 
 async def test_no_run_or_report_stays_alive_once_a_burst_is_recorded() -> None:
-    store = MemoryStore()
-    due = datetime.now(UTC) + timedelta(seconds=1)
-    spec = JobSpec(
-        target=QueueTarget(broker=Broker.REDIS, topic="burst"), schedule=OneOffSchedule(run_at=due)
-    )
-    for _ in range(RUNS):
-        await store.create_job("alice", spec)
-    queue = InProcessRunQueue()
-    keeper = LeaseKeeper(store, lease_s=30, heartbeat_s=10)
-    pool = WorkerPool(store, queue, _RedisThatSucceeds(), keeper, concurrency=1024)  # type: ignore[arg-type]
-    engine = Engine(
-        store, queue, keeper, EngineConfig(engine_id="e1", shards=tuple(range(16)), poll_interval_s=0.05)
-    )
-    before = _completions()
-    pool.start()
-    await engine.start()
+    node = await burst_node(MemoryStore(), RUNS)
+    before = completions()
+    node.pool.start()
+    await node.engine.start()
     try:
         async with asyncio.timeout(60):
             # polled: the pool offers no event for "recorded" (ASYNC110)
-            while _completions() - before < RUNS:  # noqa: ASYNC110
+            while completions() - before < RUNS:  # noqa: ASYNC110
                 await asyncio.sleep(0.1)
-            while len(keeper):  # noqa: ASYNC110 - the last batch's leases go once it is recorded
+            while len(node.keeper):  # noqa: ASYNC110 - the last batch's leases go once it is recorded
                 await asyncio.sleep(0.05)
-        assert not queue.qsize()
+        assert not node.queue.qsize()
         assert _alive(FencedRun) == 0, "fenced runs kept alive after their outcomes were recorded"
         assert _alive(AttemptReport) == 0, "reports kept alive after they were recorded"
     finally:
-        await engine.stop()
-        await pool.stop(5)
-
-
-def _completions() -> float:
-    """Outcomes recorded by the completer so far (a process-wide counter)."""
-    return sum(s.value for m in metrics.COMPLETIONS.collect() for s in m.samples if s.name.endswith("_total"))
+        await node.engine.stop()
+        await node.pool.stop(5)

@@ -14,17 +14,11 @@ from __future__ import annotations
 import asyncio
 import gc
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
 
-from duetime.core.model import Broker, JobSpec, OneOffSchedule, QueueTarget
 from duetime.core.runpath import AttemptReport, FencedRun
-from duetime.engine.service import Engine, EngineConfig
-from duetime.runqueue.inprocess import InProcessRunQueue
-from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.memory import MemoryStore
 from duetime.storage.ports import CompletionStats
-from duetime.workers.pool import WorkerPool
-from tests.pure.test_nothing_kept_after_drain import _completions, _RedisThatSucceeds
+from tests.support.memory_burst import burst_node, completions
 
 RUNS = 4_000
 
@@ -43,33 +37,21 @@ def _alive_runs() -> int:
 
 
 async def test_recorded_runs_are_not_kept_by_workers_waiting_for_the_completer() -> None:
-    store = _SlowCompletions()
-    due = datetime.now(UTC) + timedelta(seconds=1)
-    spec = JobSpec(
-        target=QueueTarget(broker=Broker.REDIS, topic="burst"), schedule=OneOffSchedule(run_at=due)
-    )
-    for _ in range(RUNS):
-        await store.create_job("alice", spec)
-    queue = InProcessRunQueue()
-    keeper = LeaseKeeper(store, lease_s=30, heartbeat_s=10)
-    pool = WorkerPool(store, queue, _RedisThatSucceeds(), keeper, concurrency=1024)  # type: ignore[arg-type]
-    pool.completer._batch = 50  # a completer far slower than the fencer and the target
-    pool.completer._max_pending = 1000
-    engine = Engine(
-        store, queue, keeper, EngineConfig(engine_id="e1", shards=tuple(range(16)), poll_interval_s=0.05)
-    )
-    before = _completions()
+    node = await burst_node(_SlowCompletions(), RUNS)
+    node.pool.completer._batch = 50  # a completer far slower than the fencer and the target
+    node.pool.completer._max_pending = 1000
+    before = completions()
     untracked_alive = 0
-    pool.start()
-    await engine.start()
+    node.pool.start()
+    await node.engine.start()
     try:
         async with asyncio.timeout(90):
-            while _completions() - before < RUNS:
+            while completions() - before < RUNS:
                 await asyncio.sleep(0.25)
                 # Every fenced run not yet recorded is tracked by the lease keeper (from its
                 # fence to its recording); a run alive beyond those is one no stage holds.
-                untracked_alive = max(untracked_alive, _alive_runs() - len(keeper))
+                untracked_alive = max(untracked_alive, _alive_runs() - len(node.keeper))
         assert untracked_alive < 250, f"{untracked_alive} recorded runs kept alive during the drain"
     finally:
-        await engine.stop()
-        await pool.stop(5)
+        await node.engine.stop()
+        await node.pool.stop(5)

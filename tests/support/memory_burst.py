@@ -1,0 +1,67 @@
+"""A node over the in-memory store for memory tests: the engine, a thousand workers on the Redis
+batch path (a stub broker that answers every XADD with success) and the lease keeper, with a
+burst of one-off Redis jobs due a second from now. Shared by the tests that count which runs a
+node keeps alive during and after a burst (tests/pure/test_nothing_kept_*.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from duetime.core.model import Broker, JobSpec, OneOffSchedule, Outcome, QueueTarget
+from duetime.core.runpath import Delivery, Verdict
+from duetime.engine.service import Engine, EngineConfig
+from duetime.runqueue import metrics
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
+from duetime.storage.memory import MemoryStore
+from duetime.workers.pool import WorkerPool
+
+
+@dataclass
+class _Sent:
+    started_at: datetime
+    finished_at: datetime
+    verdicts: list[Verdict]
+
+
+class RedisThatSucceeds:
+    """The dispatcher's Redis batch path, answering every XADD with success after a moment."""
+
+    broker_timeout_s = 10.0
+
+    async def deliver_redis_many(self, deliveries: list[Delivery]) -> _Sent:
+        started = datetime.now(UTC)
+        await asyncio.sleep(0.001)
+        return _Sent(started, datetime.now(UTC), [Verdict(Outcome.SUCCEEDED, False, None)] * len(deliveries))
+
+
+@dataclass
+class BurstNode:
+    queue: InProcessRunQueue
+    keeper: LeaseKeeper
+    pool: WorkerPool
+    engine: Engine
+
+
+async def burst_node(store: MemoryStore, runs: int) -> BurstNode:
+    """``runs`` one-off Redis jobs due in a second, and a node (not started) to fire them."""
+    due = datetime.now(UTC) + timedelta(seconds=1)
+    spec = JobSpec(
+        target=QueueTarget(broker=Broker.REDIS, topic="burst"), schedule=OneOffSchedule(run_at=due)
+    )
+    for _ in range(runs):
+        await store.create_job("alice", spec)
+    queue = InProcessRunQueue()
+    keeper = LeaseKeeper(store, lease_s=30, heartbeat_s=10)
+    pool = WorkerPool(store, queue, RedisThatSucceeds(), keeper, concurrency=1024)  # type: ignore[arg-type]
+    engine = Engine(
+        store, queue, keeper, EngineConfig(engine_id="e1", shards=tuple(range(16)), poll_interval_s=0.05)
+    )
+    return BurstNode(queue, keeper, pool, engine)
+
+
+def completions() -> float:
+    """Outcomes recorded by completers so far (a process-wide counter)."""
+    return sum(s.value for m in metrics.COMPLETIONS.collect() for s in m.samples if s.name.endswith("_total"))
