@@ -298,6 +298,17 @@ async def canary() -> AsyncIterator[tuple[int, list[int]]]:
     await server.wait_closed()
 
 
+async def _deliver_once(policy: ssrf.AddressPolicy, url: str) -> CallResult:
+    """One webhook call to ``url`` by a dispatcher of its own under ``policy`` (a new session:
+    nothing pooled from an earlier call)."""
+    d = Dispatcher(policy=policy, nats_url=None, redis_url=None)
+    await d.start()
+    try:
+        return await d.deliver(delivery(WebhookTarget(url=url)))
+    finally:
+        await d.close()
+
+
 @pytest.mark.parametrize(
     ("policy", "host"),
     [
@@ -313,12 +324,7 @@ async def test_ssrf_refused_at_call_time(
     canary: tuple[int, list[int]], policy: ssrf.AddressPolicy, host: str
 ) -> None:
     port, connections = canary
-    d = Dispatcher(policy=policy, nats_url=None, redis_url=None)
-    await d.start()
-    try:
-        result = await d.deliver(delivery(WebhookTarget(url=f"http://{host}:{port}/hook")))
-    finally:
-        await d.close()
+    result = await _deliver_once(policy, f"http://{host}:{port}/hook")
     assert (result.outcome, result.retryable, result.status_code) == (Outcome.FAILED, False, None)
     assert result.error is not None
     assert result.error.startswith("target_not_allowed:")
@@ -333,12 +339,7 @@ async def test_a_remembered_url_verdict_is_per_policy(canary: tuple[int, list[in
     url = f"http://127.0.0.1:{port}/hook"
     results = []
     for policy in (ALLOW_PRIVATE, DENY_PRIVATE, ALLOW_PRIVATE, DENY_PRIVATE):
-        d = Dispatcher(policy=policy, nats_url=None, redis_url=None)
-        await d.start()
-        try:
-            results.append(await d.deliver(delivery(WebhookTarget(url=url))))
-        finally:
-            await d.close()
+        results.append(await _deliver_once(policy, url))
         if policy is DENY_PRIVATE:
             assert results[-1].error is not None
             assert results[-1].error.startswith("target_not_allowed:")
@@ -368,12 +369,7 @@ async def test_a_name_is_checked_again_for_each_new_connection(
     url = f"http://rebind.duetime.invalid:{receiver.port}/ok"
     results = []
     for _ in range(2):
-        d = Dispatcher(policy=policy, nats_url=None, redis_url=None)
-        await d.start()
-        try:
-            results.append(await d.deliver(delivery(WebhookTarget(url=url))))
-        finally:
-            await d.close()
+        results.append(await _deliver_once(policy, url))
     assert results[0].outcome is Outcome.SUCCEEDED, results[0].error
     assert (results[1].outcome, results[1].retryable) == (Outcome.FAILED, False)
     assert results[1].error is not None
