@@ -147,6 +147,10 @@ class SelectionPart(RegistryPart):
         now = utcnow()
         wake: list[tuple[int, RowPlan]] = []
         async with pool.acquire() as conn, conn.transaction():
+            # The whole families in id order first (twice: see the statement), so this batch never
+            # holds a row while waiting for an earlier one, as the engine's fence never does.
+            await conn.execute(Q["lock_families_of_owner"], ids, owner)
+            await conn.execute(Q["lock_families_of_owner"], ids, owner)
             rows = await conn.fetch(Q["lock_jobs_of_owner"], ids, owner)
             # Each row's step by the same owner table and lifecycle the single call uses; a row
             # that changed since it was selected (now a no-op or refused) is left as it is.

@@ -36,6 +36,21 @@ WHERE job_id = ANY($1::uuid[]) AND owner = $2 AND parent_id IS NULL
 ORDER BY job_id
 FOR UPDATE;
 
+-- name: lock_families_of_owner
+-- A bulk batch's jobs and their occurrence rows under lock together, in job id order, before any
+-- of them is written. Locking the batch's jobs first and their occurrence rows later held a later
+-- job's row while waiting for an earlier job's occurrence row, which an engine's fence (locking in
+-- id order) could hold while it waited for that later job: a deadlock, answered 409. It runs twice,
+-- as lock_family does: occurrence rows that a backfill we waited for inserted are not in the first
+-- statement's snapshot; once the jobs are held nobody can insert more.
+SELECT count(*) FROM (
+    SELECT job_id FROM jobs
+    WHERE owner = $2
+      AND ((job_id = ANY($1::uuid[]) AND parent_id IS NULL) OR parent_id = ANY($1::uuid[]))
+    ORDER BY job_id
+    FOR UPDATE
+) family;
+
 -- name: bulk_write_state
 -- What pause ($4 revoke: true), resume (false) and cancel (true) write for each row, as
 -- write_job does for one: the new state, a cancel's next run and triggers cleared, the
