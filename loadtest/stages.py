@@ -570,6 +570,10 @@ class StageWindow:
             out["node_us_per_run_after_T"] = round(
                 sum(last.node_s[p] - mid.node_s[p] for p in self.node_pids) / n * 1e6, 1
             )
+            # The database's share of the drain (fence, completion, kept claims) apart from the
+            # claims before T, which a burst pays while nothing is due yet.
+            out["pg_us_per_run_before_T"] = round((mid.pg_s - first.pg_s) / n * 1e6, 1)
+            out["pg_us_per_run_after_T"] = round((last.pg_s - mid.pg_s) / n * 1e6, 1)
         if not self._spies:
             return out
         figures = stage_figures(samples, node_s, n)
@@ -673,7 +677,12 @@ def report_rows(cpu: dict[str, Any]) -> list[tuple[str, str]]:
     rows += [
         (
             "PostgreSQL CPU per run",
-            f"{cpu['pg_us_per_run']} µs in {cpu['pg_backends']} backends of the burst's database",
+            f"{cpu['pg_us_per_run']} µs in {cpu['pg_backends']} backends of the burst's database"
+            + (
+                f" ({cpu['pg_us_per_run_before_T']} before T, {cpu['pg_us_per_run_after_T']} after)"
+                if "pg_us_per_run_before_T" in cpu
+                else ""
+            ),
         ),
         (
             "  server background (shared)",
