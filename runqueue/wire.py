@@ -69,7 +69,13 @@ def from_us(us: int) -> datetime:
 
 
 def to_ms(value: datetime) -> int:
-    return to_us(value) // 1000
+    """The wheel's due millisecond for an instant: the first whole millisecond at or after it.
+
+    Rounded up, never down: the wheel fires an entry once the wall clock's millisecond reaches
+    its due one, so a due time of 12:00:00.839668 kept as 839 ms fired up to a millisecond
+    before it was due (``test_engine_on_memory`` caught it: a run handed over 7 µs early). Up, a
+    run starts at most a millisecond later than its exact instant, and never before it."""
+    return -(-to_us(value) // 1000)
 
 
 _pack = ENTRY.pack

@@ -64,7 +64,19 @@ def test_entries_sort_by_their_due_instant_and_the_wheel_reads_the_same_prefix()
 def test_time_conversions_are_exact_to_the_microsecond() -> None:
     for moment in (T, T + timedelta(microseconds=1), datetime(1970, 1, 1, tzinfo=UTC)):
         assert wire.from_us(wire.to_us(moment)) == moment
-    assert wire.to_ms(T) == wire.to_us(T) // 1000
+    assert wire.to_ms(T.replace(microsecond=0)) == wire.to_us(T.replace(microsecond=0)) // 1000
+
+
+def test_a_due_time_between_milliseconds_is_kept_as_the_next_one() -> None:
+    """The wheel fires an entry when the clock's millisecond reaches its due one: a due time
+    rounded down fired up to a millisecond early."""
+    for us in (1, 668, 999):
+        due = T.replace(microsecond=839_000 + us)
+        ms = wire.to_ms(due)
+        assert ms * 1000 >= wire.to_us(due), "never fired before it is due"
+        assert ms * 1000 - wire.to_us(due) < 1000, "and at most a millisecond after"
+    exact = T.replace(microsecond=839_000)
+    assert wire.to_ms(exact) * 1000 == wire.to_us(exact)
 
 
 def _run(parent: uuid.UUID | None = None, text: str | None = None) -> FencedRun:
