@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Gauge, Histogram
 
 _LATENESS_BUCKETS = (
@@ -91,3 +94,34 @@ LIVE_ENGINES = Gauge("duetime_live_engines", "Live engines in the membership, as
 MEMBERSHIP_FAILURES = Counter(
     "duetime_membership_failures_total", "Membership heartbeats that failed (home database unreachable)"
 )
+
+
+def observe_many(histogram: Histogram, amounts: Iterable[float]) -> None:
+    """``histogram.observe(a)`` for each of ``amounts``, with one increment per bucket and one of
+    the sum instead of one of each per amount.
+
+    A burst observes three histograms per run (fire lateness, start lateness, target latency),
+    a batch of 500 at a time with the same target latency for all of them: at ~0.6-1 µs per
+    ``observe`` (a Python scan of the bounds and a lock per increment) that was 4-5 % of a node's
+    CPU per run. The buckets are the client library's own (``_upper_bounds``, ``_buckets``,
+    ``_sum``, as ``Histogram.observe`` uses them); ``tests/pure/test_metrics_many.py`` checks the
+    result equals one ``observe`` per amount on the installed version, and a client without those
+    attributes gets the plain loop.
+    """
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None:
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    counts = [0] * len(bounds)
+    summed = 0.0
+    for amount in amounts:
+        summed += amount
+        # Histogram.observe's bucket: the first bound the amount is <= to (the last is +Inf).
+        counts[bisect_left(bounds, amount)] += 1
+    total.inc(summed)
+    for i, n in enumerate(counts):
+        if n:
+            buckets[i].inc(n)

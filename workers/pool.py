@@ -308,16 +308,16 @@ class WorkerPool:
             verdicts = [Verdict(Outcome.TIMED_OUT, True, None, error)] * len(runs)
         took = (finished_at - started_at).total_seconds()
         outcomes: dict[Outcome, int] = {}
-        lateness = metrics.START_LATENESS.observe
-        latency = metrics.TARGET_LATENCY.observe
         reports = []
         for run, v in zip(runs, verdicts, strict=True):
             outcomes[v.outcome] = outcomes.get(v.outcome, 0) + 1
-            lateness(max((started_at - run.due_at).total_seconds(), 0.0))
-            latency(took)
             reports.append(AttemptReport(run, v, started_at, finished_at))
         for outcome, n in outcomes.items():
             metrics.CALLS.labels(outcome.value).inc(n)
+        metrics.observe_many(
+            metrics.START_LATENESS, [max((started_at - run.due_at).total_seconds(), 0.0) for run in runs]
+        )
+        metrics.observe_many(metrics.TARGET_LATENCY, [took] * len(runs))
         return reports
 
     async def call(self, run: FencedRun) -> AttemptReport:
