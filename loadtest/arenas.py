@@ -158,6 +158,7 @@ def report(out: Any, *, sparse_pools: int = 8, tracebacks: int = 12) -> None:
             for o in examples[(size, name)][:2]:
                 refs = [_describe(r) for r in gc.get_referrers(o) if r is not objects][:3]
                 print(f"      {name}: {_short(o)[:70]} <- {refs}", file=out)
+    _abc_cache_owners(objects, out)
     unfound = sum(pools[p][0] for p in in_sparse) - sum(found.values())
     print(f"  objects found in them by type (blocks not objects: {unfound}):", file=out)
     for name, n in kinds.most_common(20):
@@ -185,3 +186,39 @@ def _describe(o: Any) -> str:
     if code is not None:
         return f"{name}:{code.co_filename.rsplit('/', 2)[-1]}:{code.co_name}"
     return name[:60]
+
+
+def _abc_cache_owners(objects: list[Any], out: Any) -> None:
+    """The ``_destroy`` callbacks are abc's: one per entry of an ABC's registry or isinstance
+    caches (``_abc._add_to_weak_set``). Which ABCs own a sample of the live ones (set <- _abc_data
+    <- the class's __dict__ <- the class), and which types are cached."""
+    owners: collections.Counter[str] = collections.Counter()
+    cached: collections.Counter[str] = collections.Counter()
+    n = 0
+    for o in objects:
+        if type(o).__name__ == "builtin_function_or_method" and getattr(o, "__name__", "") == "_destroy":
+            n += 1
+            if n % 25 != 1 or len(owners) > 60:
+                continue
+            wr = getattr(o, "__self__", None)
+            target = wr() if callable(wr) else None
+            owners[_abc_owner(target)] += 1
+        elif type(o).__name__ == "ReferenceType" and getattr(o.__callback__, "__name__", "") == "_destroy":
+            ref = o()
+            cached[getattr(ref, "__qualname__", type(ref).__qualname__)] += 1
+    print(f"  abc cache callbacks alive: {n}; owners of every 25th: {owners.most_common(15)}", file=out)
+    print(f"  types in abc caches: {cached.most_common(12)}", file=out)
+
+
+def _abc_owner(target: Any) -> str:
+    if target is None:
+        return "dead set"
+    for data in gc.get_referrers(target):
+        if type(data).__name__ == "_abc_data":
+            for d in gc.get_referrers(data):
+                if isinstance(d, dict):
+                    for cls in gc.get_referrers(d):
+                        if isinstance(cls, type):
+                            return f"{cls.__module__}.{cls.__qualname__}"
+            return "_abc_data of ?"
+    return f"set(len={len(target)}) of ?"
