@@ -32,6 +32,7 @@ from duetime.engine.due_age import DueAgeSampler
 from duetime.engine.membership import MembershipKeeper
 from duetime.engine.retention import RetentionConfig, RetentionService
 from duetime.engine.service import Engine, EngineConfig
+from duetime.memory import DrainWatch
 from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.runqueue.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
@@ -124,6 +125,7 @@ class Node:
     _membership: MembershipKeeper | None = None
     _retention: RetentionService | None = None
     _events: EventSender | None = None
+    _drain_watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         tune_gc()
@@ -173,6 +175,8 @@ class Node:
                 interval_s=max(s.janitor_interval_s, 1.0),
             )
             self._due_age.start()
+        if self._engine is not None or self._keeper is not None:
+            self._drain_watch = asyncio.create_task(self._watch_drains(), name="duetime-drain-watch")
         app = (
             create_app(
                 self.store,
@@ -307,6 +311,26 @@ class Node:
         await self._engine.start(dealt)
         await self._membership.start(self._engine)
 
+    def held_runs(self) -> int:
+        """Runs this process holds now: claimed (in the wheel or fired, not fenced) and fenced
+        but not recorded (the lease keepers track those from the fence to the recording)."""
+        held = self._engine.held_runs if self._engine is not None else 0
+        for keeper in (self._keeper, self._published):
+            if keeper is not None:
+                held += len(keeper)
+        return held
+
+    async def _watch_drains(self) -> None:
+        """Once a burst has drained, give the C allocator's free memory back (duetime.memory)."""
+        watch = DrainWatch()
+        interval = max(self.settings.janitor_interval_s, 1.0)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                watch.observe(self.held_runs())
+            except Exception:  # never worth a node: the next round looks again
+                log.exception("drain watch failed")
+
     def _not_ready(self) -> str | None:
         if self._publisher is not None and not self._publisher.connected:
             return "not connected to NATS"
@@ -319,6 +343,10 @@ class Node:
 
     async def stop(self) -> None:
         s = self.settings
+        if self._drain_watch is not None:
+            self._drain_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drain_watch
         if self._runner is not None:
             await self._runner.cleanup()
         if self._due_age is not None:

@@ -110,6 +110,11 @@ class Engine:
         self._progress_seen = 0
         self._progress_at = time.monotonic()
 
+    @property
+    def held_runs(self) -> int:
+        """Claims this engine holds: waiting in the wheel, or fired and not yet fenced."""
+        return len(self.wheel) + self._fired_count
+
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, serving: frozenset[int] | None = None) -> None:

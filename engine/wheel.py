@@ -90,6 +90,7 @@ _SHIFT_OVF = _SHIFT3 + _LN_BITS  # 28
 _HIGHER_SHIFTS = (_SHIFT1, _SHIFT2, _SHIFT3)
 
 _COMPACT_MIN_TOMBSTONES = 4096
+_SHRINK_MIN = 8192  # a live set that never held more keeps its table (at most 256 KiB)
 _UNLIMITED = 1 << 62
 
 
@@ -118,6 +119,7 @@ class TimerWheel:
         "_firing",
         "_firing_pos",
         "_live",
+        "_live_peak",
         "_n",
         "_ovf",
         "_ovf_keys",
@@ -156,6 +158,11 @@ class TimerWheel:
         self._pending: list[list[bytes]] = []
         self._pending_pos = 0
         self._live: set[bytes] = set()
+        # The most entries _live held since it was last made: a set's table never shrinks as its
+        # entries go (Python shrinks it only on some bulk removals, and keeps 4 MB for an empty set
+        # after a 500,000-entry burst), so it is replaced by a fresh copy once it holds an eighth of
+        # that (see _shrink_live).
+        self._live_peak = 0
         self._tombs: dict[bytes, int] = {}
         self._tomb_total = 0
 
@@ -217,6 +224,7 @@ class TimerWheel:
         if len(entry) < 8:
             raise ValueError(f"an entry needs an 8-byte due prefix, got {len(entry)} bytes")
         live.add(entry)
+        self._live_peak = max(self._live_peak, len(live))
         q = -(-_unpack_due(entry)[0] // self._tick)
         if self._pending and q >= self._n:
             self._pending[-1].append(entry)
@@ -256,6 +264,7 @@ class TimerWheel:
                 slot.append(entry)
             else:
                 place(entry, q)
+        self._live_peak = max(self._live_peak, len(live))
 
     def discard(self, entry: bytes) -> bool:
         """Cancel a waiting entry; False if it is not waiting (never inserted, fired or drained)."""
@@ -268,6 +277,7 @@ class TimerWheel:
         self._tomb_total += 1
         if self._tomb_total > _COMPACT_MIN_TOMBSTONES and self._tomb_total > len(live):
             self._compact()
+        self._shrink_live()
         return True
 
     def expire(self, now_ms: int, limit: int | None = None) -> list[bytes]:
@@ -331,6 +341,7 @@ class TimerWheel:
         self._ovf_keys = []
         self._ready = []
         self._live = set()
+        self._live_peak = 0
         self._tombs = {}
         self._tomb_total = 0
         return physical
@@ -536,7 +547,20 @@ class TimerWheel:
             self._firing_pos = 0
         else:
             self._firing_pos = k
+        self._shrink_live()
         return room - (k - pos)
+
+    def _shrink_live(self) -> None:
+        """Replace the live set by a fresh copy once it holds at most an eighth of its peak.
+
+        A set keeps the table its largest size needed: after a million-run burst the wheel's
+        empty set kept 4 MB per node of a table that had grown to 16 MB (32 B per entry), live
+        for as long as the process. The copies cost at most an eighth of the entries retired
+        since the last one."""
+        live = self._live
+        if self._live_peak >= _SHRINK_MIN and len(live) * 8 <= self._live_peak:
+            self._live = set(live)
+            self._live_peak = len(live)
 
     def _without_tombstones(self, entries: list[bytes]) -> list[bytes]:
         """Drop the cancelled copies and retire the rest from the live set.

@@ -52,6 +52,7 @@ import ctypes
 import dataclasses
 import gc
 import json
+import math
 import multiprocessing as mp
 import os
 import resource
@@ -239,6 +240,27 @@ class MemorySample:
     held: int  # the lease keeper's held runs (fenced, not recorded)
 
 
+_SAMPLE_WIDTH = 5  # time, wheel, claims, completions, RSS
+_MEMORY_FIELDS = [f.name for f in dataclasses.fields(MemorySample)]
+_MEMORY_WIDTH = len(_MEMORY_FIELDS)
+
+
+def _memory_row(m: MemorySample) -> tuple[float, ...]:
+    """A memory sample as doubles (exact: byte counts stay far below 2**53), None as NaN."""
+    return tuple(math.nan if v is None else float(v) for v in (getattr(m, f) for f in _MEMORY_FIELDS))
+
+
+def _memory_samples(rows: array.array[float]) -> list[MemorySample]:
+    out = []
+    for row in zip(*[iter(rows)] * _MEMORY_WIDTH, strict=True):
+        values = {
+            f: None if math.isnan(v) else v if f == "t" else int(v)
+            for f, v in zip(_MEMORY_FIELDS, row, strict=True)
+        }
+        out.append(MemorySample(**values))  # type: ignore[arg-type]
+    return out
+
+
 def _rss_bytes() -> float:
     with open("/proc/self/statm") as f:
         return float(f.read().split()[1]) * _PAGE
@@ -377,6 +399,10 @@ def _dump_tasks(node: Any) -> None:
                 print(f"  {line}", file=out)
     if os.environ.get("DUETIME_BENCH_REFERRERS") == "1":
         _who_holds_runs(out)
+    if os.environ.get("DUETIME_BENCH_ARENAS") == "1":  # which live blocks keep pymalloc's arenas
+        from loadtest import arenas
+
+        arenas.report(out, sparse_pools=31)
     OUT_DIR.mkdir(exist_ok=True)
     (OUT_DIR / f"tasks-{os.getpid()}.txt").write_text(out.getvalue())
 
@@ -437,6 +463,8 @@ def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any)
             gc_s[info["generation"]] += time.perf_counter() - gc_start[0]
 
     async def main() -> None:
+        if os.environ.get("DUETIME_BENCH_ARENAS") == "1":
+            from loadtest import arenas  # noqa: F401 - imported while idle, not into the burst's arenas
         if os.environ.get("DUETIME_BENCH_TRACEMALLOC") == "1":
             import tracemalloc
 
@@ -448,8 +476,12 @@ def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any)
         late = array.array("q")
         engine.lateness_probe = late.extend
 
-        samples: list[tuple[float, int, float, float, float]] = []
-        memory: list[MemorySample] = []
+        # Samples go into flat arrays of doubles, not lists of tuples and dataclasses: a Python
+        # object per sample, allocated every 100 ms all through the burst and kept to the end,
+        # lands in the holes the fired runs leave in pymalloc's pools and keeps their arenas from
+        # being returned, i.e. the measurement itself held memory it then reported as the node's.
+        samples = array.array("d")  # _SAMPLE_WIDTH doubles a sample
+        memory = array.array("d")  # _MEMORY_WIDTH doubles a sample, None as NaN
         libc = _libc()
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks, node)
         gc.callbacks.append(on_gc)
@@ -457,9 +489,9 @@ def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any)
         tick = 0
         while not stop.is_set():
             completions = total(metrics.COMPLETIONS)
-            samples.append((time.time(), len(engine.wheel), total(metrics.CLAIMS), completions, _rss_bytes()))
+            samples.extend((time.time(), len(engine.wheel), total(metrics.CLAIMS), completions, _rss_bytes()))
             if tick % 10 == 0:
-                memory.append(memory_sample(node, libc, pymalloc=tick % 50 == 0))
+                memory.extend(_memory_row(memory_sample(node, libc, pymalloc=tick % 50 == 0)))
             tick += 1
             done.value = int(completions)
             await asyncio.sleep(0.1)
@@ -480,13 +512,16 @@ def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any)
             NodeSamples(
                 pid=os.getpid(),
                 shards=sorted(settings.shards),
-                samples=samples,
+                samples=[
+                    (t, int(wheel), claims, done, rss)
+                    for t, wheel, claims, done, rss in zip(*[iter(samples)] * _SAMPLE_WIDTH, strict=True)
+                ],
                 fire_lateness_ms=late.tolist(),
                 peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
                 fence_statements=statements,
                 fence_time_s=spent,
                 gc_s=[round(x, 2) for x in gc_s],
-                memory=memory,
+                memory=_memory_samples(memory),
                 garbage_by_type=kinds.most_common(20),
                 after_collect=after_collect,
             )

@@ -12,6 +12,9 @@ import pytest
 from duetime.storage.bulk import HistoryLeft, OldHistory
 from loadtest.burst import (
     BurstArgs,
+    MemorySample,
+    _memory_row,
+    _memory_samples,
     account_starts,
     default_lead,
     job_id_of_key,
@@ -153,3 +156,20 @@ def test_year_of_jobs_labels_are_the_spec_s() -> None:
     for row, labels in year_of_jobs(300, datetime.now(UTC), random.Random(5)):
         spec_labels = json.loads(row[3])["labels"]
         assert sorted(labels) == sorted((row[2], k, v, row[0]) for k, v in spec_labels.items())
+
+
+def test_memory_samples_round_trip_through_the_flat_array() -> None:
+    """A node keeps its memory samples as doubles (no Python object per sample to pin pymalloc's
+    arenas during the burst) and rebuilds them at the end: every field comes back, None too."""
+    import array
+
+    kept = [
+        MemorySample(
+            T, 64 << 20, None, 41 << 20, 22 << 20, 17 << 20, 1 << 20, None, None, None, 1, 2, 3, 4, 5, 6
+        ),
+        MemorySample(T + 1.5, 3 << 30, 5, 6, 7, 8, 9, 10, 131 << 20, 30 << 20, 500_000, 0, 0, 0, 0, 0),
+    ]
+    rows = array.array("d")
+    for m in kept:
+        rows.extend(_memory_row(m))
+    assert _memory_samples(rows) == kept

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import struct
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -878,3 +879,24 @@ def test_an_entry_inserted_after_the_clock_stepped_back_fires_past_a_staged_slot
     wheel.insert(late)
     assert wheel.expire(start + 951) == [late]
     assert len(wheel) == 0
+
+
+def test_a_fired_burst_leaves_no_burst_sized_live_set() -> None:
+    """The live set is made afresh as a burst fires: a set keeps the table of its largest size,
+    and the empty one a 500,000-entry burst left behind held 4 MB per node for good (issue 16)."""
+    w = TimerWheel(T0)
+    burst = [entry(T0 + SECOND) for _ in range(200_000)]
+    for i in range(0, len(burst), 500):  # claim batches
+        w.insert_many(burst[i : i + 500])
+    grown = sys.getsizeof(w._live)
+    fired: list[bytes] = []
+    while len(fired) < len(burst) * 15 // 16:
+        fired += w.expire(T0 + SECOND, limit=5000)
+    rest = burst[len(fired) :]
+    assert w.discard(rest[0])  # what still waits is still known to the rebuilt set
+    assert not w.discard(fired[0])
+    while len(w):
+        fired += w.expire(T0 + SECOND, limit=5000)
+    assert fired == [e for e in burst if e != rest[0]]
+    assert grown > 4 * 2**20
+    assert sys.getsizeof(w._live) < 64 * 2**10, "an empty wheel kept its burst's set table"
