@@ -300,6 +300,10 @@ async def call(
         return Verdict(Outcome.FAILED, True, None, "connection closed before an answer")
     except http1.InvalidAnswer:
         return Verdict(Outcome.FAILED, True, None, INVALID_ANSWER)
+    except ValueError:
+        # Something on the way refused the URL's parts (e.g. a host name TLS cannot encode):
+        # final, with the text aiohttp's refusals had.
+        return Verdict(Outcome.FAILED, False, None, "request refused by the HTTP client (invalid header)")
     verdict = classify_status(answer.status)
     wait = retry_after_s(answer.status, answer.retry_after, datetime.now(UTC))
     if wait is not None:
