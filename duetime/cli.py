@@ -71,9 +71,11 @@ SERVER_INSTALL = "pip install 'duetime[server]'"
 # What the server commands import, as import names: the `server` extra of pyproject.toml (a test
 # keeps the two equal). Looked up with find_spec, so a check costs no import.
 SERVER_MODULES = (
+    "aiohappyeyeballs",
     "aiohttp",
     "asyncpg",
     "hiredis",
+    "httptools",
     "msgpack",
     "nats",
     "prometheus_client",

@@ -166,6 +166,7 @@ RULES: tuple[Rule, ...] = (
     _r("deliver", "workers/dispatch.py"),
     _r("deliver", "workers/queues.py"),
     _r("deliver", "workers/webhook.py"),
+    _r("deliver", "workers/http1.py"),
     _r("deliver", "workers/limits.py"),
     _r("deliver", "workers/tracing.py"),
 )

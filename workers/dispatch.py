@@ -16,13 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import aiohttp
-
 from duetime.core import signing, ssrf
 from duetime.core.model import Broker, Outcome, QueueTarget, Target, WebhookTarget
 from duetime.core.runpath import CallResult, Delivery, Verdict
 from duetime.core.topics import TopicPolicy
-from duetime.workers import webhook
+from duetime.workers import http1, webhook
 from duetime.workers.limits import HostLimiter
 from duetime.workers.queues import QueuePublisher
 
@@ -47,7 +45,8 @@ def _utcnow() -> datetime:
 
 
 class Dispatcher:
-    """Calls targets for one worker process: one HTTP session, one connection per broker."""
+    """Calls targets for one worker process: one HTTP client (keep-alive pool), one connection per
+    broker."""
 
     def __init__(
         self,
@@ -74,28 +73,28 @@ class Dispatcher:
         )
         self._clock = clock
         self._ssl_context = ssl_context
-        self._session: aiohttp.ClientSession | None = None
+        self._http: http1.Http1Pool | None = None
 
     @property
     def limiter(self) -> HostLimiter:
         return self._limiter
 
     async def start(self) -> None:
-        if self._session is None:
-            self._session = webhook.new_session(
+        if self._http is None:
+            self._http = webhook.new_client(
                 self._policy, total_concurrency=self._total_concurrency, ssl_context=self._ssl_context
             )
 
     async def close(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        http, self._http = self._http, None
+        if http is not None:
+            await http.close()
         await self._queues.close()
 
     async def deliver(self, d: Delivery) -> CallResult:
         """One attempt. Cancellation (worker shutdown) propagates; every other failure is a result."""
-        session = self._session
-        if session is None:
+        http = self._http
+        if http is None:
             raise RuntimeError("Dispatcher.deliver() before start()")
         target = d.target
         try:
@@ -111,7 +110,7 @@ class Dispatcher:
             async with self._limiter.slot(key), self._total:
                 started_at = self._clock()
                 body = signing.encode_body(d.payload)
-                verdict = await self._call(session, d, target, body, started_at)
+                verdict = await self._call(http, d, target, body, started_at)
         except Exception as exc:
             # Our own bug, not the target's: record it as a retryable failure and keep going.
             log.exception("delivery of job %s failed inside the dispatcher", d.job_id)
@@ -133,10 +132,10 @@ class Dispatcher:
         return BatchResult(started_at, max(self._clock(), started_at), verdicts)
 
     async def _call(
-        self, session: aiohttp.ClientSession, d: Delivery, target: Target, body: bytes, now: datetime
+        self, http: http1.Http1Pool, d: Delivery, target: Target, body: bytes, now: datetime
     ) -> Verdict:
         if isinstance(target, WebhookTarget):
-            return await webhook.call(session, policy=self._policy, d=d, target=target, body=body, now=now)
+            return await webhook.call(http, policy=self._policy, d=d, target=target, body=body, now=now)
         return await self._queues.publish(d, target, body)
 
     @staticmethod

@@ -3,11 +3,11 @@
 Two things here are about safety rather than HTTP:
 
 * SSRF is checked again at call time, and the connection goes to the address that was checked.
-  ``CheckedResolver`` is the only resolver the session has, so aiohttp never looks a name up on
-  its own: a name that resolved to a public address at check time cannot be re-pointed (DNS
-  rebinding) at a private one for the connect. The URL keeps its host name, so the Host header,
-  TLS SNI and certificate verification all still use the name.
-* The session is shared by every owner's targets, so it keeps no cookies, reads no proxy settings
+  ``CheckedResolver`` is the only resolver the client (``workers/http1.py``) has, and every new
+  connection asks it, for a name or an address alike: a name that resolved to a public address at
+  check time cannot be re-pointed (DNS rebinding) at a private one for the connect. The URL keeps
+  its host name, so the Host header, TLS SNI and certificate verification all still use the name.
+* The client is shared by every owner's targets, so it keeps no cookies, reads no proxy settings
   from the environment and never follows a redirect (a 3xx could point anywhere).
 
 Nothing in this module retries: a failure is classified (retryable or not) and handed back to the
@@ -24,9 +24,6 @@ import socket
 import ssl
 from datetime import UTC, datetime
 
-import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.helpers import is_ip_address
 from yarl import URL
 
 from duetime.core import signing, ssrf
@@ -35,10 +32,15 @@ from duetime.core.headers import is_reserved_header
 from duetime.core.model import Outcome, WebhookTarget
 from duetime.core.retry import retry_after_s
 from duetime.core.runpath import Delivery, Verdict
+from duetime.workers import http1
+from duetime.workers.http1 import ResolveResult
 from duetime.workers.tracing import TRACEPARENT
 
-MAX_RESPONSE_READ = 64 * 1024
+MAX_RESPONSE_READ = http1.MAX_BODY_READ
 USER_AGENT = "Duetime-Webhook/1"
+# What an answer that is not HTTP was called when aiohttp parsed answers (its exception's name);
+# kept word for word so that run histories and alerts read the same across the change of client.
+INVALID_ANSWER = "invalid answer (ClientResponseError)"
 
 
 # RFC 9110 field-name token, and a value with no control characters but tab.
@@ -121,9 +123,10 @@ class JudgedUrl:
     """What a webhook URL's text decides under one policy, before any DNS: its parse, its host,
     and either a final refusal or leave to call.
 
-    ``resolve_literal`` marks a host that aiohttp takes for an address literal (so its resolver
-    will not be asked) but that the guard's parser does not read as one: such a host goes
-    through ``ssrf.resolve_checked`` at every call, as before, instead of being remembered.
+    ``resolve_literal`` marks a host that looks like an address literal (``_looks_like_address``)
+    but that the guard's parser does not read as one: such a host goes through
+    ``ssrf.resolve_checked`` at every call, as before, instead of being remembered. (The client
+    resolves every new connection's host through the checked resolver as well.)
     """
 
     url: URL | None
@@ -148,9 +151,9 @@ def judge_url(raw: str, policy: ssrf.AddressPolicy) -> JudgedUrl:
         url = URL(raw)
         host = url.host or ""
         ssrf.check_url(raw, policy)
-        # aiohttp skips the resolver for whatever it takes for an address literal (its own test,
-        # used here so the two cannot disagree), so such a host is checked here instead.
-        if is_ip_address(host) and ssrf.judge_literal(host, policy) is None:
+        # aiohttp skipped the resolver for whatever it took for an address literal, so such a
+        # host was checked here; kept with the same test, so the verdicts stay what they were.
+        if _looks_like_address(host) and ssrf.judge_literal(host, policy) is None:
             return JudgedUrl(url, host, None, resolve_literal=True)
     except TargetNotAllowed as exc:
         refused = Verdict(Outcome.FAILED, False, None, f"target_not_allowed: {exc.message}")
@@ -160,13 +163,31 @@ def judge_url(raw: str, policy: ssrf.AddressPolicy) -> JudgedUrl:
     return JudgedUrl(url, host, None)
 
 
-@functools.lru_cache(maxsize=64)
-def _timeout(total_s: float) -> aiohttp.ClientTimeout:
-    """One (immutable) timeout object per distinct ``timeout_s``, not one per call."""
-    return aiohttp.ClientTimeout(total=total_s)
+def _looks_like_address(host: str) -> bool:
+    """aiohttp's test for an address literal (``helpers.is_ip_address``): all digits and dots,
+    or any colon."""
+    return bool(host) and (":" in host or host.replace(".", "").isdigit())
 
 
-class CheckedResolver(AbstractResolver):
+@functools.lru_cache(maxsize=URL_CACHE_SIZE)
+def endpoint_of(url: URL) -> http1.Endpoint:
+    """Where a (judged) URL's requests go and how they are written, as aiohttp wrote them: the
+    IDNA-encoded host (a run of trailing dots folded to one) for DNS and TLS, the ``Host`` header
+    with the port when it is not the scheme's default, and the path and query as yarl encodes
+    them (a fragment is never sent)."""
+    host = url.raw_host or ""
+    if host.endswith(".."):
+        host = host.rstrip(".") + "."
+    return http1.Endpoint(
+        tls=url.scheme == "https",
+        host=host,
+        port=url.port or 0,
+        authority=url.host_port_subcomponent or host,
+        target=url.raw_path_qs,
+    )
+
+
+class CheckedResolver:
     """Resolves through ``core.ssrf.resolve_checked`` and returns only addresses it allowed."""
 
     def __init__(self, policy: ssrf.AddressPolicy) -> None:
@@ -196,58 +217,36 @@ class CheckedResolver(AbstractResolver):
             raise ssrf.ResolutionFailed(f"{host} has no allowed address of the wanted family")
         return results
 
-    async def close(self) -> None:
-        return None
 
-
-def new_session(
+def new_client(
     policy: ssrf.AddressPolicy, *, total_concurrency: int, ssl_context: ssl.SSLContext | None = None
-) -> aiohttp.ClientSession:
-    """The one keep-alive session a worker shares between all webhook calls.
+) -> http1.Http1Pool:
+    """The one keep-alive client a worker shares between all webhook calls: at most
+    ``total_concurrency`` connections open, each new one resolved and checked again.
 
     ``ssl_context`` replaces the system trust store (e.g. an operator's internal CA); certificate
     and host name verification stay on either way.
     """
-    connector = aiohttp.TCPConnector(
-        ssl=ssl_context if ssl_context is not None else True,
-        resolver=CheckedResolver(policy),
-        # Every new connection resolves (and so is checked) again; pooled ones stay on the
-        # address they were checked for.
-        use_dns_cache=False,
-        family=socket.AF_UNSPEC,
-        limit=total_concurrency,
-        limit_per_host=0,
-    )
-    return aiohttp.ClientSession(
-        connector=connector,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        trust_env=False,
-        headers={"User-Agent": USER_AGENT},
-        auto_decompress=False,
-    )
+    return http1.Http1Pool(CheckedResolver(policy), limit=total_concurrency, ssl_context=ssl_context)
 
 
-async def _drain(response: aiohttp.ClientResponse) -> None:
-    """Read (and drop) a bounded amount of the answer so a small one leaves the connection reusable."""
-    remaining = MAX_RESPONSE_READ
-    try:
-        while remaining > 0:
-            chunk = await response.content.read(remaining)
-            if not chunk:
-                return
-            remaining -= len(chunk)
-    except (aiohttp.ClientError, TimeoutError):
-        # The status already decided the outcome; an unread tail only costs this connection.
-        pass
-    response.close()
+def _default_head(headers: dict[str, str]) -> str:
+    """The client's own headers, unless the job sets one of the same name (a job's
+    ``User-Agent`` or ``Accept`` replaced the session's default under aiohttp too)."""
+    if not headers:
+        return _DEFAULT_HEAD
+    names = {name.lower() for name in headers}
+    if "user-agent" not in names and "accept" not in names:
+        return _DEFAULT_HEAD
+    head = "" if "user-agent" in names else f"User-Agent: {USER_AGENT}\r\n"
+    return head if "accept" in names else head + "Accept: */*\r\n"
 
 
-def _is_resolution_failure(exc: BaseException) -> bool:
-    return isinstance(exc, ssrf.ResolutionFailed) or isinstance(exc.__cause__, ssrf.ResolutionFailed)
+_DEFAULT_HEAD = f"User-Agent: {USER_AGENT}\r\nAccept: */*\r\n"
 
 
 async def call(
-    session: aiohttp.ClientSession,
+    client: http1.Http1Pool,
     *,
     policy: ssrf.AddressPolicy,
     d: Delivery,
@@ -277,49 +276,37 @@ async def call(
     headers = request_headers(target, contract_headers(d, body, now))
     if d.traceparent is not None:
         headers[TRACEPARENT] = d.traceparent
-    timeout = _timeout(target.timeout_s)
+    endpoint = endpoint_of(url)
+    request = http1.encode_request(
+        target.method.value, endpoint, _default_head(target.headers), headers, body
+    )
     try:
-        async with session.request(
-            target.method.value,
-            url,
-            data=body,
-            headers=headers,
-            allow_redirects=False,
-            timeout=timeout,
-        ) as response:
-            verdict = classify_status(response.status)
-            wait = retry_after_s(response.status, response.headers.get("Retry-After"), datetime.now(UTC))
-            if wait is not None:
-                # Read here, applied by the retry layer (core/retry.py): nothing retries in this module.
-                verdict = dataclasses.replace(verdict, retry_after_s=wait)
-            await _drain(response)
-            return verdict
+        answer = await client.request(endpoint, request, target.timeout_s)
     except TargetNotAllowed as exc:
         return Verdict(Outcome.FAILED, False, None, f"target_not_allowed: {exc.message}")
     except TimeoutError:
         return Verdict(Outcome.TIMED_OUT, True, None, f"no answer within {target.timeout_s}s")
-    except aiohttp.ClientConnectorDNSError:
+    except ssrf.ResolutionFailed:
         return Verdict(Outcome.FAILED, True, None, f"name resolution failed for {host}")
-    except aiohttp.ClientConnectorCertificateError:
+    except http1.CertificateRejected:
         return Verdict(Outcome.FAILED, True, None, f"TLS certificate of {host} not accepted")
-    except aiohttp.ClientConnectorError as exc:
-        if _is_resolution_failure(exc):
-            return Verdict(Outcome.FAILED, True, None, f"name resolution failed for {host}")
+    except http1.ConnectFailed as exc:
         if isinstance(exc.os_error, ConnectionRefusedError):
             reason = "connection refused"
         else:
             reason = exc.os_error.strerror or type(exc.os_error).__name__
         return Verdict(Outcome.FAILED, True, None, f"cannot connect to {host}:{url.port}: {reason}")
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionError):
+    except http1.ClosedBeforeAnswer:
         return Verdict(Outcome.FAILED, True, None, "connection closed before an answer")
-    except aiohttp.InvalidURL:
-        return Verdict(Outcome.FAILED, False, None, "invalid webhook URL")
+    except http1.InvalidAnswer:
+        return Verdict(Outcome.FAILED, True, None, INVALID_ANSWER)
     except ValueError:
-        # aiohttp refuses to build the request (a header or URL it will not send): final.
+        # Something on the way refused the URL's parts (e.g. a host name TLS cannot encode):
+        # final, with the text aiohttp's refusals had.
         return Verdict(Outcome.FAILED, False, None, "request refused by the HTTP client (invalid header)")
-    except aiohttp.ClientError as exc:
-        if _is_resolution_failure(exc):
-            return Verdict(Outcome.FAILED, True, None, f"name resolution failed for {host}")
-        return Verdict(Outcome.FAILED, True, None, f"invalid answer ({type(exc).__name__})")
-    except ssrf.ResolutionFailed:
-        return Verdict(Outcome.FAILED, True, None, f"name resolution failed for {host}")
+    verdict = classify_status(answer.status)
+    wait = retry_after_s(answer.status, answer.retry_after, datetime.now(UTC))
+    if wait is not None:
+        # Read here, applied by the retry layer (core/retry.py): nothing retries in this module.
+        verdict = dataclasses.replace(verdict, retry_after_s=wait)
+    return verdict
