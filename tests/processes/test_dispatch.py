@@ -12,7 +12,6 @@ import os
 import secrets
 import socket
 import ssl
-import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from duetime.core.model import Broker, Outcome, QueueTarget, WebhookMethod, Webh
 from duetime.core.signing import encode_body, new_signing_secret, verify_signature
 from duetime.workers.dispatch import CallResult, Dispatcher
 from duetime.workers.webhook import CheckedResolver
+from tests.support.tls import TLS_NAME
 
 REDIS_URL = os.environ.get("DUETIME_TEST_REDIS", "redis://127.0.0.1:6379/0")
 NATS_URL = os.environ.get("DUETIME_TEST_NATS", "nats://127.0.0.1:4222")
@@ -399,23 +399,6 @@ async def test_connection_goes_to_the_checked_address(
     [seen] = receiver.seen
     # The URL's name is kept for the Host header (and would be for TLS SNI).
     assert seen.headers["host"] == [f"rebound.duetime.invalid:{receiver.port}"]
-
-
-TLS_NAME = "tls.duetime.invalid"
-
-
-@pytest.fixture(scope="module")
-def tls_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate (and key) that names only TLS_NAME."""
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    command = [
-        *("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"),
-        *("-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", f"/CN={TLS_NAME}"),
-        *("-addext", f"subjectAltName=DNS:{TLS_NAME}"),
-    ]
-    subprocess.run(command, check=True, capture_output=True)
-    return cert, key
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import dataclasses
 import socket
 import ssl
 import struct
-import subprocess
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from duetime.core.model import Outcome, WebhookTarget
 from duetime.core.signing import new_signing_secret
 from duetime.workers import http1
 from duetime.workers.dispatch import Dispatcher
+from tests.support.tls import TLS_NAME
 
 OPEN = ssrf.AddressPolicy(allow_private=True)
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -387,22 +387,6 @@ async def test_two_names_on_one_address_get_two_connections(serve: Any, pool: ht
 
 
 # --- TLS ----------------------------------------------------------------------------------------
-
-TLS_NAME = "tls.duetime.invalid"
-
-
-@pytest.fixture(scope="module")
-def tls_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate (and key) that names only TLS_NAME: the test's own CA."""
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    command = [
-        *("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"),
-        *("-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", f"/CN={TLS_NAME}"),
-        *("-addext", f"subjectAltName=DNS:{TLS_NAME}"),
-    ]
-    subprocess.run(command, check=True, capture_output=True)
-    return cert, key
 
 
 async def test_tls_keeps_alive_and_verifies_the_name(tls_cert: tuple[Path, Path]) -> None:
