@@ -156,7 +156,7 @@ def report(out: Any, *, sparse_pools: int = 8, tracebacks: int = 12) -> None:
         print(f"  in {size}-byte pools: {by_size[size].most_common(8)}", file=out)
         for name, _ in by_size[size].most_common(4):
             for o in examples[(size, name)][:2]:
-                refs = [_describe(r) for r in gc.get_referrers(o) if r is not objects][:3]
+                refs = [describe(r) for r in gc.get_referrers(o) if r is not objects][:3]
                 print(f"      {name}: {_short(o)[:70]} <- {refs}", file=out)
     _abc_cache_owners(objects, out)
     unfound = sum(pools[p][0] for p in in_sparse) - sum(found.values())
@@ -178,7 +178,9 @@ def _short(o: Any) -> str:
     return text[:100]
 
 
-def _describe(o: Any) -> str:
+def describe(o: Any) -> str:
+    """An object in a referrer chain, short: a container with its length, a frame or coroutine
+    with its file and function, anything else by its type (also the burst's referrer dump)."""
     name = type(o).__qualname__
     if isinstance(o, (list, dict, set, tuple, collections.deque)):
         return f"{name}(len={len(o)})"

@@ -423,15 +423,7 @@ def _who_holds_runs(out: Any) -> None:
         print(f"  {n:>9} {name}", file=out)
     del objs
     ignore = {id(runs), id(reports)}
-
-    def describe(o: Any) -> str:
-        name = type(o).__qualname__
-        if isinstance(o, (list, dict, set, tuple, collections.deque)):
-            return f"{name}(len={len(o)})"
-        code = getattr(o, "f_code", None) or getattr(o, "cr_code", None)
-        if code is not None:
-            return f"{name}:{code.co_filename}:{code.co_name}"
-        return name
+    from loadtest.arenas import describe
 
     chains: collections.Counter[str] = collections.Counter()
     for sample in (runs[:: max(1, len(runs) // 20)] + reports[:: max(1, len(reports) // 20)])[:40]:
