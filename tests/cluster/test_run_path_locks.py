@@ -28,6 +28,7 @@ from duetime.core.runpath import Claim, Lease, PublishedRun
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from tests.cluster.harness import utcnow
+from tests.support.locks import rows_held, wait_until_blocked
 
 ENGINE = "lock-order-engine"
 TOKEN = 7
@@ -75,22 +76,9 @@ async def _locks_in_id_order(
         await blocker.execute("SELECT 1 FROM jobs WHERE job_id = $1 FOR UPDATE", lowest)
         task = asyncio.ensure_future(statement(sorted(ids, reverse=True)))
         # Until the statement waits for the blocker's lock (no wall-clock margin involved).
-        for _ in range(600):
-            waiting = await probe.fetchval(
-                "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
-                " AND pid <> pg_backend_pid() AND database IS NULL"
-            )
-            if waiting or task.done():
-                break
-            await asyncio.sleep(0.05)
+        await wait_until_blocked(probe, task)
         assert not task.done(), "the statement did not wait for the locked row"
-        held = []
-        for job_id in others:
-            try:
-                async with probe.transaction():
-                    await probe.execute("SELECT 1 FROM jobs WHERE job_id = $1 FOR UPDATE NOWAIT", job_id)
-            except asyncpg.exceptions.LockNotAvailableError:
-                held.append(job_id)
+        held = await rows_held(probe, others)
         await tx.rollback()
         await asyncio.wait_for(task, timeout=60)
         return held

@@ -26,6 +26,7 @@ from duetime.core.model import Broker, CronSchedule, JobSpec, Overlap, QueueTarg
 from duetime.storage.ports import BulkAction, BulkResult
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
+from tests.support.locks import rows_held, wait_until_blocked
 
 
 @pytest.fixture
@@ -77,25 +78,9 @@ async def _held_while_waiting(
     caller's blocker); the action is then let through."""
     probe = await asyncpg.connect(dsn)
     try:
-        for _ in range(600):
-            waiting = await probe.fetchval(
-                "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
-                " AND pid <> pg_backend_pid() AND database IS NULL"
-            )
-            if waiting or action.done():
-                break
-            await asyncio.sleep(0.05)
+        await wait_until_blocked(probe, action)
         assert not action.done(), "the bulk action did not wait for the locked occurrence row"
-        held = []
-        for job_id in family:
-            if job_id == blocked:
-                continue
-            try:
-                async with probe.transaction():
-                    await probe.execute("SELECT 1 FROM jobs WHERE job_id = $1 FOR UPDATE NOWAIT", job_id)
-            except asyncpg.exceptions.LockNotAvailableError:
-                held.append(job_id)
-        return held
+        return await rows_held(probe, (job_id for job_id in family if job_id != blocked))
     finally:
         await probe.close()
 
