@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from duetime.core import codec
 from duetime.core.model import JobSpec, Outcome, Target
+from duetime.core.spectext import spec_from_text
 
 
 class Leased(Protocol):
@@ -113,7 +114,7 @@ class RunSpec:
     def parsed(self) -> JobSpec:
         spec = self._parsed
         if spec is None:
-            spec = codec.spec_from_json(json.loads(self.text))
+            spec = spec_from_text(self.text)
             object.__setattr__(self, "_parsed", spec)  # a cache, not a change: same value each time
         return spec
 
@@ -128,7 +129,7 @@ class RunSpec:
         is unchanged since the fence (the common case), else ``text`` decoded."""
         if text == self.text:
             return self.parsed
-        return codec.spec_from_json(json.loads(text))
+        return spec_from_text(text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,7 @@ SERVER_MODULES = (
     "hiredis",
     "httptools",
     "msgpack",
+    "msgspec",
     "nats",
     "prometheus_client",
     "redis",

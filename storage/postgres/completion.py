@@ -4,7 +4,6 @@ transaction per database and one statement per kind of write."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -27,6 +26,7 @@ from duetime.core.lifecycle import (
 from duetime.core.model import JobSpec, JobState, Outcome, Phase, Run
 from duetime.core.retry import WINDOW_EXCEEDED
 from duetime.core.runpath import AttemptReport, FencedRun, RunSpec, Skip, Verdict
+from duetime.core.spectext import spec_from_text
 from duetime.core.states import PHASE_EVENTS, RunEvent, phase_allows
 from duetime.storage.ports import CompletionStats
 from duetime.storage.postgres.pools import StoreBase, translated, utcnow
@@ -306,7 +306,7 @@ def _locked_spec(row: asyncpg.Record, rep: AttemptReport | None) -> JobSpec:
     text: str = row["spec"]
     if rep is not None:
         return rep.spec.reuse(text)
-    return codec.spec_from_json(json.loads(text))
+    return spec_from_text(text)
 
 
 @dataclass(frozen=True, slots=True)
