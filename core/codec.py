@@ -7,6 +7,7 @@ This is the trusted direction (our own records in and out); untrusted input goes
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import UTC, date, datetime
 from typing import Any
@@ -41,6 +42,17 @@ def format_time(value: datetime) -> str:
     """RFC 3339 in UTC with a ``Z``; fractions only when the instant has them."""
     if value.tzinfo is not UTC:
         value = value.astimezone(UTC)
+    return _format_utc(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _format_utc(value: datetime) -> str:
+    """``format_time`` of a UTC instant, remembered: runs share their instants. A burst's runs
+    share ``scheduled_for`` (midnight), and a Redis batch's 500 runs their ``started_at`` and
+    ``finished_at``; each run spells three to five of them (history row, stream fields,
+    idempotency key) at 1.4 µs a spelling, against 0.1 µs for a hit. Only UTC values are keys:
+    two aware times in one other zone that differ only by ``fold`` compare equal yet are
+    different instants, and converting first makes every key its own instant."""
     if value.year < 1000:  # strftime's %Y does not pad; keep that spelling for such years
         if value.microsecond:
             return value.strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0") + "Z"

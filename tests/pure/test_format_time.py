@@ -32,3 +32,22 @@ def test_format_time_spells_every_instant_as_before(value: datetime, offset_min:
 def test_fractions_lose_trailing_zeros_only() -> None:
     assert format_time(datetime(2026, 12, 1, tzinfo=UTC)) == "2026-12-01T00:00:00Z"
     assert format_time(datetime(2026, 12, 1, 0, 0, 0, 120000, tzinfo=UTC)) == "2026-12-01T00:00:00.12Z"
+
+
+def test_times_that_compare_equal_but_differ_by_fold_are_spelled_apart() -> None:
+    """Spellings are remembered by instant: 02:30 in Berlin on the night clocks go back is two
+    instants an hour apart, equal as datetimes (same zone, fold ignored), and each keeps its own."""
+    from zoneinfo import ZoneInfo
+
+    first = datetime(2026, 10, 25, 2, 30, tzinfo=ZoneInfo("Europe/Berlin"))
+    second = first.replace(fold=1)
+    assert first == second  # what a memo keyed by the value itself would trip over
+    assert format_time(first) == "2026-10-25T00:30:00Z"
+    assert format_time(second) == "2026-10-25T01:30:00Z"
+    assert format_time(first) == "2026-10-25T00:30:00Z"  # and again, from the memo
+
+
+def test_a_remembered_spelling_is_the_spelling() -> None:
+    value = datetime(2026, 12, 2, 0, 0, 0, 500000, tzinfo=UTC)
+    assert format_time(value) == format_time(value) == "2026-12-02T00:00:00.5Z"
+    assert format_time(value.astimezone(timezone(timedelta(hours=5)))) == "2026-12-02T00:00:00.5Z"
