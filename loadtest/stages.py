@@ -177,7 +177,9 @@ PARTS: dict[str, tuple[Rule, ...]] = {
     "spec_parse": (
         _r("", "core/runpath.py", "RunSpec.parsed", "RunSpec.reuse"),
         _r("", "core/codec.py", "spec_from_json"),
+        _r("", "core/spectext.py", "spec_from_text"),
     ),
+    "format_time": (_r("", "core/codec.py", "format_time"),),
     # its Python frames, and its Cython protocol's native ones (protocol.c, pgproto.c)
     "asyncpg": (_r("", "asyncpg/"), _r("", "protocol.c"), _r("", "pgproto.c")),
     "redis_py": (_r("", "redis/"),),
