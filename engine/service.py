@@ -89,9 +89,12 @@ class Engine:
         self._serve_lock = asyncio.Lock()
         # Fired, not yet fenced: one deque per owner lane, and the lanes that have entries in the
         # order they take turns (see _take_fair).
+        # Lanes hold wheel items as they fired: entries and bundles (runqueue.wire), split only as
+        # the fencer takes them; the counts are of runs.
         self._lanes: dict[int, deque[bytes]] = {}
         self._ring: deque[int] = deque()
         self._fired_count = 0
+        self._waiting = 0  # runs in the wheel (len(self.wheel) counts its items)
         self._fire_event = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -113,7 +116,12 @@ class Engine:
     @property
     def held_runs(self) -> int:
         """Claims this engine holds: waiting in the wheel, or fired and not yet fenced."""
-        return len(self.wheel) + self._fired_count
+        return self._waiting + self._fired_count
+
+    @property
+    def waiting_runs(self) -> int:
+        """Claimed runs waiting in the wheel (bundled or not) for their due instant."""
+        return self._waiting
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -195,10 +203,12 @@ class Engine:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         # The lost shards' entries out of the wheel (the rest go back in) and out of the lanes.
+        # Items (entries and bundles) are one shard's each: a claim batch is one shard's.
         kept: list[bytes] = []
         gone: list[bytes] = []
-        for entry in self.wheel.drain():
-            (gone if wire.entry_shard(entry) in lost else kept).append(entry)
+        for item in self.wheel.drain():
+            (gone if wire.entry_shard(item) in lost else kept).append(item)
+        self._waiting = sum(map(wire.runs_in, kept))
         if kept:
             self._driver.insert_many(kept)
         for lane in list(self._lanes):
@@ -206,17 +216,18 @@ class Engine:
             if not any(wire.entry_shard(e) in lost for e in q):
                 continue
             stay = deque(e for e in q if wire.entry_shard(e) not in lost)
-            gone.extend(e for e in q if wire.entry_shard(e) in lost)
-            self._fired_count -= len(q) - len(stay)
+            leaving = [e for e in q if wire.entry_shard(e) in lost]
+            gone.extend(leaving)
+            self._fired_count -= sum(map(wire.runs_in, leaving))
             if stay:
                 self._lanes[lane] = stay
             else:
                 del self._lanes[lane]
                 self._ring.remove(lane)
-        metrics.WHEEL_SIZE.set(len(self.wheel))
+        metrics.WHEEL_SIZE.set(self._waiting)
         released = 0
         if gone:
-            released = await self._release([wire.unpack_entry(e) for e in gone])
+            released = await self._release([wire.unpack_entry(e) for i in gone for e in wire.entries_in(i)])
             metrics.RELEASED.inc(released)
         log.info(
             "engine %s handed over shards %s: gave back %d unfired claims",
@@ -273,11 +284,13 @@ class Engine:
         self._fire_event.set()
         if self._fencer is not None:
             await self._fencer
-        waiting = self.wheel.drain() + [e for lane in self._lanes.values() for e in lane]
+        items = self.wheel.drain() + [e for lane in self._lanes.values() for e in lane]
         self._lanes.clear()
         self._ring.clear()
         self._fired_count = 0
+        self._waiting = 0
         metrics.WHEEL_SIZE.set(0)
+        waiting = [e for item in items for e in wire.entries_in(item)]
         if waiting:
             released = await self._release([wire.unpack_entry(e) for e in waiting])
             metrics.RELEASED.inc(released)
@@ -385,7 +398,7 @@ class Engine:
         before the first one -- not its throughput, which is low whenever little is due: in
         steady operation the slack stays near zero and a dead engine's claims reach the janitor
         as soon as before; after a burst's claims, at most three leases later."""
-        held = len(self.wheel) + self._fired_count
+        held = self.held_runs
         if not held:
             return 0.0
         rate = self.fence_progress / self.fence_time_s if self.fence_time_s > 0 else 2000.0
@@ -453,8 +466,10 @@ class Engine:
                 )
             )
         if batch:
-            self._driver.insert_many(batch)  # wakes the driver only if something is earlier
-            metrics.WHEEL_SIZE.set(len(self.wheel))
+            self._waiting += len(batch)
+            # wakes the driver only if something is earlier
+            self._driver.insert_many(wire.bundle(batch))
+            metrics.WHEEL_SIZE.set(self._waiting)
         if skips:
             await self._store.skip_missed(skips)
             for shard in {s.shard for s in skips}:
@@ -464,19 +479,26 @@ class Engine:
 
     def _on_fire(self, fired: list[bytes]) -> None:
         now_ms = self._clock.now_ms()
-        due_ms = wire.entry_due_ms
-        late = [now_ms - due_ms(entry) for entry in fired]
+        due_ms, runs_in = wire.entry_due_ms, wire.runs_in
+        late: list[int] = []
+        for item in fired:
+            late.extend([now_ms - due_ms(item)] * runs_in(item))
         metrics.observe_many(metrics.FIRE_LATENESS, [max(ms, 0) / 1000.0 for ms in late])
         if self.lateness_probe is not None:
             self.lateness_probe(late)
-        metrics.FIRES.inc(len(fired))
-        metrics.WHEEL_SIZE.set(len(self.wheel))
+        metrics.FIRES.inc(len(late))
         self._queue_fired(fired)
+        self._waiting -= len(late)
+        metrics.WHEEL_SIZE.set(self._waiting)
         self._fire_event.set()
 
     def _queue_fired(self, fired: Sequence[bytes], *, front: bool = False) -> None:
+        """Fired items (entries and bundles) into their owner lanes, at the back (or, for a batch
+        the fence gave back, at the front, in order)."""
         lanes, ring, lane_of = self._lanes, self._ring, wire.entry_lane
+        runs = 0
         for entry in reversed(fired) if front else fired:
+            runs += wire.runs_in(entry)
             lane = lane_of(entry)
             q = lanes.get(lane)
             if q is None:
@@ -486,7 +508,7 @@ class Engine:
                 q.appendleft(entry)
             else:
                 q.append(entry)
-        self._fired_count += len(fired)
+        self._fired_count += runs
 
     def _take_fair(self, limit: int) -> list[bytes]:
         """Up to ``limit`` fired entries, the owner lanes taking equal turns: with one lane this
@@ -501,8 +523,15 @@ class Engine:
                     break
                 lane = ring.popleft()
                 q = lanes[lane]
-                n = min(quota, len(q), limit - len(out))
-                out.extend(q.popleft() for _ in range(n))
+                want = min(quota, limit - len(out))
+                while want and q:
+                    head, rest = wire.take_from(q[0], want)
+                    if rest is None:
+                        q.popleft()
+                    else:
+                        q[0] = rest
+                    out.extend(head)
+                    want -= len(head)
                 if q:
                     ring.append(lane)
                 else:

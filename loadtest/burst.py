@@ -344,7 +344,7 @@ def memory_sample(node: Any, libc: Any, *, pymalloc: bool = False) -> MemorySamp
         traced=tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else None,
         py_arenas=py[0] if py is not None else None,
         py_in_use=py[1] if py is not None else None,
-        wheel=len(engine.wheel) if engine is not None else 0,
+        wheel=engine.waiting_runs if engine is not None else 0,
         fired=engine._fired_count if engine is not None else 0,
         queued=pool._queue.qsize() if pool is not None else 0,
         inflight=pool._inflight if pool is not None else 0,
@@ -374,7 +374,7 @@ def _dump_tasks(node: Any) -> None:
     engine, pool = node._engine, node._pool
     if engine is not None:
         print(
-            f"wheel={len(engine.wheel)} fired_unfenced={engine._fired_count} "
+            f"wheel={engine.waiting_runs} fired_unfenced={engine._fired_count} "
             f"lanes={sum(len(q) for q in engine._lanes.values())} fences={engine.fence_statements}",
             file=out,
         )
@@ -481,7 +481,9 @@ def _node_main(settings: Settings, started: Any, stop: Any, done: Any, out: Any)
         tick = 0
         while not stop.is_set():
             completions = total(metrics.COMPLETIONS)
-            samples.extend((time.time(), len(engine.wheel), total(metrics.CLAIMS), completions, _rss_bytes()))
+            samples.extend(
+                (time.time(), engine.waiting_runs, total(metrics.CLAIMS), completions, _rss_bytes())
+            )
             if tick % 10 == 0:
                 memory.extend(_memory_row(memory_sample(node, libc, pymalloc=tick % 50 == 0)))
             tick += 1

@@ -42,7 +42,7 @@ def _child(settings: Settings, started: Any, stop: Any, out: Any) -> None:
         peak = 0
         started.set()
         while not stop.is_set():
-            peak = max(peak, len(engine.wheel))
+            peak = max(peak, engine.waiting_runs)
             await asyncio.sleep(0.05)
         statements, spent = engine.fence_statements, engine.fence_time_s
         await node.stop()

@@ -230,7 +230,7 @@ async def test_a_joining_engine_takes_its_share_and_the_claims_move_with_it(stor
             sizes = sorted(len(n.engine.serving) for n in (a, b, c))
             assert sizes[-1] - sizes[0] <= 1 and sum(sizes) == 2 * SHARDS
             # Each engine's wheel holds exactly the claims it holds in the database: none twice.
-            in_wheels = len(a.engine.wheel) + len(b.engine.wheel) + len(c.engine.wheel)
+            in_wheels = a.engine.waiting_runs + b.engine.waiting_runs + c.engine.waiting_runs
             assert in_wheels == len(ids)
         finally:
             await c.stop()
@@ -238,7 +238,7 @@ async def test_a_joining_engine_takes_its_share_and_the_claims_move_with_it(stor
         # b and c left gracefully: a takes everything back at its next heartbeat.
         await _eventually(lambda: _serves(a, ALL), 5, "engine a serves all shards again")
         await _eventually(lambda: _claimed_count_is(store, 800), 10, "every row claimed again")
-        assert len(a.engine.wheel) == len(ids)
+        assert a.engine.waiting_runs == len(ids)
     finally:
         await a.stop()
 

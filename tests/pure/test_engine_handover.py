@@ -46,14 +46,14 @@ async def test_a_lost_shard_is_given_back_and_a_gained_one_claimed() -> None:
 
     def in_wheel() -> set[uuid.UUID]:
         # The wheel's waiting entries, read without draining it (the test looks, it must not move).
-        return {wire.unpack_entry(e).job_id for e in engine.wheel._live}
+        return {wire.unpack_entry(e).job_id for item in engine.wheel._live for e in wire.entries_in(item)}
 
     def of(shards: range) -> set[uuid.UUID]:
         return {j for s in shards for j in jobs[s]}
 
     await engine.start(frozenset(range(8)))
     try:
-        await _until(lambda: len(engine.wheel) == len(of(range(8))), "shards 0-7 claimed")
+        await _until(lambda: engine.waiting_runs == len(of(range(8))), "shards 0-7 claimed")
         before = in_wheel()
         assert before == of(range(8)), "only the shards it serves"
         await engine.serve(frozenset(range(4, 12)))
@@ -85,7 +85,7 @@ async def test_fired_runs_not_yet_fenced_of_a_lost_shard_are_given_back_too() ->
     )
     await engine.start()
     try:
-        await _until(lambda: engine.fence_progress >= 2 and len(engine.wheel) == 0, "fired, fencer blocked")
+        await _until(lambda: engine.fence_progress >= 2 and engine.waiting_runs == 0, "fired, fencer blocked")
         waiting = engine._fired_count
         assert waiting >= len(created) - 2, "the rest wait on the fencer's lanes"
         await engine.serve(frozenset())
