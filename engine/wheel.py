@@ -9,7 +9,8 @@ already built, appends it to a list in O(1), and fires a whole millisecond's slo
 Entry format (fixed, owned by ``runqueue.wire``; the wheel reads only its prefix): the first 8 bytes are
 the due instant in ms since the Unix epoch as a big-endian signed int64 (``runqueue.wire.DUE_PREFIX``),
 followed by an opaque payload. Sorting entries therefore sorts them by due time, and the wheel never
-needs a side table to know when an entry is due.
+needs a side table to know when an entry is due. The engine hands it a burst's runs as bundles
+(many entries behind one due prefix, ``runqueue.wire.bundle``); to the wheel a bundle is one entry.
 
 Layout (``tick`` = ``tick_ms``, 1 ms by default; an entry due at ``d`` belongs to tick
 ``q = ceil(d / tick)`` so that rounding can only make it late, never early):

@@ -14,8 +14,12 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from duetime.core.model import Broker, JobSpec, OneOffSchedule, QueueTarget
+from duetime.engine.service import Engine, EngineConfig
 from duetime.engine.wheel import TimerWheel
 from duetime.runqueue import wire
+from duetime.runqueue.inprocess import InProcessRunQueue
+from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.memory import MemoryStore
 from tests.support.memory_burst import burst_node
 
@@ -129,3 +133,28 @@ def test_a_claim_after_a_gap_is_not_bundled_with_another_instant() -> None:
     assert datetime.fromtimestamp(wire.entry_due_ms(items[1]) / 1000, UTC) - datetime.fromtimestamp(
         wire.entry_due_ms(items[0]) / 1000, UTC
     ) == timedelta(milliseconds=1)
+
+
+async def test_a_stop_gives_back_every_run_of_every_bundle() -> None:
+    """A stop releases what has not fired: each run of each bundle, claimable by another engine."""
+    store = MemoryStore()
+    due = datetime.now(UTC) + timedelta(seconds=30)  # claimed, never fired here
+    spec = JobSpec(target=QueueTarget(broker=Broker.REDIS, topic="t"), schedule=OneOffSchedule(run_at=due))
+    for owner in ("alice", "bob"):
+        for _ in range(400):
+            await store.create_job(owner, spec)
+    keeper = LeaseKeeper(store, lease_s=30, heartbeat_s=10)
+    engine = Engine(store, InProcessRunQueue(), keeper, EngineConfig(engine_id="e1", poll_interval_s=0.05))
+    await engine.start()
+    try:
+        async with asyncio.timeout(30):
+            while engine.waiting_runs < 800:  # noqa: ASYNC110 - claims have no event to wait on
+                await asyncio.sleep(0.02)
+        assert len(engine.wheel) < 800 // 10
+    finally:
+        await engine.stop()
+    assert engine.held_runs == 0
+    claimable = 0
+    for shard in range(16):
+        claimable += len(await store.claim_due(shard, "e2", lookahead_s=60, lease_s=30, limit=1000))
+    assert claimable == 800
