@@ -51,6 +51,7 @@ import contextlib
 import ctypes
 import dataclasses
 import gc
+import itertools
 import json
 import math
 import multiprocessing as mp
@@ -63,7 +64,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -876,7 +877,16 @@ def burst_spec(target: Target, due: datetime, attempts: int = 1) -> JobSpec:
     return JobSpec(target=target, schedule=OneOffSchedule(due), retry=RetryPolicy(max_attempts=attempts))
 
 
-async def seed_bulk(settings: Settings, spec: JobSpec, n: int) -> list[str]:
+def burst_owners(n: int, owners: int) -> Iterator[str]:
+    """The owner of each of ``n`` jobs: ``bench`` alone, or ``owners`` owners taking turns (a
+    midnight spread over many tenants: each has its own fairness lane, and its runs share claim
+    batches with the others')."""
+    if owners <= 1:
+        return itertools.repeat("bench", n)
+    return (f"bench-{i % owners}" for i in range(n))
+
+
+async def seed_bulk(settings: Settings, spec: JobSpec, n: int, owners: int = 1) -> list[str]:
     now = datetime.now(UTC)
     dsns = settings.shard_dsns()
     last = [0.0]
@@ -886,7 +896,8 @@ async def seed_bulk(settings: Settings, spec: JobSpec, n: int) -> list[str]:
             last[0] = time.monotonic()
             print(f"  seeded {done}/{n}", file=sys.stderr, flush=True)
 
-    ids = await seed_jobs(dsns, (BulkJob("bench", spec) for _ in range(n)), now, progress=progress)
+    jobs = (BulkJob(owner, spec) for owner in burst_owners(n, owners))
+    ids = await seed_jobs(dsns, jobs, now, progress=progress)
     await analyze_jobs(dsns)
     return [str(i) for i in ids]
 
@@ -968,6 +979,8 @@ class BurstArgs:
     # all-in-one: keep the nodes (and their memory samples) running this long after the last
     # outcome, for the RSS the drain leaves behind
     after_drain_s: float = 60.0
+    # bulk, queue targets: the jobs' owners take turns among this many (burst_owners)
+    owners: int = 1
 
 
 def default_lead(a: BurstArgs, lookahead_s: float) -> float:
@@ -1080,7 +1093,7 @@ async def _measure(
     writes_before = await table_writes([dsn])
     reg_started = time.time()
     if a.seed_mode == "bulk":
-        ids = await seed_bulk(settings, spec, a.jobs)
+        ids = await seed_bulk(settings, spec, a.jobs, a.owners)
     else:
         async with api_process({k: v for k, v in env.items() if k != "DUETIME_HTTP_PORT"}) as url:
             ids = await seed_api(url, api_key, spec, a.jobs, a.clients)
@@ -1435,6 +1448,7 @@ def summarise(
         "processes": a.processes,
         "workers": a.workers if a.topology == "cluster" else None,
         "seed_mode": a.seed_mode,
+        "owners": a.owners,
         "seeding": seed_desc,
         "settings": a.settings_env,
         "registration_per_s": round(a.jobs / reg_s),
@@ -1702,6 +1716,12 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
         "DUETIME_BENCH_PG must load) and index entries written per index: loadtest/pgstats.py",
     )
     p.add_argument(
+        "--owners",
+        type=int,
+        default=1,
+        help="bulk, queue targets: the jobs' owners take turns among this many (default: one, `bench`)",
+    )
+    p.add_argument(
         "--after-drain",
         type=float,
         default=60.0,
@@ -1712,6 +1732,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
     a = p.parse_args(argv)
     if a.kill_engine_at is not None and a.topology != "cluster":
         p.error("--kill-engine-at needs --topology cluster")
+    if a.owners > 1 and (a.seed_mode != "bulk" or a.target == "webhook"):
+        p.error("--owners needs --seed-mode bulk and a queue target (webhook owners need signing secrets)")
     env = dict(kv.split("=", 1) for kv in a.set)
     return BurstArgs(
         jobs=a.jobs,
@@ -1736,6 +1758,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
         stages_rate=a.stages_rate,
         pg_statements=a.pg_statements,
         after_drain_s=a.after_drain,
+        owners=a.owners,
     )
 
 

@@ -16,6 +16,7 @@ from loadtest.burst import (
     _memory_row,
     _memory_samples,
     account_starts,
+    burst_owners,
     default_lead,
     job_id_of_key,
     old_history_during,
@@ -173,3 +174,14 @@ def test_memory_samples_round_trip_through_the_flat_array() -> None:
     for m in kept:
         rows.extend(_memory_row(m))
     assert _memory_samples(rows) == kept
+
+
+def test_owners_take_turns_and_need_a_queue_target_in_bulk() -> None:
+    assert list(burst_owners(3, 1)) == ["bench"] * 3
+    assert list(burst_owners(5, 2)) == ["bench-0", "bench-1", "bench-0", "bench-1", "bench-0"]
+    assert parse_args(["--owners", "1000"]).owners == 1000
+    assert parse_args([]).owners == 1
+    with pytest.raises(SystemExit):
+        parse_args(["--owners", "10", "--target", "webhook"])
+    with pytest.raises(SystemExit):
+        parse_args(["--owners", "10", "--seed-mode", "api"])
