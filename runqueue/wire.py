@@ -159,7 +159,7 @@ def entries_in(item: bytes) -> list[bytes]:
     """The entries of a wheel item, in order."""
     if len(item) == ENTRY_SIZE:
         return [item]
-    return [item[i : i + ENTRY_SIZE] for i in range(8, len(item), ENTRY_SIZE)]
+    return _bundled(item, len(item))
 
 
 def take_from(item: bytes, n: int) -> tuple[list[bytes], bytes | None]:
@@ -168,9 +168,13 @@ def take_from(item: bytes, n: int) -> tuple[list[bytes], bytes | None]:
     if n >= k:
         return entries_in(item), None
     cut = 8 + n * ENTRY_SIZE
-    head = [item[i : i + ENTRY_SIZE] for i in range(8, cut, ENTRY_SIZE)]
     rest = item[cut:] if k - n == 1 else item[:8] + item[cut:]
-    return head, rest
+    return _bundled(item, cut), rest
+
+
+def _bundled(bundle: bytes, end: int) -> list[bytes]:
+    """The entries of a bundle that end by byte ``end`` (past the shared due prefix)."""
+    return [bundle[i : i + ENTRY_SIZE] for i in range(8, end, ENTRY_SIZE)]
 
 
 # ---------------------------------------------------------------------------------- run messages
