@@ -157,7 +157,8 @@ def _schedule(s: _Schedule, text: str | bytes) -> Schedule:
         run_at = _utc(s.run_at)
         assert run_at is not None
         return OneOffSchedule(run_at=run_at)
-    if '"run_at"' in _str(text):
+    raw = text if isinstance(text, str) else text.decode("utf-8", "replace")
+    if '"run_at"' in raw:
         raise _Other
     exclude = () if not s.exclude else codec.exclude_from_json(s.exclude)
     if s.every is not None:
@@ -173,7 +174,7 @@ def _schedule(s: _Schedule, text: str | bytes) -> Schedule:
             timezone=s.timezone,
             exclude=exclude,
         )
-    if s.cron is None or '"every"' in _str(text):
+    if s.cron is None or '"every"' in raw:
         raise _Other
     return CronSchedule(
         cron=s.cron,
@@ -184,7 +185,3 @@ def _schedule(s: _Schedule, text: str | bytes) -> Schedule:
         dst_overlap=s.dst_overlap,
         exclude=exclude,
     )
-
-
-def _str(text: str | bytes) -> str:
-    return text if isinstance(text, str) else text.decode("utf-8", "replace")
