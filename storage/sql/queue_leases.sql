@@ -15,37 +15,40 @@
 -- "claimed_by IS NOT DISTINCT FROM" (the publisher is never NULL) rather than "=": "=" implies
 -- the holder index's predicate (claimed_by IS NOT NULL), and with statistics from before a burst
 -- the planner then scans every row the engine holds once per locked row (seconds per batch).
--- The whole batch is locked behind the gate of fence_runs (storage/sql/runpath.sql): joined to
--- the update instead, the CTE was rescanned once per row.
-WITH locked AS (
-    SELECT job_id FROM jobs
-    WHERE job_id = ANY($1::uuid[])
-    ORDER BY job_id
-    FOR UPDATE
+-- The whole batch is locked behind the gate of fence_runs (storage/sql/runpath.sql), and the
+-- guards are read from the rows as locked, as there: put on "jobs" in the update, statistics from
+-- before a burst made the planner compare every job with every run of the batch.
+WITH locked AS MATERIALIZED (
+    SELECT j.job_id, j.lease_token, j.phase, j.claimed_by, u.token, u.publisher
+    FROM unnest($1::uuid[], $2::bigint[], $3::text[]) AS u(job_id, token, publisher)
+    JOIN jobs j ON j.job_id = u.job_id
+    ORDER BY j.job_id
+    FOR UPDATE OF j
 )
 UPDATE jobs j SET claimed_by = $4, leased_until = now() + make_interval(secs => $5)
-FROM unnest($1::uuid[], $2::bigint[], $3::text[]) AS u(job_id, token, publisher)
+FROM locked l
 WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
-  AND j.job_id = u.job_id AND j.lease_token = u.token
-  AND j.phase = 'running' AND j.claimed_by IS NOT DISTINCT FROM u.publisher
+  AND j.job_id = l.job_id AND l.lease_token = l.token
+  AND l.phase = 'running' AND l.claimed_by IS NOT DISTINCT FROM l.publisher
 RETURNING j.job_id, j.lease_token;
 
 -- name: extend_published
 -- An engine keeps the leases of runs it published alive until a worker takes them (the holder
 -- changes) or they are finished; what this does not return is no longer the engine's to keep.
 -- Locked in job id order first, by primary key (see take_runs), behind the gate of fence_runs,
--- and updated by primary key.
-WITH locked AS (
-    SELECT job_id FROM jobs
-    WHERE job_id = ANY($1::uuid[])
-    ORDER BY job_id
-    FOR UPDATE
+-- and updated by primary key; the guards are read from the rows as locked, as in fence_runs.
+WITH locked AS MATERIALIZED (
+    SELECT j.job_id, j.lease_token, j.phase, j.claimed_by, u.token
+    FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+    JOIN jobs j ON j.job_id = u.job_id
+    ORDER BY j.job_id
+    FOR UPDATE OF j
 )
 UPDATE jobs j SET leased_until = now() + make_interval(secs => $4)
-FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+FROM locked l
 WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
-  AND j.job_id = u.job_id AND j.lease_token = u.token
-  AND j.phase = 'running' AND j.claimed_by IS NOT DISTINCT FROM $3
+  AND j.job_id = l.job_id AND l.lease_token = l.token
+  AND l.phase = 'running' AND l.claimed_by IS NOT DISTINCT FROM $3
 RETURNING j.job_id;
 
 -- name: published_of_engine

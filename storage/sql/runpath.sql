@@ -61,28 +61,36 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_
 -- Rows are locked in job id order first, as every other statement on these rows does: a batch
 -- holds the rows of many jobs (and a job's occurrence rows beside its own), and locking them in
 -- the order of its input deadlocked with owner actions (issue 17).
--- The lock is a gate, not a join: "(SELECT count(*) FROM locked)" is computed once, before the
--- first row is written (a one-time filter), and reads the whole CTE, so every row of the batch
--- is locked in id order before the update touches any; the update then finds its rows by
--- primary key from the array alone. Joined to the update ("FROM locked ... j.job_id =
--- locked.job_id"), the planner, which expects one claimed row from statistics taken before the
--- burst, rescanned the CTE once per row: 250,000 comparisons and ~150 ms of a 500-row fence,
--- the largest single cost of the database in a burst (docs/performance.md, fifth session).
--- The same gate is in extend_leases, release_claims, take_runs and extend_published.
-WITH locked AS (
-    SELECT job_id FROM jobs
-    WHERE job_id = ANY($1::uuid[])  -- the batch by primary key, whatever the statistics say (0002)
-    ORDER BY job_id
-    FOR UPDATE
+-- The lock is a gate, not a join: "(SELECT count(*) FROM locked) >= 0" is computed once, before
+-- the first row is written (a one-time filter), and reads the whole CTE, so every row of the
+-- batch is locked in id order before the update touches any.
+-- The guards (token, phase, state) are read from the rows as locked, never put on "jobs" in the
+-- update: the planner, whose statistics say almost no row is claimed (taken before the burst, or
+-- at any quiet moment), estimated one claimed row from them. On a table of 100,000 rows or more it
+-- then still probed by primary key; on one of a few thousand it scanned the table for that row and
+-- put the batch's unnest inside a nested loop: every job compared with every run of the batch,
+-- 2.5 million comparisons and 300-750 ms per 500-row fence of a 5,000-job table, where a fence
+-- takes ~15 ms. Here "jobs" is reached only by its primary key (from the batch in the CTE, and
+-- from the CTE in the update) and nothing restricts it, so no plan can rescan the batch per job
+-- (tests/database/test_bulk.py, test_run_path_statements_stay_linear_on_a_small_table). Joined
+-- the other way (the update on the guards, the CTE by id), the CTE was rescanned once per row:
+-- ~150 ms of a 500-row fence (docs/performance.md, fifth session).
+-- The same shape is in extend_leases, release_claims, take_runs and extend_published.
+WITH locked AS MATERIALIZED (
+    SELECT j.job_id, j.lease_token, j.phase, j.state, u.token, u.scheduled_for
+    FROM unnest($1::uuid[], $2::bigint[], $4::timestamptz[]) AS u(job_id, token, scheduled_for)
+    JOIN jobs j ON j.job_id = u.job_id
+    ORDER BY j.job_id
+    FOR UPDATE OF j
 )
 UPDATE jobs j SET
     phase = 'running',
-    scheduled_for = u.scheduled_for,
+    scheduled_for = l.scheduled_for,
     leased_until = now() + make_interval(secs => $3)
-FROM unnest($1::uuid[], $2::bigint[], $4::timestamptz[]) AS u(job_id, token, scheduled_for)
+FROM locked l
 WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
-  AND j.job_id = u.job_id AND j.lease_token = u.token
-  AND j.phase = 'claimed' AND j.state = 'scheduled'
+  AND j.job_id = l.job_id
+  AND l.lease_token = l.token AND l.phase = 'claimed' AND l.state = 'scheduled'
 RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.scheduled_for, j.next_run_at, j.attempt,
     j.spec::text AS spec, j.spec_version, j.run_kind, j.parent_id;
 
@@ -90,18 +98,19 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.scheduled_for, j.next_run
 -- Rows are locked in job id order first (as by lock_for_completion, take_runs and
 -- extend_published): batches that overlap must not lock in the orders of their input arrays, or
 -- they deadlock under load (see take_runs). The whole batch is locked, behind the gate of
--- fence_runs, so no row the update writes is locked out of that order.
-WITH locked AS (
-    SELECT job_id FROM jobs
-    WHERE job_id = ANY($1::uuid[])
-    ORDER BY job_id
-    FOR UPDATE
+-- fence_runs, so no row the update writes is locked out of that order; the guards are read from
+-- the rows as locked, as in fence_runs.
+WITH locked AS MATERIALIZED (
+    SELECT j.job_id, j.lease_token, j.phase, u.token
+    FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+    JOIN jobs j ON j.job_id = u.job_id
+    ORDER BY j.job_id
+    FOR UPDATE OF j
 )
 UPDATE jobs j SET leased_until = now() + make_interval(secs => $3)
-FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+FROM locked l
 WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
-  AND j.job_id = u.job_id AND j.lease_token = u.token
-  AND j.phase <> 'idle'
+  AND j.job_id = l.job_id AND l.lease_token = l.token AND l.phase <> 'idle'
 RETURNING j.job_id;
 
 -- name: keep_waiting_claims
@@ -124,13 +133,17 @@ WHERE j.job_id = held.job_id;
 
 -- name: release_claims
 -- Give back rows that were claimed but not fired (shutdown): they become claimable at once.
--- Locked in job id order first, behind the gate of fence_runs.
-WITH locked AS (
-    SELECT job_id FROM jobs WHERE job_id = ANY($1::uuid[]) ORDER BY job_id FOR UPDATE
+-- Locked in job id order first, behind the gate of fence_runs; the guards are read from the rows
+-- as locked, as in fence_runs.
+WITH locked AS MATERIALIZED (
+    SELECT j.job_id, j.lease_token, j.phase, u.token
+    FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+    JOIN jobs j ON j.job_id = u.job_id
+    ORDER BY j.job_id
+    FOR UPDATE OF j
 )
 UPDATE jobs j SET phase = 'idle', claimed_by = NULL, leased_until = NULL
-FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+FROM locked l
 WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
-  AND j.job_id = u.job_id AND j.lease_token = u.token
-  AND j.phase = 'claimed'
+  AND j.job_id = l.job_id AND l.lease_token = l.token AND l.phase = 'claimed'
 RETURNING j.job_id;

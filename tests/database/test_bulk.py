@@ -7,11 +7,13 @@ whatever is due on a shard.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import secrets
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 import pytest
@@ -230,6 +232,81 @@ async def test_a_burst_keeps_fences_heartbeats_and_releases_on_the_primary_key(f
         assert "One-Time Filter" in text, (name, text)
     assert "jobs_leases" in "\n".join(r[0] for r in janitor)
     assert "jobs_claimed_by" in "\n".join(r[0] for r in restart)
+
+
+def _plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", ()):
+        yield from _plan_nodes(child)
+
+
+async def _analyzed(conn: asyncpg.Connection, sql: str, *args: Any) -> list[list[dict[str, Any]]]:
+    """The plan nodes of ``sql`` as it ran (EXPLAIN ANALYZE), its writes rolled back: planned for
+    these values, and as the generic plan a prepared statement may switch to after five runs."""
+    out = []
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
+            [plan] = json.loads(await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *args))
+        finally:
+            await tx.rollback()
+        out.append(list(_plan_nodes(plan["Plan"])))
+    return out
+
+
+async def test_run_path_statements_stay_linear_on_a_small_table(fresh_dsns: list[str]) -> None:
+    """Regression: on a table of a few thousand jobs whose statistics say nothing is claimed (an
+    ANALYZE at a quiet moment: the claimed share is always small), the planner estimated one
+    claimed row from the guards on ``jobs`` ("phase = 'claimed'"), scanned ``jobs`` for it and
+    put the batch's ``unnest`` on the inner side of a nested loop: every row of the table
+    compared with every row of the batch, 2.5 million comparisons and 300-750 ms per 500-row
+    fence of a 5,000-job table (``loadtest.fence_bench``), where the fence takes ~15 ms. The
+    guards are now read from the rows as locked, and ``jobs`` is reached by its primary key."""
+    dsn = fresh_dsns[0]
+    at = datetime.now(UTC) + timedelta(seconds=30)
+    target = QueueTarget(broker=Broker.REDIS, topic="burst")
+    await seed_jobs(
+        [dsn] * 16,
+        (BulkJob("dave", JobSpec(target=target, schedule=OneOffSchedule(at))) for _ in range(5000)),
+        datetime.now(UTC),
+    )
+    await analyze_jobs([dsn])  # all idle: what an engine's planner knows when the burst begins
+    store = await PostgresStore.open(ShardMap.single(dsn), pool_size=2)
+    conn = await asyncpg.connect(dsn)
+    try:
+        claimed = await _claim_everything(store)
+        assert len(claimed) == 5000
+        batch = claimed[:500]
+        ids, tokens = [r.job_id for r in batch], [r.lease_token for r in batch]
+        plans = {
+            "fence_runs": await _analyzed(
+                conn, Q["fence_runs"], ids, tokens, 30.0, [r.scheduled_for for r in batch]
+            ),
+            "extend_leases": await _analyzed(conn, Q["extend_leases"], ids, tokens, 30.0),
+            "release_claims": await _analyzed(conn, Q["release_claims"], ids, tokens),
+        }
+        fenced = await store.fence_runs(batch, lease_s=30)
+        assert len(fenced) == 500
+        ids, tokens = [r.job_id for r in fenced], [r.lease_token for r in fenced]
+        plans["take_runs"] = await _analyzed(
+            conn, Q["take_runs"], ids, tokens, [ENGINE] * len(ids), "worker-1", 30.0
+        )
+        plans["extend_published"] = await _analyzed(conn, Q["extend_published"], ids, tokens, ENGINE, 30.0)
+    finally:
+        await conn.close()
+        await store.close()
+    for name, nodes in ((n, p) for n, both in plans.items() for p in both):
+        top = nodes[0]
+        assert top["Actual Rows"] == 500, (name, top["Actual Rows"])  # and each did its work
+        compared = sum(n.get("Rows Removed by Join Filter", 0) for n in nodes)
+        compared = sum(n.get("Rows Removed by Join Filter", 0) for n in nodes)
+        assert compared < 5000, (name, compared)  # was 2,500,000 for a 5,000-job table
+        # nothing is scanned again per row but a primary-key probe (a rescanned batch is the
+        # quadratic plan whatever its filter removes)
+        again = [(n["Node Type"], n["Actual Loops"]) for n in nodes if n["Actual Loops"] > 1]
+        assert all(t == "Index Scan" for t, _ in again), (name, again)
 
 
 async def test_table_writes_and_outcomes_count_a_run(fresh_dsns: list[str]) -> None:
