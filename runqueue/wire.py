@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 import msgpack
 
-from duetime.core.runpath import FencedRun, Published, RunSpec
+from duetime.core.runpath import FencedRun, Published, RunSpec, epoch_us
 
 # ---------------------------------------------------------------------------------- wheel entries
 
@@ -41,14 +41,26 @@ _US = timedelta(microseconds=1)
 
 @dataclass(frozen=True, slots=True)
 class WheelEntry:
-    """A wheel entry unpacked: a claim's lease and the occurrence it fires for (a ``FenceItem``)."""
+    """A wheel entry unpacked: a claim's lease and the occurrence it fires for (a ``FenceItem``).
+
+    Its fields are the entry's own, as packed (the id's 16 bytes, the occurrence in µs): the
+    fencer unpacks 500 entries per batch, and the PostgreSQL fence sends these forms as they are.
+    ``job_id`` and ``scheduled_for`` build the ``UUID`` and the ``datetime`` for whoever asks."""
 
     due_ms: int
-    job_id: uuid.UUID
+    job_id_bytes: bytes
     lease_token: int
-    scheduled_for: datetime
+    scheduled_for_us: int
     shard: int
     lane: int  # the owner's fairness lane (a 16-bit hash of the owner)
+
+    @property
+    def job_id(self) -> uuid.UUID:
+        return uuid.UUID(bytes=self.job_id_bytes)
+
+    @property
+    def scheduled_for(self) -> datetime:
+        return from_us(self.scheduled_for_us)
 
 
 def owner_lane(owner: str) -> int:
@@ -57,9 +69,7 @@ def owner_lane(owner: str) -> int:
     return zlib.crc32(owner.encode()) & 0xFFFF
 
 
-def to_us(value: datetime) -> int:
-    delta = value - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+to_us = epoch_us
 
 
 def from_us(us: int) -> datetime:
@@ -88,8 +98,7 @@ def pack_entry(  # noqa: PLR0917 - the entry's fields, in their packed order
 
 
 def unpack_entry(entry: bytes) -> WheelEntry:
-    due_ms, jid, token, sched_us, shard, lane = _unpack(entry)
-    return WheelEntry(due_ms, uuid.UUID(bytes=jid), token, from_us(sched_us), shard, lane)
+    return WheelEntry(*_unpack(entry))
 
 
 def entry_due_ms(entry: bytes) -> int:

@@ -76,16 +76,20 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_
 -- the other way (the update on the guards, the CTE by id), the CTE was rescanned once per row:
 -- ~150 ms of a 500-row fence (docs/performance.md, fifth session).
 -- The same shape is in extend_leases, release_claims, take_runs and extend_published.
+-- $4: each occurrence as µs since the epoch (a bigint: exact, and cheaper for the node to send
+-- than a timestamptz), turned back in whole seconds and the µs left over, each exact as a float8:
+-- "us * interval '1 microsecond'" goes through a float8 too and lost µs past the year 2255
+-- (tests/contract, test_the_fence_keeps_the_occurrence_it_is_given_to_the_microsecond).
 WITH locked AS MATERIALIZED (
-    SELECT j.job_id, j.lease_token, j.phase, j.state, u.token, u.scheduled_for
-    FROM unnest($1::uuid[], $2::bigint[], $4::timestamptz[]) AS u(job_id, token, scheduled_for)
+    SELECT j.job_id, j.lease_token, j.phase, j.state, u.token, u.scheduled_us
+    FROM unnest($1::uuid[], $2::bigint[], $4::bigint[]) AS u(job_id, token, scheduled_us)
     JOIN jobs j ON j.job_id = u.job_id
     ORDER BY j.job_id
     FOR UPDATE OF j
 )
 UPDATE jobs j SET
     phase = 'running',
-    scheduled_for = l.scheduled_for,
+    scheduled_for = to_timestamp(l.scheduled_us / 1000000) + (l.scheduled_us % 1000000) * interval '1 microsecond',
     leased_until = now() + make_interval(secs => $3)
 FROM locked l
 WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first

@@ -61,6 +61,27 @@ async def due_job(store: Store, owner: str, **kw: object) -> uuid.UUID:
     return uuid.UUID(job.id)
 
 
+@pytest.mark.parametrize(
+    "occurrence",
+    [
+        datetime(2026, 12, 3, 23, 59, 59, 999_999, tzinfo=UTC),
+        datetime(2999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC),
+        datetime(9998, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC),
+        datetime(1969, 12, 31, 23, 59, 59, 1, tzinfo=UTC),
+    ],
+)
+async def test_the_fence_keeps_the_occurrence_it_is_given_to_the_microsecond(
+    store: Store, occurrence: datetime
+) -> None:
+    """The fence records the occurrence its item names (a misfire's run_once moves it), exactly:
+    the PostgreSQL fence sends it as µs since the epoch and turns it back in the statement."""
+    o, e = new_owner(), engine_id()
+    jid = await due_job(store, o)
+    row = (await claim(store, e, [jid]))[jid]
+    [run] = await fence(store, [replace(row, scheduled_for=occurrence)])
+    assert run.scheduled_for == occurrence  # the row as the fence wrote it (RETURNING)
+
+
 async def test_claim_fence_complete_a_one_off(store: Store) -> None:
     o, e = new_owner(), engine_id()
     jid = await due_job(store, o)

@@ -190,7 +190,7 @@ async def test_a_burst_keeps_fences_heartbeats_and_releases_on_the_primary_key(f
         try:
             plans = {
                 "fence_runs": await conn.fetch(
-                    "EXPLAIN " + Q["fence_runs"], ids, tokens, 30.0, [r.scheduled_for for r in batch]
+                    "EXPLAIN " + Q["fence_runs"], ids, tokens, 30.0, [r.scheduled_for_us for r in batch]
                 ),
                 "extend_leases": await conn.fetch("EXPLAIN " + Q["extend_leases"], ids, tokens, 30.0),
                 "release_claims": await conn.fetch("EXPLAIN " + Q["release_claims"], ids, tokens),
@@ -282,7 +282,7 @@ async def test_run_path_statements_stay_linear_on_a_small_table(fresh_dsns: list
         ids, tokens = [r.job_id for r in batch], [r.lease_token for r in batch]
         plans = {
             "fence_runs": await _analyzed(
-                conn, Q["fence_runs"], ids, tokens, 30.0, [r.scheduled_for for r in batch]
+                conn, Q["fence_runs"], ids, tokens, 30.0, [r.scheduled_for_us for r in batch]
             ),
             "extend_leases": await _analyzed(conn, Q["extend_leases"], ids, tokens, 30.0),
             "release_claims": await _analyzed(conn, Q["release_claims"], ids, tokens),
