@@ -46,6 +46,7 @@ from duetime.storage.bulk import (
 )
 from duetime.storage.migrate import migrate
 from duetime.storage.postgres import PostgresStore, job_from_row
+from duetime.storage.postgres.completion import OrdinaryBatch
 from duetime.storage.queries import Q
 from duetime.storage.shardmap import ShardMap
 from loadtest.registry_scale import year_of_jobs
@@ -263,7 +264,8 @@ async def test_run_path_statements_stay_linear_on_a_small_table(fresh_dsns: list
     put the batch's ``unnest`` on the inner side of a nested loop: every row of the table
     compared with every row of the batch, 2.5 million comparisons and 300-750 ms per 500-row
     fence of a 5,000-job table (``loadtest.fence_bench``), where the fence takes ~15 ms. The
-    guards are now read from the rows as locked, and ``jobs`` is reached by its primary key."""
+    guards are now read from the rows as locked, and ``jobs`` is reached by its primary key. The
+    completion's statements are checked the same way (``finish_ordinary`` was built so)."""
     dsn = fresh_dsns[0]
     at = datetime.now(UTC) + timedelta(seconds=30)
     target = QueueTarget(broker=Broker.REDIS, topic="burst")
@@ -294,12 +296,25 @@ async def test_run_path_statements_stay_linear_on_a_small_table(fresh_dsns: list
             conn, Q["take_runs"], ids, tokens, [ENGINE] * len(ids), "worker-1", 30.0
         )
         plans["extend_published"] = await _analyzed(conn, Q["extend_published"], ids, tokens, ENGINE, 30.0)
+        # and the completion's statements on the same small table: the ordinary path's one
+        # statement (guards read as locked, already) and the general path's lock
+        now = datetime.now(UTC)
+        for r in fenced:
+            _ = r.spec.parsed  # the worker's parse, which the ordinary path reuses
+        ok = Verdict(Outcome.SUCCEEDED, False, 200)
+        ordinary = OrdinaryBatch.of([AttemptReport(r, ok, now, now) for r in fenced], [], now)
+        plans["finish_ordinary"] = await _analyzed(conn, Q["finish_ordinary"], ids, [], *ordinary.arrays())
+        plans["lock_for_completion"] = await _analyzed(conn, Q["lock_for_completion"], ids, [])
     finally:
         await conn.close()
         await store.close()
     for name, nodes in ((n, p) for n, both in plans.items() for p in both):
         top = nodes[0]
-        assert top["Actual Rows"] == 500, (name, top["Actual Rows"])  # and each did its work
+        if name == "finish_ordinary":  # one row: the ids it finished (all 500 rows updated)
+            [update] = [n for n in nodes if n["Node Type"] == "ModifyTable" and n["Operation"] == "Update"]
+            assert update["Actual Rows"] == 500, (name, update["Actual Rows"])
+        else:
+            assert top["Actual Rows"] == 500, (name, top["Actual Rows"])  # and each did its work
         compared = sum(n.get("Rows Removed by Join Filter", 0) for n in nodes)
         compared = sum(n.get("Rows Removed by Join Filter", 0) for n in nodes)
         assert compared < 5000, (name, compared)  # was 2,500,000 for a 5,000-job table
