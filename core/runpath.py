@@ -21,21 +21,13 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
 from duetime.core import codec
 from duetime.core.model import JobSpec, Outcome, Target
+from duetime.core.schedule import epoch_us
 from duetime.core.spectext import spec_from_text
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def epoch_us(value: datetime) -> int:
-    """An instant as whole microseconds since the epoch: how a wheel entry keeps it and how the
-    fence sends it (a ``bigint`` costs the driver a fifth of a ``timestamptz``, and is exact)."""
-    delta = value - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 class Leased(Protocol):

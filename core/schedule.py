@@ -51,7 +51,9 @@ __all__ = [
     "check_interval_schedule",
     "count_between",
     "describe_instant",
+    "epoch_us",
     "first_occurrence",
+    "from_epoch_us",
     "latest_at_or_before",
     "load_zone",
     "next_occurrence",
@@ -340,11 +342,14 @@ _US = timedelta(microseconds=1)
 _FAR_US = (datetime(9998, 1, 1, tzinfo=UTC) - _EPOCH) // _US
 
 
-def _us(value: datetime) -> int:
+def epoch_us(value: datetime) -> int:
+    """An instant as whole microseconds since the epoch, exactly: how the interval math, the
+    wheel entry, the run-queue message and the fence's parameters carry an instant."""
     return (value - _EPOCH) // _US
 
 
-def _from_us(instant: int) -> datetime:
+def from_epoch_us(instant: int) -> datetime:
+    """The inverse of ``epoch_us`` (UTC)."""
     return _EPOCH + instant * _US
 
 
@@ -354,8 +359,8 @@ class _IntervalWalk:
     __slots__ = ("_excluded", "_math")
 
     def __init__(self, schedule: IntervalSchedule) -> None:
-        end = None if schedule.end_at is None else _us(schedule.end_at)
-        self._math = IntervalMath(_us(schedule.start_at), schedule.every_s * 1_000_000, end)
+        end = None if schedule.end_at is None else epoch_us(schedule.end_at)
+        self._math = IntervalMath(epoch_us(schedule.start_at), schedule.every_s * 1_000_000, end)
         self._excluded = _exclusions(schedule.exclude, schedule.timezone, 1) if schedule.exclude else None
 
     def first_at_or_after(self, low: int, high: int = _FAR_US) -> int | None:
@@ -397,8 +402,8 @@ def next_occurrence(schedule: Schedule, after: datetime) -> datetime | None:
     if isinstance(schedule, OneOffSchedule):
         return schedule.run_at if schedule.run_at > after else None
     if isinstance(schedule, IntervalSchedule):
-        found_us = _IntervalWalk(schedule).first_at_or_after(_us(after) + 1)
-        return None if found_us is None else _from_us(found_us)
+        found_us = _IntervalWalk(schedule).first_at_or_after(epoch_us(after) + 1)
+        return None if found_us is None else from_epoch_us(found_us)
     found = _CronWalk(schedule).first_at_or_after(_floor_s(after) + 1)
     return None if found is None else _to_datetime(found)
 
@@ -417,7 +422,7 @@ def first_occurrence(schedule: Schedule, now: datetime) -> datetime | None:
         return schedule.run_at
     if isinstance(schedule, IntervalSchedule):
         found_us = _IntervalWalk(schedule).first_at_or_after(_floor_s(now) * 1_000_000)
-        return None if found_us is None else _from_us(found_us)
+        return None if found_us is None else from_epoch_us(found_us)
     return next_occurrence(schedule, now)
 
 
@@ -433,9 +438,9 @@ def occurrences(schedule: Schedule, after: datetime, limit: int) -> list[datetim
     if isinstance(schedule, IntervalSchedule):
         every = _IntervalWalk(schedule)
         listed: list[datetime] = []
-        cursor_us = _us(after) + 1
+        cursor_us = epoch_us(after) + 1
         while len(listed) < limit and (instant_us := every.first_at_or_after(cursor_us)) is not None:
-            listed.append(_from_us(instant_us))
+            listed.append(from_epoch_us(instant_us))
             cursor_us = instant_us + 1
         return listed
     walk = _CronWalk(schedule)
@@ -461,8 +466,8 @@ def latest_at_or_before(schedule: Schedule, at: datetime, not_before: datetime) 
     if isinstance(schedule, OneOffSchedule):
         return schedule.run_at if not_before <= schedule.run_at <= at else None
     if isinstance(schedule, IntervalSchedule):
-        found_us = _IntervalWalk(schedule).last_at_or_before(_us(at), _us(not_before))
-        return None if found_us is None else _from_us(found_us)
+        found_us = _IntervalWalk(schedule).last_at_or_before(epoch_us(at), epoch_us(not_before))
+        return None if found_us is None else from_epoch_us(found_us)
     walk = _CronWalk(schedule)
     low, high = _ceil_s(not_before), _floor_s(at)
     if low > high:
@@ -497,7 +502,7 @@ def count_between(schedule: Schedule, after: datetime, until: datetime, cap: int
     if isinstance(schedule, OneOffSchedule):
         return 1 if after < schedule.run_at <= until else 0
     if isinstance(schedule, IntervalSchedule):
-        low_us, high_us = _us(after) + 1, _us(until)
+        low_us, high_us = epoch_us(after) + 1, epoch_us(until)
         return 0 if low_us > high_us else min(_IntervalWalk(schedule).count_in(low_us, high_us), cap)
     walk = _CronWalk(schedule)
     high = _floor_s(until)

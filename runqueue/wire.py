@@ -22,11 +22,12 @@ import struct
 import uuid
 import zlib
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
 import msgpack
 
-from duetime.core.runpath import FencedRun, Published, RunSpec, epoch_us
+from duetime.core.runpath import FencedRun, Published, RunSpec
+from duetime.core.schedule import epoch_us, from_epoch_us
 
 # ---------------------------------------------------------------------------------- wheel entries
 
@@ -34,9 +35,6 @@ ENTRY = struct.Struct(">q16sqqBH")  # due_ms, job_id, lease_token, scheduled_for
 ENTRY_SIZE = ENTRY.size
 DUE_PREFIX = struct.Struct(">q")
 """The 8-byte big-endian due instant every wheel entry starts with (the wheel reads only this)."""
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +68,7 @@ def owner_lane(owner: str) -> int:
 
 
 to_us = epoch_us
-
-
-def from_us(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=us)
+from_us = from_epoch_us
 
 
 def to_ms(value: datetime) -> int:
@@ -200,8 +195,8 @@ def encode_message(run: FencedRun, publisher: str) -> bytes:
             run.shard,
             run.owner,
             run.lease_token,
-            (run.scheduled_for - _EPOCH) // _US,
-            (run.due_at - _EPOCH) // _US,
+            to_us(run.scheduled_for),
+            to_us(run.due_at),
             run.attempt,
             run.spec.text,
             run.spec.version,
@@ -230,8 +225,8 @@ def decode_message(data: bytes) -> Published:
             shard=int(shard),
             owner=str(owner),
             lease_token=int(token),
-            scheduled_for=_EPOCH + scheduled_us * _US,
-            due_at=_EPOCH + due_us * _US,
+            scheduled_for=from_us(scheduled_us),
+            due_at=from_us(due_us),
             attempt=int(attempt),
             spec=run_spec,
             run_kind=str(kind),
