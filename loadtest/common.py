@@ -1,5 +1,6 @@
-"""Shared pieces of the benchmarks: a scratch database, a receiver in its own process, quantiles,
-and the two outputs every benchmark prints (one JSON line, one human table)."""
+"""Shared pieces of the benchmarks: a scratch database, claimed one-off jobs in it, a receiver in
+its own process, quantiles, and the two outputs every benchmark prints (one JSON line, one human
+table)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,16 @@ import secrets
 import socket
 import time
 from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 
+from duetime.core.model import Broker, JobSpec, OneOffSchedule, QueueTarget, RetryPolicy
+from duetime.core.runpath import Claim
+from duetime.storage.bulk import BulkJob, analyze_jobs, seed_jobs
 from duetime.storage.migrate import migrate
+from duetime.storage.postgres import PostgresStore
 
 ADMIN_DSN = os.environ.get("DUETIME_BENCH_PG", "postgresql://root@127.0.0.1:5432/postgres")
 
@@ -42,6 +48,36 @@ async def scratch_database(prefix: str = "duetime_bench") -> AsyncIterator[str]:
             await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             await conn.close()
+
+
+async def claimed_one_offs(
+    store: PostgresStore, dsn: str, n: int, *, topic: str, analyze: bool = False
+) -> list[list[Claim]]:
+    """``n`` one-off jobs like the burst's (bulk COPY, a Redis stream target, one attempt) due a
+    second ago, claimed by the engine "bench" for 600 s: the claims of each ``claim_due`` call
+    (at most 500, one shard's). ``analyze``: ANALYZE after the seed, as the burst does, so the
+    planner sees the rows (as idle)."""
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    spec = JobSpec(
+        target=QueueTarget(broker=Broker.REDIS, topic=topic),
+        schedule=OneOffSchedule(due),
+        retry=RetryPolicy(max_attempts=1),
+    )
+    ids = set(await seed_jobs([dsn] * 16, (BulkJob("bench", spec) for _ in range(n)), datetime.now(UTC)))
+    if analyze:
+        await analyze_jobs([dsn])
+    batches: list[list[Claim]] = []
+    for shard in range(16):
+        while True:
+            claims = [
+                c
+                for c in await store.claim_due(shard, "bench", lookahead_s=60, lease_s=600, limit=500)
+                if c.job_id in ids
+            ]
+            if not claims:
+                break
+            batches.append(claims)
+    return batches
 
 
 def quantiles(values: Sequence[float], qs: Sequence[float] = (0.5, 0.9, 0.99)) -> dict[str, float]:

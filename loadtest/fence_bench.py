@@ -24,52 +24,32 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import uvloop
 
-from duetime.core.model import Broker, JobSpec, OneOffSchedule, QueueTarget, RetryPolicy
 from duetime.runqueue import wire
-from duetime.storage.bulk import BulkJob, analyze_jobs, seed_jobs
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
-from loadtest.common import print_report, scratch_database
-from loadtest.record_bench import _cpu_s
+from loadtest.common import claimed_one_offs, print_report, scratch_database
+from loadtest.stages import procs_cpu_s
 
 
 async def _entries(store: PostgresStore, dsn: str, n: int) -> list[bytes]:
-    """``n`` one-off jobs due a second ago, claimed, each packed as the engine packs a claim."""
-    due = datetime.now(UTC) - timedelta(seconds=1)
-    spec = JobSpec(
-        target=QueueTarget(broker=Broker.REDIS, topic="bench-fence"),
-        schedule=OneOffSchedule(due),
-        retry=RetryPolicy(max_attempts=1),
-    )
-    ids = set(await seed_jobs([dsn] * 16, (BulkJob("bench", spec) for _ in range(n)), datetime.now(UTC)))
-    await analyze_jobs([dsn])  # as the burst does after its bulk seed: the planner sees the rows
+    """``n`` one-off jobs due a second ago, claimed (after an ANALYZE, as the burst does), each
+    packed as the engine packs a claim."""
     lane = wire.owner_lane("bench")
-    out: list[bytes] = []
-    for shard in range(16):
-        while True:
-            claims = [
-                c
-                for c in await store.claim_due(shard, "bench", lookahead_s=60, lease_s=600, limit=500)
-                if c.job_id in ids
-            ]
-            if not claims:
-                break
-            out.extend(
-                wire.pack_entry(wire.to_ms(c.due_at), c.job_id, c.lease_token, c.scheduled_for, c.shard, lane)
-                for c in claims
-            )
-    return out
+    return [
+        wire.pack_entry(wire.to_ms(c.due_at), c.job_id, c.lease_token, c.scheduled_for, c.shard, lane)
+        for claims in await claimed_one_offs(store, dsn, n, topic="bench-fence", analyze=True)
+        for c in claims
+    ]
 
 
 async def _fence(store: PostgresStore, entries: list[bytes], batch: int, pids: list[int]) -> dict[str, float]:
     unpack_s = call_s = 0.0
     fenced = 0
-    pg0, wall0 = _cpu_s(pids), time.perf_counter()
+    pg0, wall0 = procs_cpu_s(pids), time.perf_counter()
     for i in range(0, len(entries), batch):
         t0 = time.process_time()
         items = [wire.unpack_entry(e) for e in entries[i : i + batch]]
@@ -77,7 +57,7 @@ async def _fence(store: PostgresStore, entries: list[bytes], batch: int, pids: l
         fenced += len(await store.fence_runs(items, lease_s=600))
         call_s += time.process_time() - t1
         unpack_s += t1 - t0
-    pg, wall = _cpu_s(pids) - pg0, time.perf_counter() - wall0
+    pg, wall = procs_cpu_s(pids) - pg0, time.perf_counter() - wall0
     assert fenced == len(entries), (fenced, len(entries))
     n = len(entries)
     return {

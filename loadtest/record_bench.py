@@ -23,53 +23,24 @@ import argparse
 import json
 import os
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import uvloop
 
-from duetime.core.model import Broker, JobSpec, OneOffSchedule, Outcome, QueueTarget, RetryPolicy
+from duetime.core.model import Outcome
 from duetime.core.runpath import AttemptReport, FencedRun, Verdict
-from duetime.storage.bulk import BulkJob, seed_jobs
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
-from loadtest.common import scratch_database
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_s(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return total / _TICK
+from loadtest.common import claimed_one_offs, scratch_database
+from loadtest.stages import procs_cpu_s
 
 
 async def _fenced(store: PostgresStore, dsn: str, n: int) -> list[FencedRun]:
     """``n`` one-off jobs due a second ago, claimed and fenced."""
-    due = datetime.now(UTC) - timedelta(seconds=1)
-    spec = JobSpec(
-        target=QueueTarget(broker=Broker.REDIS, topic="bench-record"),
-        schedule=OneOffSchedule(due),
-        retry=RetryPolicy(max_attempts=1),
-    )
-    ids = set(await seed_jobs([dsn] * 16, (BulkJob("bench", spec) for _ in range(n)), datetime.now(UTC)))
     runs: list[FencedRun] = []
-    for shard in range(16):
-        while True:
-            claims = [
-                c
-                for c in await store.claim_due(shard, "bench", lookahead_s=60, lease_s=600, limit=500)
-                if c.job_id in ids
-            ]
-            if not claims:
-                break
-            runs.extend(await store.fence_runs(claims, lease_s=600))
+    for claims in await claimed_one_offs(store, dsn, n, topic="bench-record"):
+        runs.extend(await store.fence_runs(claims, lease_s=600))
     return runs
 
 
@@ -83,11 +54,11 @@ async def _record(
         _ = r.spec.parsed  # the worker parsed it for the call; not the record stage's cost
     lsn = "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"
     wal0 = await store.home_pool.fetchval(lsn)
-    node0, pg0, wall0 = time.process_time(), _cpu_s(pids), time.perf_counter()
+    node0, pg0, wall0 = time.process_time(), procs_cpu_s(pids), time.perf_counter()
     applied = 0
     for i in range(0, len(reports), batch):
         applied += (await store.complete_runs(reports[i : i + batch])).applied
-    node, pg, wall = time.process_time() - node0, _cpu_s(pids) - pg0, time.perf_counter() - wall0
+    node, pg, wall = time.process_time() - node0, procs_cpu_s(pids) - pg0, time.perf_counter() - wall0
     wal = await store.home_pool.fetchval(lsn) - wal0
     history = await store.home_pool.fetchval(
         "SELECT count(*) FROM runs WHERE job_id = ANY($1::uuid[])", [r.job_id for r in runs]

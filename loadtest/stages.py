@@ -294,6 +294,11 @@ def proc_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def procs_cpu_s(pids: Iterable[int]) -> float:
+    """utime + stime of several processes together, in seconds; a process gone counts 0."""
+    return sum(proc_cpu_s(pid) or 0.0 for pid in pids)
+
+
 def proc_start_ticks(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -493,7 +498,7 @@ class StageWindow:
             load_1m=os.getloadavg()[0],
             node_s={p: proc_cpu_s(p) or 0.0 for p in self.node_pids},
             pg_s=self.pg.cpu_s(),
-            pg_background_s=sum(proc_cpu_s(p) or 0.0 for p in self._background.values()),
+            pg_background_s=procs_cpu_s(self._background.values()),
             redis_s=(proc_cpu_s(self._redis) or 0.0) if self._redis else 0.0,
             nats_s=(proc_cpu_s(self._nats) or 0.0) if self._nats else 0.0,
         )
