@@ -157,18 +157,20 @@ async def _claim_everything(store: PostgresStore) -> list[Claim]:
     return claimed
 
 
+async def _seed_burst(dsn: str, owner: str, n: int) -> None:
+    """``n`` one-off jobs of ``owner`` due together in 30 s, a Redis target: a burst to claim."""
+    at = datetime.now(UTC) + timedelta(seconds=30)
+    target = QueueTarget(broker=Broker.REDIS, topic="burst")
+    jobs = (BulkJob(owner, JobSpec(target=target, schedule=OneOffSchedule(at))) for _ in range(n))
+    await seed_jobs([dsn] * 16, jobs, datetime.now(UTC))
+
+
 async def test_a_burst_keeps_fences_heartbeats_and_releases_on_the_primary_key(fresh_dsns: list[str]) -> None:
     """Regression: with statistics from before the burst (nothing leased), the planner read the
     whole lease index for every 500-row fence: cost growing with the wheel, seconds per batch at a
     million claimed. The lease and holder indexes are now keyed on IS NOT NULL (migration 0002)."""
     dsn = fresh_dsns[0]
-    at = datetime.now(UTC) + timedelta(seconds=30)
-    target = QueueTarget(broker=Broker.REDIS, topic="burst")
-    await seed_jobs(
-        [dsn] * 16,
-        (BulkJob("carol", JobSpec(target=target, schedule=OneOffSchedule(at))) for _ in range(4000)),
-        datetime.now(UTC),
-    )
+    await _seed_burst(dsn, "carol", 4000)
     pad = await asyncpg.connect(dsn)  # and a registry around them: jobs due over the next weeks
     try:
         await pad.execute(
@@ -267,13 +269,7 @@ async def test_run_path_statements_stay_linear_on_a_small_table(fresh_dsns: list
     guards are now read from the rows as locked, and ``jobs`` is reached by its primary key. The
     completion's statements are checked the same way (``finish_ordinary`` was built so)."""
     dsn = fresh_dsns[0]
-    at = datetime.now(UTC) + timedelta(seconds=30)
-    target = QueueTarget(broker=Broker.REDIS, topic="burst")
-    await seed_jobs(
-        [dsn] * 16,
-        (BulkJob("dave", JobSpec(target=target, schedule=OneOffSchedule(at))) for _ in range(5000)),
-        datetime.now(UTC),
-    )
+    await _seed_burst(dsn, "dave", 5000)
     await analyze_jobs([dsn])  # all idle: what an engine's planner knows when the burst begins
     store = await PostgresStore.open(ShardMap.single(dsn), pool_size=2)
     conn = await asyncpg.connect(dsn)
