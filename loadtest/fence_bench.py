@@ -9,7 +9,10 @@ Measures, per run:
   the ``fence_runs`` call (its arguments, the driver's encoding and decoding, a ``FencedRun`` per
   row, the event loop);
 * PostgreSQL: ``utime + stime`` from ``/proc`` of the pool's backend around the same calls;
-* that every run passed its fence.
+* that every run passed its fence;
+* the share of the fence's row updates that were HOT (a new version on the same page, no index
+  entry) and the WAL written per run, from PostgreSQL's counters around the fences (the WAL is
+  the server's: other work on it counts too).
 
 Each round fences fresh rows; the best round and the mean are printed, because the machine's
 other work only ever adds time. Compare two versions of the code by running this in each (a
@@ -29,6 +32,7 @@ from typing import Any
 import uvloop
 
 from duetime.runqueue import wire
+from duetime.storage.bulk import table_writes
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from loadtest.common import claimed_one_offs, print_report, scratch_database
@@ -69,6 +73,17 @@ async def _fence(store: PostgresStore, entries: list[bytes], batch: int, pids: l
     }
 
 
+async def _counters(store: PostgresStore, dsn: str) -> dict[str, int]:
+    """PostgreSQL's write counters with the pool's own counts in them. A backend keeps its counts
+    to itself until it flushes them, and a pooled connection left idle did not within seconds
+    (the fence's HOT updates were missing from pg_stat_user_tables while its pages held them), so
+    the connection is told to flush at its next statement, and given one."""
+    async with store.home_pool.acquire() as conn:
+        await conn.execute("SELECT pg_stat_force_next_flush()")
+        await conn.execute("SELECT 1")
+    return await table_writes([dsn])
+
+
 async def main(a: argparse.Namespace) -> None:
     async with scratch_database("duetime_fencebench") as dsn:
         store = await PostgresStore.open(ShardMap.single(dsn), pool_size=1)
@@ -82,7 +97,14 @@ async def main(a: argparse.Namespace) -> None:
                 ]
             rounds = []
             for _ in range(a.rounds):
-                rounds.append(await _fence(store, await _entries(store, dsn, a.runs), a.batch, pids))
+                entries = await _entries(store, dsn, a.runs)
+                before = await _counters(store, dsn)
+                one = await _fence(store, entries, a.batch, pids)
+                after = await _counters(store, dsn)
+                updates = after["upd"] - before["upd"]
+                one["hot_share"] = (after["hot_upd"] - before["hot_upd"]) / updates if updates else 0.0
+                one["wal_b"] = (after["wal_bytes"] - before["wal_bytes"]) / len(entries)
+                rounds.append(one)
         finally:
             await store.close()
     keys = ("unpack_us", "call_us", "node_us", "pg_us", "wall_us")
@@ -96,6 +118,8 @@ async def main(a: argparse.Namespace) -> None:
         "best": {k: round(min(r[k] for r in rounds), 2) for k in keys},
         "mean": {k: round(sum(r[k] for r in rounds) / len(rounds), 2) for k in keys},
         "each": {k: [round(r[k], 1) for r in rounds] for k in keys},
+        "hot_share": [round(r["hot_share"], 3) for r in rounds],
+        "wal_bytes_per_run": [round(r["wal_b"]) for r in rounds],
     }
     print_report(
         "fence",
@@ -104,7 +128,11 @@ async def main(a: argparse.Namespace) -> None:
             (f"µs per run, {k.removesuffix('_us')}", f"best {summary['best'][k]}, mean {summary['mean'][k]}")
             for k in keys
         ]
-        + [("load (1 min)", str(summary["load_1m"]))],
+        + [
+            ("HOT share of updates", ", ".join(f"{h:.0%}" for h in summary["hot_share"])),
+            ("WAL per run (B)", ", ".join(str(w) for w in summary["wal_bytes_per_run"])),
+            ("load (1 min)", str(summary["load_1m"])),
+        ],
     )
 
 
