@@ -16,35 +16,14 @@ import asyncpg
 import pytest
 
 from duetime.core.ids import new_job_id, shard_of
-from duetime.storage.migrate import migrate, migration_files
-from tests.conftest import ADMIN_DSN, _drop_db, _dsn_for
+from duetime.storage.migrate import migrate
+from tests.support.migrations import database_before
 
 
 @pytest.fixture
 async def old_db(run_tag: str) -> AsyncIterator[str]:
-    name = f"duetime_test_{run_tag}_m6"
-    admin = await asyncpg.connect(ADMIN_DSN)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    dsn = _dsn_for(name)
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(
-            "CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        for version, file, sql in migration_files():
-            if version >= 6:
-                break
-            await conn.execute(sql)
-            await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, file)
-    finally:
-        await conn.close()
-    yield dsn
-    await _drop_db(name)
+    async with database_before(6, f"duetime_test_{run_tag}_m6") as dsn:
+        yield dsn
 
 
 SPEC = {"target": {"type": "queue", "broker": "nats", "topic": "t"}, "schedule": {"cron": "@hourly"}}
