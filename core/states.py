@@ -121,6 +121,7 @@ class RunEvent(enum.StrEnum):
     COMPLETE = "complete"
     FINISH_ORDINARY = "finish_ordinary"
     SKIP = "skip"
+    CARRY = "carry"
     LAPSE = "lapse"
     RESTART = "restart"
     SPLIT = "split"
@@ -233,6 +234,13 @@ PHASE_EVENTS: dict[RunEvent, PhaseStep] = {
         "the misfire policy skips a claimed row's missed occurrences",
         ("lock_for_completion", "apply_plans"),
         guard="python",
+    ),
+    RunEvent.CARRY: PhaseStep(
+        _ph(_RUNNING),
+        None,
+        "the janitor: a run that outlived its claim's lease has the lease index's key (leased_until) "
+        "carried up to its run's lease (run_until)",
+        ("carry_run_leases",),
     ),
     RunEvent.LAPSE: PhaseStep(
         BUSY_PHASES,

@@ -107,6 +107,9 @@ class _Row:
     lease_token: int = 0
     claimed_by: str | None = None
     leased_until: datetime | None = None
+    # A running row's lease (migration 0010): the fence, heartbeats, take and keep set it and
+    # leave leased_until as the claim set it; the janitor takes a running row once both lapsed.
+    run_until: datetime | None = None
     last_run: dict[str, Any] | None = None
     parent_id: uuid.UUID | None = None
     split_at: datetime | None = None
@@ -828,7 +831,7 @@ class MemoryStore:
                 continue
             row.phase = "running"
             row.scheduled_for = item.scheduled_for
-            row.leased_until = now + timedelta(seconds=lease_s)
+            row.run_until = now + timedelta(seconds=lease_s)
             assert row.next_run_at is not None
             text = _spec_text(row.spec)
             out.append(
@@ -860,7 +863,10 @@ class MemoryStore:
         for lease in leases:
             row = self._held(lease, finishable)
             if row is not None:
-                row.leased_until = until
+                if row.phase == "running":
+                    row.run_until = until
+                else:
+                    row.leased_until = until
                 held.add(row.job_id)
         return held
 
@@ -934,7 +940,7 @@ class MemoryStore:
                 row.pending_triggers = sorted(t for t in row.pending_triggers if t > consumed)
             row.split_at = w.split_at
             row.handed_upto = plan.handed_upto
-            row.phase, row.claimed_by, row.leased_until = "idle", None, None
+            row.phase, row.claimed_by, row.leased_until, row.run_until = "idle", None, None, None
             if w.last_run is not None:
                 row.last_run = w.last_run
             row.updated_at = now
@@ -1115,6 +1121,7 @@ class MemoryStore:
                 and r.phase != "idle"
                 and r.leased_until is not None
                 and r.leased_until < now
+                and (r.run_until is None or r.run_until < now)
             ),
             key=lambda r: r.leased_until or now,
         )[:limit]
@@ -1219,7 +1226,7 @@ class MemoryStore:
                 or row.claimed_by != item.publisher
             ):
                 continue
-            row.claimed_by, row.leased_until = holder, until
+            row.claimed_by, row.run_until = holder, until
             taken.add(Lease(row.job_id, item.shard, row.lease_token))
         return taken
 
@@ -1232,7 +1239,7 @@ class MemoryStore:
         for lease in leases:
             row = self._held(lease, lambda phase: phase == "running")
             if row is not None and row.claimed_by == holder:
-                row.leased_until = until
+                row.run_until = until
                 held.add(row.job_id)
         return held
 

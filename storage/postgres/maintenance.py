@@ -22,8 +22,14 @@ class MaintenancePart(StoreBase):
     async def rescue_expired(self, shard: int, *, limit: int) -> CompletionStats:
         """The janitor: rows whose lease lapsed become due again. A claimed row that never fired
         is released as it was; a running one had an attempt whose outcome nobody recorded, so it
-        is finished as ``lease_expired`` and retried under the job's policy."""
+        is finished as ``lease_expired`` and retried under the job's policy.
+
+        A running row's lease is ``run_until``, which no index reads (so its fence and
+        heartbeats are HOT updates); the lease index is keyed on the claim's ``leased_until``.
+        Runs that outlive that key have it carried up to their ``run_until`` first, so the scan
+        below does not walk the same live runs on every round (storage/sql/maintenance.sql)."""
         async with translated(), self.pool_for_shard(shard).acquire() as conn:
+            await conn.execute(Q["carry_run_leases"], shard, limit)
             async with conn.transaction():
                 ids = [r["job_id"] for r in await conn.fetch(Q["expired_leases"], shard, limit)]
                 if not ids:

@@ -3,12 +3,36 @@
 
 -- name: expired_leases
 -- The janitor's batch: leases that lapsed on one shard, from the lease index, skipping rows
--- someone else is already finishing.
+-- someone else is already finishing. A claimed row's lease is leased_until; a running row's is
+-- run_until (migration 0010: the fence and the heartbeats set it, and no index reads it, so they
+-- are HOT updates). A running row keeps the leased_until of its claim (its due time, or in a
+-- burst the time the fencer was expected to reach it, plus a lease), which is the index key:
+-- the row is found once that has passed, and taken only if run_until has passed too. A run in
+-- flight is therefore rescued when the later of the two lapses: its run's lease, or, where the
+-- fencer reached it sooner than its claim expected, its claim's (docs/guarantees.md, "Leases").
 SELECT job_id FROM jobs
 WHERE shard = $1 AND phase <> 'idle' AND leased_until < now()
+  AND (run_until IS NULL OR run_until < now())  -- a claimed row has none: going idle clears it
 ORDER BY leased_until
 LIMIT $2
 FOR UPDATE SKIP LOCKED;
+
+-- name: carry_run_leases
+-- Runs that outlive their claim's lease (a slow target, heartbeats keeping run_until ahead):
+-- their leased_until, the lease index's key, is moved up to run_until, so expired_leases, which
+-- walks that index from its oldest key, does not walk past the same live runs on every pass. One
+-- write per such run per lease period, by the janitor before expired_leases; the heartbeats
+-- themselves stay HOT. Rows locked elsewhere (a completion, a heartbeat) are left to the next pass.
+WITH live AS (
+    SELECT job_id FROM jobs
+    WHERE shard = $1 AND leased_until < now() AND phase = 'running' AND run_until >= now()
+    ORDER BY leased_until
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j SET leased_until = j.run_until
+FROM live
+WHERE j.job_id = live.job_id;
 
 -- name: running_of_engine
 SELECT job_id FROM jobs
@@ -54,6 +78,6 @@ RETURNING j.job_id;
 -- statement above lost to a crash.
 UPDATE jobs p SET state = 'completed', updated_at = now()
 WHERE p.shard = $1 AND p.state = 'scheduled' AND p.next_run_at IS NULL
-  AND p.phase = 'idle' AND p.parent_id IS NULL AND p.spec->'schedule' ?| array['cron', 'every']
+  AND p.claimed_by IS NULL AND p.phase = 'idle' AND p.parent_id IS NULL AND p.spec->'schedule' ?| array['cron', 'every']
   AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = p.job_id)
 RETURNING p.job_id;

@@ -25,7 +25,7 @@ WITH locked AS MATERIALIZED (
     ORDER BY j.job_id
     FOR UPDATE OF j
 )
-UPDATE jobs j SET claimed_by = $4, leased_until = now() + make_interval(secs => $5)
+UPDATE jobs j SET claimed_by = $4, run_until = now() + make_interval(secs => $5)
 FROM locked l
 WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
   AND j.job_id = l.job_id AND l.lease_token = l.token
@@ -37,6 +37,7 @@ RETURNING j.job_id, j.lease_token;
 -- changes) or they are finished; what this does not return is no longer the engine's to keep.
 -- Locked in job id order first, by primary key (see take_runs), behind the gate of fence_runs,
 -- and updated by primary key; the guards are read from the rows as locked, as in fence_runs.
+-- A running row's lease is run_until (migration 0010): this is a HOT update.
 WITH locked AS MATERIALIZED (
     SELECT j.job_id, j.lease_token, j.phase, j.claimed_by, u.token
     FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
@@ -44,7 +45,7 @@ WITH locked AS MATERIALIZED (
     ORDER BY j.job_id
     FOR UPDATE OF j
 )
-UPDATE jobs j SET leased_until = now() + make_interval(secs => $4)
+UPDATE jobs j SET run_until = now() + make_interval(secs => $4)
 FROM locked l
 WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
   AND j.job_id = l.job_id AND l.lease_token = l.token

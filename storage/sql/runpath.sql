@@ -5,13 +5,14 @@
 
 -- name: claim_due
 -- The claim: the next batch of idle rows due within the lookahead on one shard, skipping rows
--- another engine holds. A new lease token (the fencing token: it only grows), the claimer's id
+-- another engine holds. "claimed_by IS NULL" is what lets the planner use jobs_due (its predicate,
+-- since migration 0010); the table keeps it equal to "phase = 'idle'" (a check constraint). A new lease token (the fencing token: it only grows), the claimer's id
 -- and a lease that runs until the row is due plus the lease length, in one statement. The
 -- late rows also carry their spec, so the engine can apply the job's misfire policy or start a
 -- catch-up: rows past their grace, and recurring rows a second or more behind their due time.
 WITH due AS (
     SELECT job_id FROM jobs
-    WHERE shard = $1 AND state = 'scheduled' AND phase = 'idle'
+    WHERE shard = $1 AND state = 'scheduled' AND claimed_by IS NULL AND phase = 'idle'
       AND next_run_at <= now() + make_interval(secs => $3)
     ORDER BY next_run_at
     LIMIT $4
@@ -76,6 +77,9 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_
 -- the other way (the update on the guards, the CTE by id), the CTE was rescanned once per row:
 -- ~150 ms of a 500-row fence (docs/performance.md, fifth session).
 -- The same shape is in extend_leases, release_claims, take_runs and extend_published.
+-- The update is HOT (a new row version on the same page, no index entry): it sets no column an
+-- index reads. The running lease goes to run_until; leased_until keeps the claim's lease, which
+-- the janitor's index is keyed on (migration 0010; expired_leases, carry_run_leases).
 -- $4: each occurrence as µs since the epoch (a bigint: exact, and cheaper for the node to send
 -- than a timestamptz), turned back in whole seconds and the µs left over, each exact as a float8:
 -- "us * interval '1 microsecond'" goes through a float8 too and lost µs past the year 2255
@@ -90,7 +94,7 @@ WITH locked AS MATERIALIZED (
 UPDATE jobs j SET
     phase = 'running',
     scheduled_for = to_timestamp(l.scheduled_us / 1000000) + (l.scheduled_us % 1000000) * interval '1 microsecond',
-    leased_until = now() + make_interval(secs => $3)
+    run_until = now() + make_interval(secs => $3)
 FROM locked l
 WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
   AND j.job_id = l.job_id
@@ -103,7 +107,8 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.scheduled_for, j.next_run
 -- extend_published): batches that overlap must not lock in the orders of their input arrays, or
 -- they deadlock under load (see take_runs). The whole batch is locked, behind the gate of
 -- fence_runs, so no row the update writes is locked out of that order; the guards are read from
--- the rows as locked, as in fence_runs.
+-- the rows as locked, as in fence_runs. A running row's lease is run_until, which no index reads:
+-- its heartbeat is a HOT update, as its fence was.
 WITH locked AS MATERIALIZED (
     SELECT j.job_id, j.lease_token, j.phase, u.token
     FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
@@ -111,7 +116,9 @@ WITH locked AS MATERIALIZED (
     ORDER BY j.job_id
     FOR UPDATE OF j
 )
-UPDATE jobs j SET leased_until = now() + make_interval(secs => $3)
+UPDATE jobs j SET
+    leased_until = CASE WHEN l.phase = 'claimed' THEN now() + make_interval(secs => $3) ELSE j.leased_until END,
+    run_until = CASE WHEN l.phase = 'running' THEN now() + make_interval(secs => $3) ELSE j.run_until END
 FROM locked l
 WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
   AND j.job_id = l.job_id AND l.lease_token = l.token AND l.phase <> 'idle'

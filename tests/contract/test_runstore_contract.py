@@ -197,6 +197,50 @@ async def test_a_recurring_job_moves_to_its_next_occurrence(store: Store) -> Non
     assert after.next_run_at > run.scheduled_for and after.attempt == 0
 
 
+async def _rescued(store: Store, owner: str, jid: uuid.UUID) -> bool:
+    """One janitor round on the job's shard (other tests' rows may share it): whether the job's
+    run was recorded as lease_expired by now."""
+    await store.rescue_expired(shard_of(jid), limit=500)
+    runs = (await store.list_runs(owner, jid, limit=10, cursor=None)).items
+    assert all(r.outcome is Outcome.LEASE_EXPIRED and r.attempt == 1 for r in runs), runs
+    return bool(runs)
+
+
+async def test_a_run_lives_by_its_own_lease_once_its_claims_has_lapsed(store: Store) -> None:
+    """A running row's lease is the one its fence set and its heartbeats extend, kept apart from
+    its claim's (migration 0010: the fence and the heartbeats then write no index entry): a run
+    whose claim's lease has lapsed is left alone while its own holds, a heartbeat keeps it past
+    the fence's lease, and once that lapses too the janitor records it as lease_expired."""
+    o, e = new_owner(), engine_id()
+    jid = await due_job(store, o)
+    await asyncio.sleep(SOON.total_seconds())  # due: the claim's lease runs from now
+    claimed = await claim(store, e, [jid], lease_s=0.2)
+    [run] = await fence(store, [claimed[jid]], lease_s=1.0)
+    await asyncio.sleep(0.5)
+    assert not await _rescued(store, o, jid), "the claim's lease lapsed; the run's holds"
+    assert await store.extend_leases([lease(run)], lease_s=2.0) == {jid}
+    await asyncio.sleep(1.0)
+    assert not await _rescued(store, o, jid), "past the fence's lease, inside the heartbeat's"
+    await asyncio.sleep(1.5)  # no more heartbeats: the run's lease lapses
+    assert await _rescued(store, o, jid)
+
+
+async def test_a_run_is_rescued_when_the_later_of_its_leases_lapses(store: Store) -> None:
+    """The other side of keeping the run's lease apart: the janitor finds rows by their claim's
+    lease (the lease index's key), so a run fenced well before its claim expected (a burst's claim
+    lasts until the fencer was expected to reach it) is rescued when that lapses, not sooner.
+    Documented in docs/guarantees.md ("Leases"); the fake keeps the same rule."""
+    o, e = new_owner(), engine_id()
+    jid = await due_job(store, o)
+    await asyncio.sleep(SOON.total_seconds())
+    claimed = await claim(store, e, [jid], lease_s=2.0)
+    await fence(store, [claimed[jid]], lease_s=0.2)
+    await asyncio.sleep(0.6)
+    assert not await _rescued(store, o, jid), "the run's lease lapsed, its claim's holds"
+    await asyncio.sleep(2.0)
+    assert await _rescued(store, o, jid)
+
+
 async def test_the_janitor_releases_lapsed_claims_and_expires_lapsed_runs(store: Store) -> None:
     o, e = new_owner(), engine_id()
     waiting, calling = await due_job(store, o), await due_job(store, o)

@@ -108,8 +108,8 @@ async def test_owner_actions_and_a_fence_on_one_job_never_deadlock(db: tuple[str
                     fences += 1
                     await conn.execute(
                         "WITH f AS (SELECT job_id FROM jobs WHERE (job_id = $1 OR parent_id = $1) "
-                        "ORDER BY job_id FOR UPDATE) UPDATE jobs j SET phase = 'idle' FROM f "
-                        "WHERE j.job_id = f.job_id",
+                        "ORDER BY job_id FOR UPDATE) UPDATE jobs j SET phase = 'idle', claimed_by = NULL, "
+                        "leased_until = NULL, run_until = NULL FROM f WHERE j.job_id = f.job_id",
                         job_id,
                     )
                 await asyncio.sleep(0)

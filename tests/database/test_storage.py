@@ -281,6 +281,29 @@ async def test_recurring_next_occurrence_from_scheduled_time(store: PostgresStor
     assert after.next_run_at == datetime(2027, 1, 1, tzinfo=UTC)
 
 
+async def test_the_janitor_carries_the_lease_key_of_a_run_outliving_its_claim(store: PostgresStore) -> None:
+    """A running row stays in the lease index under its claim's lease (leased_until: the fence
+    leaves it, so that it writes no index entry). Once that lapses while the run's own lease
+    (run_until) holds, the janitor's round moves leased_until up to run_until: the janitor's scan,
+    which walks the index from its oldest key, would otherwise pass the same live run on every
+    round until the run ended."""
+    o = owner()
+    job, _ = await store.create_job(o, one_off(now() - timedelta(seconds=1)))
+    jid = uuid.UUID(job.id)
+    [run] = await fence(store, await claim_all(store, jid, lease_s=0.05), lease_s=30)
+    pool = store.pool_for_shard(shard_of(jid))
+    read = "SELECT phase, leased_until, run_until FROM jobs WHERE job_id = $1"
+    fenced = await pool.fetchrow(read, jid)
+    assert fenced["run_until"] > fenced["leased_until"]
+    await asyncio.sleep(0.2)
+    await store.rescue_expired(shard_of(jid), limit=500)
+    carried = await pool.fetchrow(read, jid)
+    assert carried["phase"] == "running"
+    assert carried["leased_until"] == carried["run_until"] == fenced["run_until"]
+    assert (await store.list_runs(o, jid, limit=10, cursor=None)).items == []
+    assert (await store.complete_runs([report(run, Outcome.SUCCEEDED)])).applied == 1
+
+
 async def test_stale_completion_after_janitor_rescue(store: PostgresStore) -> None:
     o = owner()
     job, _ = await store.create_job(o, one_off(now() - timedelta(seconds=1)))

@@ -180,7 +180,7 @@ async def test_a_publishing_engine_fences_for_its_keepers_lease() -> None:
         await engine.start()
         try:
             await asyncio.wait_for(queue.get(), timeout=10)
-            until = store._jobs[jid].leased_until
+            until = store._jobs[jid].run_until  # a running run's lease (migration 0010)
             assert until is not None
             left = (until - datetime.now(UTC)).total_seconds()
             assert expected_s - 5 < left <= expected_s, (keeper_kind, left)
