@@ -126,6 +126,9 @@ class Completer:
         if not self._room.is_set():
             await self._room.wait()
 
+    def has_room(self) -> bool:
+        return self._room.is_set()
+
     def pending(self) -> int:
         return len(self._buffer)
 
@@ -207,6 +210,9 @@ class WorkerPool:
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self._inflight = 0
+        self._call_ended = asyncio.Event()  # set when a call ends (see _take)
+        self._taking = asyncio.Lock()  # one worker takes runs at a time (see _take)
+        self._batches = hasattr(queue, "take_while")  # Redis runs go out in batches (see _take)
         self._idle = asyncio.Event()
 
     def start(self) -> None:
@@ -238,44 +244,71 @@ class WorkerPool:
             # batches of the last iteration were kept by each of the thousand idle workers: up to
             # 500 fenced runs each (their specs, deliveries and reports), half a million runs of
             # a node after a burst, never freed (the issue-16 RSS growth).
-            await self._handle(await self._queue.get(), take_while)
-            # Waited for here, not in _handle: a worker waiting for the completer's room while
-            # its frame still named its batch kept that batch's runs and reports alive after
-            # they were recorded. While the completer is behind, the room stays shut until every
-            # worker has parked here, so that was up to 1,024 batches of 500 runs a node that no
-            # stage counted (issue 16: 717 MB of live objects at a million).
-            await self.completer.room()
+            await self._handle(await self._take(take_while))
             if not self._inflight and not self._queue.qsize():
                 self._idle.set()
 
-    async def _handle(self, run: FencedRun, take_while: Callable[..., list[FencedRun]] | None) -> None:
-        """Call ``run`` (and, on the Redis path, the runs queued behind it) and hand the reports to
-        the completer. Returns at once: the caller waits for the completer's room once this
-        frame, and the batch it names, is gone."""
-        if take_while is not None and _to_redis(run):
-            # A burst to a Redis stream: take the runs queued behind this one that go to
-            # Redis too and send them as one batch (one coroutine, one limiter slot, one
-            # batcher call) instead of a worker, a slot and a future chain per run.
+    async def _take(self, take_while: Callable[..., list[FencedRun]] | None) -> list[FencedRun]:
+        """The next runs to call, taken by one worker at a time, and counted as in flight.
+
+        The taker waits for the completer's room, for a run, for the room again (it may have
+        shut while the taker waited for the run), and on the Redis path for room among the calls
+        in flight for a batch as large as the queue can fill; then it takes the run and the
+        runs queued behind it, and the next worker becomes the taker. The other workers wait
+        for their turn holding nothing.
+
+        Why one taker: each worker used to check the room after handing over its outcomes and
+        then wait for a run. When the target is faster than the fencer, the thousand workers
+        all wait for runs, having passed the room while it was open, and each then called a
+        batch of up to 500 whatever the completer's backlog: at a million-run burst, once the
+        HOT fence made the completer the slowest stage, 53,000-60,000 outcomes per node waited
+        against a bound of 5,000 (issue 16, ninth session). Workers that checked the room with
+        a run in hand held a thousand runs between them, and with the run queue full each sent
+        its run alone once the calls in flight reached the pool's bound: batches of one, and
+        twice the node's CPU per run. A single taker holds at most one run while it waits, and
+        takes a batch when it takes.
+        """
+        async with self._taking:
+            await self.completer.room()
+            run = await self._queue.get()
+            batched = take_while is not None and _to_redis(run)
+            # Both conditions hold when the loop ends: nothing is awaited after the last check.
             # Runs in flight stay within the pool's concurrency, as one run per worker did:
             # without that bound a thousand workers could take the whole run queue each time
             # the fencer refilled it, and fenced runs (leases held, heartbeats paid, memory
-            # used) would pile up ahead of what the target and the completer take.
-            room = min(REDIS_BATCH, self._concurrency - self._inflight) - 1
-            runs = [run, *take_while(_to_redis, room)] if room > 0 else [run]
+            # used) would pile up ahead of what the target and the completer take. The taker
+            # waits for room for as large a batch as the queue holds (at most REDIS_BATCH), so
+            # the calls' sizes do not splinter as they end one by one.
+            while True:
+                free = self._concurrency - self._inflight
+                if not self.completer.has_room():
+                    await self.completer.room()
+                elif batched and free < min(REDIS_BATCH, 1 + self._queue.qsize()):
+                    self._call_ended.clear()
+                    await self._call_ended.wait()
+                else:
+                    break
+            if take_while is None or not batched:
+                self._inflight += 1
+                return [run]
+            runs = [run, *take_while(_to_redis, min(REDIS_BATCH, self._concurrency - self._inflight) - 1)]
             self._inflight += len(runs)
-            try:
+            return runs
+
+    async def _handle(self, runs: list[FencedRun]) -> None:
+        """Call ``runs`` (taken, and counted in flight, by ``_take``) and hand the reports to the
+        completer. A batch of Redis runs goes out as one call (one coroutine, one limiter slot,
+        one batcher call) instead of a worker, a slot and a future chain per run."""
+        try:
+            if self._batches and _to_redis(runs[0]):
                 reports = await self.call_redis_many(runs)
-            finally:
-                self._inflight -= len(runs)
-            for report in reports:
-                self.completer.add(report)
-        else:
-            self._inflight += 1
-            try:
-                one = await self.call(run)
-            finally:
-                self._inflight -= 1
-            self.completer.add(one)
+            else:
+                reports = [await self.call(runs[0])]
+        finally:
+            self._inflight -= len(runs)
+            self._call_ended.set()
+        for report in reports:
+            self.completer.add(report)
 
     async def call_redis_many(self, runs: list[FencedRun]) -> list[AttemptReport]:
         """One attempt each for runs whose target is a Redis stream, sent together. Queue

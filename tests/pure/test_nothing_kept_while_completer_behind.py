@@ -15,7 +15,7 @@ import asyncio
 import gc
 from collections.abc import Sequence
 
-from duetime.core.runpath import AttemptReport, FencedRun
+from duetime.core.runpath import AttemptReport, FencedRun, FenceItem
 from duetime.storage.memory import MemoryStore
 from duetime.storage.ports import CompletionStats
 from tests.support.memory_burst import burst_node, completions
@@ -55,3 +55,46 @@ async def test_recorded_runs_are_not_kept_by_workers_waiting_for_the_completer()
     finally:
         await node.engine.stop()
         await node.pool.stop(5)
+
+
+class _PacedFencesSlowCompletions(_SlowCompletions):
+    """The fencer hands over a batch every 50 ms (faster than outcomes are recorded, slower than
+    the target takes them): workers wait for runs, as at a million-run burst once fences got
+    cheap (migration 0010)."""
+
+    async def fence_runs(self, items: Sequence[FenceItem], *, lease_s: float) -> list[FencedRun]:
+        await asyncio.sleep(0.05)
+        return await super().fence_runs(items, lease_s=lease_s)
+
+
+async def test_the_completers_room_holds_back_workers_that_were_waiting_for_a_run() -> None:
+    """Outcomes waiting to be recorded stay within the completer's bound plus what is in flight.
+
+    A worker checked the completer's room after handing over its outcomes, and then waited for
+    its next run. When the target was faster than the fencer, every worker was waiting for a run,
+    having passed the room while it was open, and each then took a batch (up to 500 runs) and
+    handed over its outcomes however far behind the completer was: at a million-run burst,
+    53,000-60,000 outcomes waited per node against a bound of 5,000 (pymalloc arenas of 159-188
+    MB, RSS 3.1-3.6x idle after the drain). Runs are now taken by one worker at a time, which
+    checks the room again once it has a run (``WorkerPool._take``).
+    """
+    runs = 10_000
+    node = await burst_node(_PacedFencesSlowCompletions(), runs)
+    completer = node.pool.completer
+    completer._batch = 100
+    completer._max_pending = 1000
+    before = completions()
+    most = 0
+    node.pool.start()
+    await node.engine.start()
+    try:
+        async with asyncio.timeout(90):
+            while completions() - before < runs:
+                await asyncio.sleep(0.01)
+                most = max(most, completer.pending())
+    finally:
+        await node.engine.stop()
+        await node.pool.stop(5)
+    # The bound, plus what was in flight when it shut (the pool's concurrency at most); 9,000
+    # of the 10,000 runs before the change, growing with the burst.
+    assert most <= 1000 + 1024, f"{most} outcomes waited for the completer (bound 1,000)"
