@@ -277,13 +277,14 @@ class WorkerPool:
             # without that bound a thousand workers could take the whole run queue each time
             # the fencer refilled it, and fenced runs (leases held, heartbeats paid, memory
             # used) would pile up ahead of what the target and the completer take. The taker
-            # waits for room for as large a batch as the queue holds (at most REDIS_BATCH), so
-            # the calls' sizes do not splinter as they end one by one.
+            # waits for room for as large a batch as the queue holds (at most REDIS_BATCH, and
+            # at most the pool's concurrency: a smaller pool waited for room it could never
+            # have), so the calls' sizes do not splinter as they end one by one.
             while True:
                 free = self._concurrency - self._inflight
                 if not self.completer.has_room():
                     await self.completer.room()
-                elif batched and free < min(REDIS_BATCH, 1 + self._queue.qsize()):
+                elif batched and free < min(REDIS_BATCH, self._concurrency, 1 + self._queue.qsize()):
                     self._call_ended.clear()
                     await self._call_ended.wait()
                 else:

@@ -213,8 +213,8 @@ class _HeldDispatcher(Dispatcher):
 
     async def deliver_redis_many(self, ds: list[Delivery]) -> BatchResult:
         self.sizes.append(len(ds))
-        if len(self.sizes) == self._workers or not self.queue.qsize():
-            self.all_busy.set()  # every worker holds a batch, or they took everything
+        if sum(self.sizes) >= self._workers or not self.queue.qsize():
+            self.all_busy.set()  # the pool's bound is in flight, or they took everything
         await self.release.wait()
         now = datetime.now(UTC)
         return BatchResult(now, now, [PUBLISHED] * len(ds))
