@@ -333,6 +333,28 @@ def after_attempt(
     return nxt
 
 
+def ends_one_off(spec: JobSpec, plan: RowPlan, *, outcome: Outcome) -> bool:
+    """Whether this attempt completes a one-off for good, with nothing else to decide.
+
+    A succeeded attempt of a one-off's run on its schedule, on a row that is scheduled with no
+    trigger waiting and no regular run to resume: ``after_attempt`` then answers the row as it
+    was, completed, with no next run (its occurrence and attempt kept, no split point, nothing
+    handed over), whatever else the spec says (retries, jitter and overlap do not come into a
+    success of a one-off). The completion's common case is this one in a burst of one-offs, and
+    its one statement writes that answer without computing the whole plan
+    (``tests/pure/test_lifecycle_one_off.py`` holds the two equal).
+    """
+    return (
+        outcome is Outcome.SUCCEEDED
+        and isinstance(spec.schedule, OneOffSchedule)
+        and plan.state is JobState.SCHEDULED
+        and plan.run_kind == "scheduled"
+        and plan.resume_at is None
+        and not plan.pending_triggers
+        and plan.handed_upto is None
+    )
+
+
 def after_occurrence_attempt(
     spec: JobSpec,
     plan: RowPlan,

@@ -20,6 +20,7 @@ from duetime.core.lifecycle import (
     RowPlan,
     after_attempt,
     after_occurrence_attempt,
+    ends_one_off,
     retry_window_exceeded,
     split_point,
 )
@@ -124,17 +125,22 @@ class CompletionPart(StoreBase):
                 async with self.pool_for_dsn(dsn).acquire() as conn:
                     async with conn.transaction():
                         rest: Sequence[AttemptReport] = group
-                        if ordinary.job_ids:
+                        if offered := set(ordinary.job_ids):
                             # Locks the whole batch (and ``also``) in job id order, finishes the
                             # ordinary rows; the rest, already locked, go the general way below.
-                            done = set(
+                            # It answers with the ordinary ones it left (usually none), not with
+                            # the hundreds it finished.
+                            left = set(
                                 await conn.fetchval(
-                                    Q["finish_ordinary"], [g.job_id for g in group], also, *ordinary.arrays()
+                                    Q["finish_ordinary"],
+                                    [g.job_id for g in group if g.job_id not in offered],
+                                    also,
+                                    *ordinary.arrays(),
                                 )
                             )
-                            applied += len(done)
-                            history += len(done)
-                            rest = [g for g in group if g.job_id not in done] if done else group
+                            applied += len(offered) - len(left)
+                            history += len(offered) - len(left)
+                            rest = [g for g in group if g.job_id not in offered or g.job_id in left]
                         if rest:
                             rows = {
                                 r["job_id"]: r
@@ -379,8 +385,109 @@ def _history_error(spec: JobSpec, rep: AttemptReport, due: datetime, now: dateti
 _SUCCEEDED, _SCHEDULED = Outcome.SUCCEEDED, JobState.SCHEDULED  # an enum member's lookup is not free
 
 
+class _Ended:
+    """The columns every attempt the one statement finishes has: which row, under which lease,
+    and its history row (``finish_ordinary``'s arrays in this order, $3..$13 and $21..$31)."""
+
+    __slots__ = (
+        "attempts",
+        "errors",
+        "finished_at",
+        "job_ids",
+        "last_runs",
+        "lateness",
+        "ran_for",
+        "started_at",
+        "status_codes",
+        "tokens",
+        "versions",
+    )
+
+    def __init__(self) -> None:
+        self.job_ids: list[uuid.UUID] = []
+        self.tokens: list[int] = []
+        self.versions: list[int] = []
+        self.ran_for: list[datetime] = []
+        self.attempts: list[int] = []
+        self.last_runs: list[str] = []
+        self.started_at: list[datetime | None] = []
+        self.finished_at: list[datetime] = []
+        self.status_codes: list[int | None] = []
+        self.errors: list[str | None] = []
+        self.lateness: list[int | None] = []
+
+    def append(self, rep: AttemptReport, error: str | None, lateness: int | None) -> None:
+        run = rep.run
+        verdict = rep.verdict
+        self.job_ids.append(run.job_id)
+        self.tokens.append(run.lease_token)
+        self.versions.append(run.spec.version)
+        self.ran_for.append(run.scheduled_for)
+        self.attempts.append(run.attempt)
+        self.last_runs.append(
+            codec.history_text(
+                scheduled_for=run.scheduled_for,
+                attempt=run.attempt,
+                started_at=rep.started_at,
+                finished_at=rep.finished_at,
+                outcome=verdict.outcome,
+                status_code=verdict.status_code,
+                error=error,
+                lateness_ms=lateness,
+            )
+        )
+        self.started_at.append(rep.started_at)
+        self.finished_at.append(rep.finished_at)
+        self.status_codes.append(verdict.status_code)
+        self.errors.append(error)
+        self.lateness.append(lateness)
+
+    def arrays(self) -> list[list[Any]]:
+        return [
+            self.job_ids,
+            self.tokens,
+            self.versions,
+            self.ran_for,
+            self.attempts,
+            self.last_runs,
+            self.started_at,
+            self.finished_at,
+            self.status_codes,
+            self.errors,
+            self.lateness,
+        ]
+
+
+class _Rescheduled(_Ended):
+    """A recurring job's attempt: the columns of ``_Ended`` and what its row becomes ($14..$20)."""
+
+    __slots__ = ("handed_upto", "next_attempts", "next_for", "next_run_at", "overlaps", "split_at", "states")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.overlaps: list[str | None] = []
+        self.states: list[str] = []
+        self.next_run_at: list[datetime | None] = []
+        self.next_for: list[datetime | None] = []
+        self.next_attempts: list[int] = []
+        self.split_at: list[datetime | None] = []
+        self.handed_upto: list[datetime | None] = []
+
+    def arrays(self) -> list[list[Any]]:
+        return [
+            *super().arrays(),
+            self.overlaps,
+            self.states,
+            self.next_run_at,
+            self.next_for,
+            self.next_attempts,
+            self.split_at,
+            self.handed_upto,
+        ]
+
+
 class OrdinaryBatch:
-    """The ordinary attempts of a batch, in columns: ``finish_ordinary``'s arrays, $3..$20.
+    """The ordinary attempts of a batch, in columns: ``finish_ordinary``'s arrays, $3..$31.
 
     Ordinary: the attempt succeeded, on a job's own row (not an occurrence row), run on its
     schedule (not a trigger), with the spec its worker parsed, the job's only report in the
@@ -395,48 +502,23 @@ class OrdinaryBatch:
     For a success, ``after_attempt`` reads no part of the spec a PATCH can change without a new
     ``spec_version`` except the overlap policy (compared in the statement): retries and the
     failure count (0, and not failing, checked) do not come into it.
+
+    Two sets of columns: a recurring job's attempt (``rescheduled``) carries what its row becomes;
+    a one-off's (``once``) does not, because that answer is always the same (completed, no next
+    run: ``core.lifecycle.ends_one_off``), which the statement writes as constants. A burst is
+    one-offs: the plan, and seven of eighteen values per run to encode and send, are not
+    computed for them (issue 16, tenth session).
     """
 
-    __slots__ = (
-        "attempts",
-        "errors",
-        "finished_at",
-        "handed_upto",
-        "job_ids",
-        "last_runs",
-        "lateness",
-        "next_attempts",
-        "next_for",
-        "next_run_at",
-        "overlaps",
-        "ran_for",
-        "split_at",
-        "started_at",
-        "states",
-        "status_codes",
-        "tokens",
-        "versions",
-    )
+    __slots__ = ("once", "rescheduled")
 
     def __init__(self) -> None:
-        self.job_ids: list[uuid.UUID] = []
-        self.tokens: list[int] = []
-        self.versions: list[int] = []
-        self.overlaps: list[str | None] = []
-        self.ran_for: list[datetime] = []
-        self.attempts: list[int] = []
-        self.states: list[str] = []
-        self.next_run_at: list[datetime | None] = []
-        self.next_for: list[datetime | None] = []
-        self.next_attempts: list[int] = []
-        self.split_at: list[datetime | None] = []
-        self.handed_upto: list[datetime | None] = []
-        self.last_runs: list[str] = []
-        self.started_at: list[datetime | None] = []
-        self.finished_at: list[datetime] = []
-        self.status_codes: list[int | None] = []
-        self.errors: list[str | None] = []
-        self.lateness: list[int | None] = []
+        self.rescheduled = _Rescheduled()
+        self.once = _Ended()
+
+    @property
+    def job_ids(self) -> list[uuid.UUID]:
+        return self.rescheduled.job_ids + self.once.job_ids
 
     @classmethod
     def of(cls, reports: Sequence[AttemptReport], also: Sequence[uuid.UUID], now: datetime) -> OrdinaryBatch:
@@ -465,6 +547,9 @@ class OrdinaryBatch:
         # one (the statement checks that); after_attempt's first step is to set this one's number,
         # so the plan is handed that number already and the step copies nothing.
         fenced = RowPlan(_SCHEDULED, run.due_at, run.scheduled_for, run.attempt)
+        if ends_one_off(spec, fenced, outcome=verdict.outcome):
+            self.once.append(rep, _history_error(spec, rep, due, now), _lateness_ms(rep, due))
+            return True
         plan = after_attempt(
             job_id,
             spec,
@@ -485,60 +570,20 @@ class OrdinaryBatch:
             or _hold(spec, plan)
         ):
             return False
-        error = _history_error(spec, rep, due, now)
-        lateness = _lateness_ms(rep, due)
-        self.job_ids.append(job_id)
-        self.tokens.append(run.lease_token)
-        self.versions.append(run.spec.version)
-        self.overlaps.append(spec.overlap.value if spec.recurring else None)
-        self.ran_for.append(run.scheduled_for)
-        self.attempts.append(run.attempt)
-        self.states.append(plan.state.value)
-        self.next_run_at.append(plan.next_run_at)
-        self.next_for.append(plan.scheduled_for)
-        self.next_attempts.append(plan.attempt)
-        self.split_at.append(split_point(spec, plan))
-        self.handed_upto.append(plan.handed_upto)
-        self.last_runs.append(
-            codec.history_text(
-                scheduled_for=run.scheduled_for,
-                attempt=run.attempt,
-                started_at=rep.started_at,
-                finished_at=rep.finished_at,
-                outcome=verdict.outcome,
-                status_code=verdict.status_code,
-                error=error,
-                lateness_ms=lateness,
-            )
-        )
-        self.started_at.append(rep.started_at)
-        self.finished_at.append(rep.finished_at)
-        self.status_codes.append(verdict.status_code)
-        self.errors.append(error)
-        self.lateness.append(lateness)
+        columns = self.rescheduled
+        columns.append(rep, _history_error(spec, rep, due, now), _lateness_ms(rep, due))
+        columns.overlaps.append(spec.overlap.value if spec.recurring else None)
+        columns.states.append(plan.state.value)
+        columns.next_run_at.append(plan.next_run_at)
+        columns.next_for.append(plan.scheduled_for)
+        columns.next_attempts.append(plan.attempt)
+        columns.split_at.append(split_point(spec, plan))
+        columns.handed_upto.append(plan.handed_upto)
         return True
 
     def arrays(self) -> list[list[Any]]:
-        return [
-            self.job_ids,
-            self.tokens,
-            self.versions,
-            self.overlaps,
-            self.ran_for,
-            self.attempts,
-            self.states,
-            self.next_run_at,
-            self.next_for,
-            self.next_attempts,
-            self.split_at,
-            self.handed_upto,
-            self.last_runs,
-            self.started_at,
-            self.finished_at,
-            self.status_codes,
-            self.errors,
-            self.lateness,
-        ]
+        """$3..$31: the recurring jobs' attempts, then the one-offs'."""
+        return [*self.rescheduled.arrays(), *self.once.arrays()]
 
 
 class BatchWriter:

@@ -146,18 +146,22 @@ SELECT * FROM unnest($1::text[], $2::uuid[], $3::smallint[], $4::text[], $5::tex
 -- version, overlap policy, occurrence and attempt): running, scheduled, no trigger waiting, no
 -- failure counted. Any other row is left as it is for the general path (lock_for_completion,
 -- apply_plans), in the same transaction: its decisions are then made from the row as locked.
--- Every row of the batch (and $2, the failure counts' jobs) is locked first, in job id order, as
--- lock_for_completion does, and the guards are read from the rows as locked (the latest
--- version); the update then finds each row by its primary key (guards on jobs itself made the
--- planner scan jobs by state). The history row of each updated one is written by the same
--- statement. Returns the ids it finished.
+-- Two kinds of rows, each with its own update: a recurring job's ($3..$20, with what its row
+-- becomes) and a one-off's ($21..$31), whose row always becomes the same (completed, no next
+-- run, its occurrence and attempt kept: core.lifecycle.ends_one_off), written here as constants.
+-- Every row of the batch ($1: the reports not offered here; $2: the failure counts' jobs; and
+-- the offered ones) is locked first, in job id order, as lock_for_completion does, and the
+-- guards are read from the rows as locked (the latest version); the updates then find each row
+-- by its primary key (guards on jobs itself made the planner scan jobs by state). The history
+-- row of each updated one is written by the same statement. Returns the offered ids it did not
+-- finish (left to the general path; usually none).
 WITH locked AS MATERIALIZED (
     SELECT job_id, lease_token, spec_version, scheduled_for, attempt, spec->>'overlap' AS overlap,
            (phase = 'running' AND state = 'scheduled' AND parent_id IS NULL AND run_kind = 'scheduled'
             AND resume_at IS NULL AND handed_upto IS NULL AND cardinality(pending_triggers) = 0
             AND consecutive_failures = 0 AND NOT failing) AS plain
     FROM jobs
-    WHERE job_id = ANY($1::uuid[] || $2::uuid[])
+    WHERE job_id = ANY($1::uuid[] || $2::uuid[] || $3::uuid[] || $21::uuid[])
     ORDER BY job_id
     FOR UPDATE
 ),
@@ -169,13 +173,13 @@ done AS (
         last_run = u.last_run::jsonb,
         updated_at = now()
     FROM locked l
-    JOIN unnest($3::uuid[], $4::bigint[], $5::int[], $6::text[], $7::timestamptz[], $8::int[],
-                $9::text[], $10::timestamptz[], $11::timestamptz[], $12::int[], $13::timestamptz[],
-                $14::timestamptz[], $15::text[], $16::timestamptz[], $17::timestamptz[], $18::int[],
-                $19::text[], $20::bigint[])
-         AS u(job_id, token, spec_version, overlap, ran_for, attempt, state, next_run_at, next_for,
-              next_attempt, split_at, handed_upto, last_run, started_at, finished_at, status_code,
-              error, lateness_ms)
+    JOIN unnest($3::uuid[], $4::bigint[], $5::int[], $6::timestamptz[], $7::int[], $8::text[],
+                $9::timestamptz[], $10::timestamptz[], $11::int[], $12::text[], $13::bigint[],
+                $14::text[], $15::text[], $16::timestamptz[], $17::timestamptz[], $18::int[],
+                $19::timestamptz[], $20::timestamptz[])
+         AS u(job_id, token, spec_version, ran_for, attempt, last_run, started_at, finished_at,
+              status_code, error, lateness_ms, overlap, state, next_run_at, next_for, next_attempt,
+              split_at, handed_upto)
       ON u.job_id = l.job_id
     WHERE j.job_id = l.job_id AND l.plain AND l.lease_token = u.token
       AND l.spec_version = u.spec_version AND l.scheduled_for = u.ran_for
@@ -183,11 +187,34 @@ done AS (
     RETURNING j.job_id, j.shard, u.ran_for, u.attempt, u.started_at, u.finished_at, u.status_code,
               u.error, u.lateness_ms, u.token
 ),
+done_once AS (
+    UPDATE jobs j SET
+        state = 'completed', next_run_at = NULL, attempt = u.attempt, split_at = NULL,
+        handed_upto = NULL, phase = 'idle', claimed_by = NULL, leased_until = NULL, run_until = NULL,
+        last_run = u.last_run::jsonb,
+        updated_at = now()
+    FROM locked l
+    JOIN unnest($21::uuid[], $22::bigint[], $23::int[], $24::timestamptz[], $25::int[], $26::text[],
+                $27::timestamptz[], $28::timestamptz[], $29::int[], $30::text[], $31::bigint[])
+         AS u(job_id, token, spec_version, ran_for, attempt, last_run, started_at, finished_at,
+              status_code, error, lateness_ms)
+      ON u.job_id = l.job_id
+    WHERE j.job_id = l.job_id AND l.plain AND l.lease_token = u.token
+      AND l.spec_version = u.spec_version AND l.scheduled_for = u.ran_for
+      AND l.attempt = u.attempt - 1
+    RETURNING j.job_id, j.shard, u.ran_for, u.attempt, u.started_at, u.finished_at, u.status_code,
+              u.error, u.lateness_ms, u.token
+),
+finished AS (
+    SELECT * FROM done UNION ALL SELECT * FROM done_once
+),
 history AS (
     INSERT INTO runs (job_id, shard, scheduled_for, attempt, started_at, finished_at, outcome,
                       status_code, error, lateness_ms, fencing_token)
     SELECT job_id, shard, ran_for, attempt, started_at, finished_at, 'succeeded', status_code, error,
            lateness_ms, token
-    FROM done
+    FROM finished
 )
-SELECT ARRAY(SELECT job_id FROM done) AS done, (SELECT count(*) FROM locked) AS locked;
+SELECT ARRAY(SELECT o.job_id FROM unnest($3::uuid[] || $21::uuid[]) o(job_id)
+             WHERE o.job_id NOT IN (SELECT job_id FROM finished)) AS left_over,
+       (SELECT count(*) FROM locked) AS locked;
