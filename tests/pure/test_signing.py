@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import base64
+import json
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from duetime.core.delivery import Delivery
 from duetime.core.model import WebhookTarget
@@ -60,6 +63,22 @@ def test_idempotency_key_refuses_naive_time() -> None:
 def test_body_is_compact_utf8_json() -> None:
     assert encode_body(None) == b"null"
     assert encode_body({"a": [1, 2], "b": "é"}) == '{"a":[1,2],"b":"é"}'.encode()
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(payload=_json_values)
+def test_body_bytes_are_json_dumps_compact(payload: object) -> None:
+    """The encoder built once writes exactly what ``json.dumps`` with the same settings did (the
+    body is signed: a receiver that compares bytes must see no change)."""
+    expected = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    assert encode_body(payload) == expected
 
 
 def test_new_secret_is_32_random_bytes() -> None:
