@@ -212,7 +212,9 @@ class WorkerPool:
         self._inflight = 0
         self._call_ended = asyncio.Event()  # set when a call ends (see _take)
         self._taking = asyncio.Lock()  # one worker takes runs at a time (see _take)
-        self._batches = hasattr(queue, "take_while")  # Redis runs go out in batches (see _take)
+        # A queue that can hand over the runs queued behind one (in process): Redis runs then go
+        # out in batches (see _take). None: one run per worker.
+        self._take_while: Callable[..., list[FencedRun]] | None = getattr(queue, "take_while", None)
         self._idle = asyncio.Event()
 
     def start(self) -> None:
@@ -237,18 +239,17 @@ class WorkerPool:
         await self.completer.stop()
 
     async def _work(self) -> None:
-        take_while = getattr(self._queue, "take_while", None)
         while True:
             # No local of this loop may outlive one iteration: an idle worker waits here, and
             # whatever its frame still names stays alive while it waits. Named runs, reports and
             # batches of the last iteration were kept by each of the thousand idle workers: up to
             # 500 fenced runs each (their specs, deliveries and reports), half a million runs of
             # a node after a burst, never freed (the issue-16 RSS growth).
-            await self._handle(await self._take(take_while))
+            await self._handle(await self._take())
             if not self._inflight and not self._queue.qsize():
                 self._idle.set()
 
-    async def _take(self, take_while: Callable[..., list[FencedRun]] | None) -> list[FencedRun]:
+    async def _take(self) -> list[FencedRun]:
         """The next runs to call, taken by one worker at a time, and counted as in flight.
 
         The taker waits for the completer's room, for a run, for the room again (it may have
@@ -271,6 +272,7 @@ class WorkerPool:
         async with self._taking:
             await self.completer.room()
             run = await self._queue.get()
+            take_while = self._take_while
             batched = take_while is not None and _to_redis(run)
             # Both conditions hold when the loop ends: nothing is awaited after the last check.
             # Runs in flight stay within the pool's concurrency, as one run per worker did:
@@ -301,7 +303,7 @@ class WorkerPool:
         completer. A batch of Redis runs goes out as one call (one coroutine, one limiter slot,
         one batcher call) instead of a worker, a slot and a future chain per run."""
         try:
-            if self._batches and _to_redis(runs[0]):
+            if self._take_while is not None and _to_redis(runs[0]):
                 reports = await self.call_redis_many(runs)
             else:
                 reports = [await self.call(runs[0])]
