@@ -14,7 +14,7 @@ import gc
 
 from duetime.core.runpath import AttemptReport, FencedRun
 from duetime.storage.memory import MemoryStore
-from tests.support.memory_burst import burst_node, completions
+from tests.support.memory_burst import burst_node, recorded, running
 
 RUNS = 3000
 
@@ -25,20 +25,11 @@ def _alive(kind: type) -> int:
 
 
 async def test_no_run_or_report_stays_alive_once_a_burst_is_recorded() -> None:
-    node = await burst_node(MemoryStore(), RUNS)
-    before = completions()
-    node.pool.start()
-    await node.engine.start()
-    try:
-        async with asyncio.timeout(60):
-            # polled: the pool offers no event for "recorded" (ASYNC110)
-            while completions() - before < RUNS:  # noqa: ASYNC110
-                await asyncio.sleep(0.1)
+    async with running(await burst_node(MemoryStore(), RUNS)) as node:
+        await recorded(node, RUNS, poll_s=0.1, timeout_s=60)
+        async with asyncio.timeout(10):
             while len(node.keeper):  # noqa: ASYNC110 - the last batch's leases go once it is recorded
                 await asyncio.sleep(0.05)
         assert not node.queue.qsize()
         assert _alive(FencedRun) == 0, "fenced runs kept alive after their outcomes were recorded"
         assert _alive(AttemptReport) == 0, "reports kept alive after they were recorded"
-    finally:
-        await node.engine.stop()
-        await node.pool.stop(5)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from duetime.core.runpath import AttemptReport, FencedRun, FenceItem
 from duetime.storage.memory import MemoryStore
 from duetime.storage.ports import CompletionStats
-from tests.support.memory_burst import burst_node, completions
+from tests.support.memory_burst import burst_node, recorded, running
 
 RUNS = 4_000
 
@@ -40,21 +40,18 @@ async def test_recorded_runs_are_not_kept_by_workers_waiting_for_the_completer()
     node = await burst_node(_SlowCompletions(), RUNS)
     node.pool.completer._batch = 50  # a completer far slower than the fencer and the target
     node.pool.completer._max_pending = 1000
-    before = completions()
-    untracked_alive = 0
-    node.pool.start()
-    await node.engine.start()
-    try:
-        async with asyncio.timeout(90):
-            while completions() - before < RUNS:
-                await asyncio.sleep(0.25)
-                # Every fenced run not yet recorded is tracked by the lease keeper (from its
-                # fence to its recording); a run alive beyond those is one no stage holds.
-                untracked_alive = max(untracked_alive, _alive_runs() - len(node.keeper))
-        assert untracked_alive < 250, f"{untracked_alive} recorded runs kept alive during the drain"
-    finally:
-        await node.engine.stop()
-        await node.pool.stop(5)
+    # Every fenced run not yet recorded is tracked by the lease keeper (from its fence to its
+    # recording); a run alive beyond those is one no stage holds.
+    untracked = [0]
+    async with running(node):
+        await recorded(
+            node,
+            RUNS,
+            poll_s=0.25,
+            timeout_s=90,
+            sample=lambda: untracked.append(_alive_runs() - len(node.keeper)),
+        )
+    assert max(untracked) < 250, f"{max(untracked)} recorded runs kept alive during the drain"
 
 
 class _PacedFencesSlowCompletions(_SlowCompletions):
@@ -83,18 +80,12 @@ async def test_the_completers_room_holds_back_workers_that_were_waiting_for_a_ru
     completer = node.pool.completer
     completer._batch = 100
     completer._max_pending = 1000
-    before = completions()
-    most = 0
-    node.pool.start()
-    await node.engine.start()
-    try:
-        async with asyncio.timeout(90):
-            while completions() - before < runs:
-                await asyncio.sleep(0.01)
-                most = max(most, completer.pending())
-    finally:
-        await node.engine.stop()
-        await node.pool.stop(5)
+    pending = [0]
+    async with running(node):
+        await recorded(
+            node, runs, poll_s=0.01, timeout_s=90, sample=lambda: pending.append(completer.pending())
+        )
+    most = max(pending)
     # The bound, plus what was in flight when it shut (the pool's concurrency at most); 9,000
     # of the 10,000 runs before the change, growing with the burst.
     assert most <= 1000 + 1024, f"{most} outcomes waited for the completer (bound 1,000)"

@@ -14,7 +14,7 @@ import asyncio
 
 from duetime.core.runpath import Delivery
 from duetime.storage.memory import MemoryStore
-from tests.support.memory_burst import RedisThatSucceeds, burst_node, completions
+from tests.support.memory_burst import RedisThatSucceeds, burst_node, recorded, running
 
 RUNS = 10_000
 
@@ -33,18 +33,12 @@ async def test_a_full_run_queue_goes_out_in_batches_not_one_run_at_a_time() -> N
     node = await burst_node(MemoryStore(), RUNS)
     redis = _CountedRedis()
     node.pool._dispatcher = redis  # type: ignore[assignment]
-    before = completions()
-    most_in_flight = 0
-    node.pool.start()
-    await node.engine.start()
-    try:
-        async with asyncio.timeout(90):
-            while completions() - before < RUNS:
-                await asyncio.sleep(0.005)
-                most_in_flight = max(most_in_flight, node.pool._inflight)
-    finally:
-        await node.engine.stop()
-        await node.pool.stop(5)
+    in_flight = [0]
+    async with running(node):
+        await recorded(
+            node, RUNS, poll_s=0.005, timeout_s=90, sample=lambda: in_flight.append(node.pool._inflight)
+        )
+    most_in_flight = max(in_flight)
     assert sum(redis.sizes) == RUNS
     # 20 calls of 500 here; 8,979 before the change
     assert len(redis.sizes) <= RUNS // 100, f"{len(redis.sizes)} calls for {RUNS} runs"

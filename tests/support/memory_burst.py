@@ -6,6 +6,8 @@ node keeps alive during and after a burst (tests/pure/test_nothing_kept_*.py).""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -43,6 +45,7 @@ class BurstNode:
     keeper: LeaseKeeper
     pool: WorkerPool
     engine: Engine
+    recorded_before: float = 0.0  # completions() when the node started (see running)
 
 
 async def burst_node(store: MemoryStore, runs: int) -> BurstNode:
@@ -65,3 +68,28 @@ async def burst_node(store: MemoryStore, runs: int) -> BurstNode:
 def completions() -> float:
     """Outcomes recorded by completers so far (a process-wide counter)."""
     return sum(s.value for m in metrics.COMPLETIONS.collect() for s in m.samples if s.name.endswith("_total"))
+
+
+@contextlib.asynccontextmanager
+async def running(node: BurstNode) -> AsyncIterator[BurstNode]:
+    """The node's workers and engine started, and stopped again on the way out."""
+    node.recorded_before = completions()
+    node.pool.start()
+    await node.engine.start()
+    try:
+        yield node
+    finally:
+        await node.engine.stop()
+        await node.pool.stop(5)
+
+
+async def recorded(
+    node: BurstNode, runs: int, *, poll_s: float, timeout_s: float, sample: Callable[[], None] | None = None
+) -> None:
+    """Return once ``runs`` outcomes were recorded since the node started, polling every
+    ``poll_s`` (the pool offers no event for "recorded") and calling ``sample`` after each poll."""
+    async with asyncio.timeout(timeout_s):
+        while completions() - node.recorded_before < runs:
+            await asyncio.sleep(poll_s)
+            if sample is not None:
+                sample()
