@@ -59,8 +59,26 @@ WHERE j.job_id = $1 AND j.owner = $2 AND j.parent_id IS NULL
   AND (SELECT count(*) FROM family) > 0;
 
 -- name: list_jobs
-SELECT * FROM jobs
-WHERE owner = $1 AND job_id > $2 AND parent_id IS NULL
+-- Every state, in job id order: the merge of one range of jobs_owner_state per state (a Merge
+-- Append of five index scans, each read only as far as the page needs; tests/database/
+-- test_owner_lists.py holds the plan). There is no (owner, job_id) index: every run's claim and
+-- completion wrote an entry into it (migration 0011). The states are core.model.JobState's.
+SELECT * FROM (
+    (SELECT * FROM jobs WHERE owner = $1 AND state = 'scheduled' AND job_id > $2 AND parent_id IS NULL
+     ORDER BY job_id LIMIT $3)
+    UNION ALL
+    (SELECT * FROM jobs WHERE owner = $1 AND state = 'paused' AND job_id > $2 AND parent_id IS NULL
+     ORDER BY job_id LIMIT $3)
+    UNION ALL
+    (SELECT * FROM jobs WHERE owner = $1 AND state = 'completed' AND job_id > $2 AND parent_id IS NULL
+     ORDER BY job_id LIMIT $3)
+    UNION ALL
+    (SELECT * FROM jobs WHERE owner = $1 AND state = 'cancelled' AND job_id > $2 AND parent_id IS NULL
+     ORDER BY job_id LIMIT $3)
+    UNION ALL
+    (SELECT * FROM jobs WHERE owner = $1 AND state = 'dead' AND job_id > $2 AND parent_id IS NULL
+     ORDER BY job_id LIMIT $3)
+) j
 ORDER BY job_id
 LIMIT $3;
 

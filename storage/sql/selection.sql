@@ -14,9 +14,29 @@ ORDER BY l.job_id
 LIMIT $8;
 
 -- name: list_jobs_by_name_prefix
-SELECT * FROM jobs
-WHERE owner = $1 AND parent_id IS NULL AND starts_with(spec->>'name', $2) AND job_id > $3
-  AND ($4::text IS NULL OR state = $4)
+-- In job id order, as list_jobs: one range of jobs_owner_state per state ($4, when given, leaves
+-- the others out with a test on the parameter alone), merged; the name is read from each row.
+SELECT * FROM (
+    (SELECT * FROM jobs WHERE owner = $1 AND state = 'scheduled' AND ($4::text IS NULL OR $4 = 'scheduled')
+       AND job_id > $3 AND parent_id IS NULL AND starts_with(spec->>'name', $2)
+     ORDER BY job_id LIMIT $5)
+    UNION ALL
+    (SELECT * FROM jobs WHERE owner = $1 AND state = 'paused' AND ($4::text IS NULL OR $4 = 'paused')
+       AND job_id > $3 AND parent_id IS NULL AND starts_with(spec->>'name', $2)
+     ORDER BY job_id LIMIT $5)
+    UNION ALL
+    (SELECT * FROM jobs WHERE owner = $1 AND state = 'completed' AND ($4::text IS NULL OR $4 = 'completed')
+       AND job_id > $3 AND parent_id IS NULL AND starts_with(spec->>'name', $2)
+     ORDER BY job_id LIMIT $5)
+    UNION ALL
+    (SELECT * FROM jobs WHERE owner = $1 AND state = 'cancelled' AND ($4::text IS NULL OR $4 = 'cancelled')
+       AND job_id > $3 AND parent_id IS NULL AND starts_with(spec->>'name', $2)
+     ORDER BY job_id LIMIT $5)
+    UNION ALL
+    (SELECT * FROM jobs WHERE owner = $1 AND state = 'dead' AND ($4::text IS NULL OR $4 = 'dead')
+       AND job_id > $3 AND parent_id IS NULL AND starts_with(spec->>'name', $2)
+     ORDER BY job_id LIMIT $5)
+) j
 ORDER BY job_id
 LIMIT $5;
 

@@ -1,0 +1,17 @@
+-- One index of an owner's jobs instead of two (issue 16).
+--
+-- jobs_owner (owner, job_id) and jobs_owner_state (owner, state, job_id) both served the API's
+-- lists. Neither can be left out of a run's writes: the claim and the completion change columns
+-- other indexes read, so each writes a new entry into every index of the row, and both of these
+-- are keyed by a random job id within an owner, so each entry lands on a page of its own. Their
+-- cost showed in a 100,000-run burst: without jobs_owner, PostgreSQL's CPU per run after T fell
+-- by 10-19 % in two pairs (docs/performance.md, tenth session).
+--
+-- jobs_owner_state answers everything jobs_owner did. A list of every state is the merge, in job
+-- id order, of one range of it per state (list_jobs and list_jobs_by_name_prefix are written so:
+-- a Merge Append of five index scans that each read only as far as the page needs); everything
+-- else that names an owner also finds it by a prefix of this index or by the primary key.
+--
+-- Dropping an index takes the table's exclusive lock for a moment (no rows are read), after any
+-- transaction that holds a lock on jobs has ended: see docs/operations.md.
+DROP INDEX IF EXISTS jobs_owner;
