@@ -7,11 +7,10 @@ whatever is due on a shard.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -51,6 +50,7 @@ from duetime.storage.queries import Q
 from duetime.storage.shardmap import ShardMap
 from loadtest.registry_scale import year_of_jobs
 from tests.conftest import ADMIN_DSN
+from tests.support.plans import analyzed
 
 ENGINE = "bulk-test-engine"
 
@@ -237,28 +237,6 @@ async def test_a_burst_keeps_fences_heartbeats_and_releases_on_the_primary_key(f
     assert "jobs_claimed_by" in "\n".join(r[0] for r in restart)
 
 
-def _plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield node
-    for child in node.get("Plans", ()):
-        yield from _plan_nodes(child)
-
-
-async def _analyzed(conn: asyncpg.Connection, sql: str, *args: Any) -> list[list[dict[str, Any]]]:
-    """The plan nodes of ``sql`` as it ran (EXPLAIN ANALYZE), its writes rolled back: planned for
-    these values, and as the generic plan a prepared statement may switch to after five runs."""
-    out = []
-    for mode in ("force_custom_plan", "force_generic_plan"):
-        tx = conn.transaction()
-        await tx.start()
-        try:
-            await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
-            [plan] = json.loads(await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *args))
-        finally:
-            await tx.rollback()
-        out.append(list(_plan_nodes(plan["Plan"])))
-    return out
-
-
 async def _updates_in(conn: asyncpg.Connection, query: str, *args: Any) -> tuple[int, int, int]:
     """Run one statement in a transaction of its own: (rows it returned, rows of ``jobs`` it
     updated, of those how many as HOT updates), from the backend's own counters (they hold what
@@ -325,19 +303,19 @@ async def test_run_path_statements_stay_linear_on_a_small_table(fresh_dsns: list
         batch = claimed[:500]
         ids, tokens = [r.job_id for r in batch], [r.lease_token for r in batch]
         plans = {
-            "fence_runs": await _analyzed(
+            "fence_runs": await analyzed(
                 conn, Q["fence_runs"], ids, tokens, 30.0, [r.scheduled_for_us for r in batch]
             ),
-            "extend_leases": await _analyzed(conn, Q["extend_leases"], ids, tokens, 30.0),
-            "release_claims": await _analyzed(conn, Q["release_claims"], ids, tokens),
+            "extend_leases": await analyzed(conn, Q["extend_leases"], ids, tokens, 30.0),
+            "release_claims": await analyzed(conn, Q["release_claims"], ids, tokens),
         }
         fenced = await store.fence_runs(batch, lease_s=30)
         assert len(fenced) == 500
         ids, tokens = [r.job_id for r in fenced], [r.lease_token for r in fenced]
-        plans["take_runs"] = await _analyzed(
+        plans["take_runs"] = await analyzed(
             conn, Q["take_runs"], ids, tokens, [ENGINE] * len(ids), "worker-1", 30.0
         )
-        plans["extend_published"] = await _analyzed(conn, Q["extend_published"], ids, tokens, ENGINE, 30.0)
+        plans["extend_published"] = await analyzed(conn, Q["extend_published"], ids, tokens, ENGINE, 30.0)
         # and the completion's statements on the same small table: the ordinary path's one
         # statement (guards read as locked, already) and the general path's lock
         now = datetime.now(UTC)
@@ -345,8 +323,8 @@ async def test_run_path_statements_stay_linear_on_a_small_table(fresh_dsns: list
             _ = r.spec.parsed  # the worker's parse, which the ordinary path reuses
         ok = Verdict(Outcome.SUCCEEDED, False, 200)
         ordinary = OrdinaryBatch.of([AttemptReport(r, ok, now, now) for r in fenced], [], now)
-        plans["finish_ordinary"] = await _analyzed(conn, Q["finish_ordinary"], [], [], *ordinary.arrays())
-        plans["lock_for_completion"] = await _analyzed(conn, Q["lock_for_completion"], ids, [])
+        plans["finish_ordinary"] = await analyzed(conn, Q["finish_ordinary"], [], [], *ordinary.arrays())
+        plans["lock_for_completion"] = await analyzed(conn, Q["lock_for_completion"], ids, [])
     finally:
         await conn.close()
         await store.close()

@@ -11,9 +11,8 @@ what keeps it a merge.
 
 from __future__ import annotations
 
-import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,6 +24,7 @@ from duetime.storage.bulk import BulkJob, analyze_jobs, seed_jobs
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.queries import Q
 from duetime.storage.shardmap import ShardMap
+from tests.support.plans import analyzed
 
 BIG = 10_000  # jobs of the owner whose lists are planned (another owner has three times as many)
 
@@ -53,22 +53,6 @@ async def listed(pg_dsn: str) -> AsyncIterator[str]:
         await conn.close()
     await analyze_jobs([dsn])
     yield dsn
-
-
-def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield node
-    for child in node.get("Plans", ()):
-        yield from _nodes(child)
-
-
-async def _plans(conn: asyncpg.Connection, sql: str, *args: Any) -> list[list[dict[str, Any]]]:
-    out = []
-    for mode in ("force_custom_plan", "force_generic_plan"):
-        async with conn.transaction():
-            await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
-            [plan] = json.loads(await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *args))
-        out.append(list(_nodes(plan["Plan"])))
-    return out
 
 
 def test_the_merge_names_every_state_once() -> None:
@@ -129,7 +113,7 @@ async def test_a_page_reads_about_as_many_rows_as_it_lists(
     limit = args[-1]
     conn = await asyncpg.connect(listed)
     try:
-        plans = await _plans(conn, Q[name], *args)
+        plans = await analyzed(conn, Q[name], *args)
     finally:
         await conn.close()
     for mode, nodes in zip(("custom", "generic"), plans, strict=True):
