@@ -30,7 +30,7 @@ UPDATE jobs j SET
         COALESCE((SELECT array_agg(t ORDER BY t) FROM unnest(j.pending_triggers) t
                   WHERE t > u.consumed_trigger_at), '{}') ELSE j.pending_triggers END,
     split_at = u.split_at, handed_upto = u.handed_upto,
-    phase = 'idle', claimed_by = NULL, leased_until = NULL, run_until = NULL,
+    phase = 'idle', claimed_by = NULL, taken_by = NULL, leased_until = NULL, run_until = NULL,
     last_run = COALESCE(u.last_run, j.last_run),
     updated_at = now()
 FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::int[], $6::text[],
@@ -169,7 +169,7 @@ done AS (
     UPDATE jobs j SET
         state = u.state, next_run_at = u.next_run_at, scheduled_for = u.next_for,
         attempt = u.next_attempt, split_at = u.split_at, handed_upto = u.handed_upto,
-        phase = 'idle', claimed_by = NULL, leased_until = NULL, run_until = NULL,
+        phase = 'idle', claimed_by = NULL, taken_by = NULL, leased_until = NULL, run_until = NULL,
         last_run = u.last_run::jsonb,
         updated_at = now()
     FROM locked l
@@ -190,7 +190,8 @@ done AS (
 done_once AS (
     UPDATE jobs j SET
         state = 'completed', next_run_at = NULL, attempt = u.attempt, split_at = NULL,
-        handed_upto = NULL, phase = 'idle', claimed_by = NULL, leased_until = NULL, run_until = NULL,
+        handed_upto = NULL, phase = 'idle', claimed_by = NULL, taken_by = NULL, leased_until = NULL,
+        run_until = NULL,
         last_run = u.last_run::jsonb,
         updated_at = now()
     FROM locked l

@@ -35,8 +35,10 @@ FROM live
 WHERE j.job_id = live.job_id;
 
 -- name: running_of_engine
+-- On an engine's restart, the runs it had in flight. A run a worker took (DUETIME_RUN_QUEUE=nats)
+-- keeps its publisher in claimed_by and is the worker's (taken_by, migration 0012): not this one.
 SELECT job_id FROM jobs
-WHERE claimed_by = $1 AND phase = 'running' AND shard = ANY($2::smallint[]);
+WHERE claimed_by = $1 AND phase = 'running' AND shard = ANY($2::smallint[]) AND taken_by IS NULL;
 
 -- name: db_now
 SELECT now();

@@ -93,9 +93,9 @@ async def test_a_stale_message_next_to_the_current_one_is_dropped_not_called(
             handed.append(got)
         assert [r.lease_token for r in handed] == [2]
         assert consumer.held() == 1
-        holder = await store.pool_for_shard(0).fetchval(
-            "SELECT claimed_by FROM jobs WHERE job_id = $1", current.job_id
+        row = await store.pool_for_shard(0).fetchrow(
+            "SELECT claimed_by, taken_by FROM jobs WHERE job_id = $1", current.job_id
         )
-        assert holder == "worker-y"
+        assert dict(row) == {"claimed_by": "engine-x", "taken_by": "worker-y"}
     finally:
         await nc.close()

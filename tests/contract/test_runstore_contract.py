@@ -426,10 +426,17 @@ async def test_the_nats_queue_leases_pass_from_engine_to_one_worker(store: Store
     assert await store.take_runs([message], holder="w2", lease_s=30) == set(), "taken once"
     assert await store.extend_published([lease(t)], holder=e, lease_s=30) == set()
     assert await store.extend_leases([lease(t)], lease_s=30) == {taken_id}
-    assert await store.expire_published_of(e, sorted({r.shard for r in fenced.values()})) == 1
+    shards = sorted({r.shard for r in fenced.values()})
+    assert await store.expire_published_of(e, shards) == 1
     [lapsed] = (await store.list_runs(o, left_id, limit=10, cursor=None)).items
     assert lapsed.outcome is Outcome.LEASE_EXPIRED
+    # The engine's own restart step (expire_running_of, after expire_published_of) leaves the run
+    # a worker took to that worker, which then records its outcome.
+    assert (await store.expire_running_of(e, shards)).applied == 0
     assert (await store.list_runs(o, taken_id, limit=10, cursor=None)).items == []
+    assert (await store.complete_runs([report(t, Outcome.SUCCEEDED)])).applied == 1
+    [done] = (await store.list_runs(o, taken_id, limit=10, cursor=None)).items
+    assert (done.outcome, done.attempt) == (Outcome.SUCCEEDED, t.attempt)
 
 
 async def running_with_occurrences(

@@ -252,10 +252,14 @@ async def _updates_in(conn: asyncpg.Connection, query: str, *args: Any) -> tuple
     return len(rows), after["upd"] - before["upd"], after["hot"] - before["hot"]
 
 
-async def test_the_fence_and_a_running_runs_heartbeats_are_hot_updates(fresh_dsns: list[str]) -> None:
-    """The fence (claimed -> running) and the heartbeats of running runs (the worker's, and the
-    engine's for runs it published) set no column an index reads, so PostgreSQL writes them as HOT
-    updates: a new version beside the old one on its page, no index entry. Before migration 0010
+async def test_the_fence_the_take_and_a_running_runs_heartbeats_are_hot_updates(
+    fresh_dsns: list[str],
+) -> None:
+    """The fence (claimed -> running), the heartbeats of running runs (the worker's, and the
+    engine's for runs it published) and a worker's take of a published run set no column an index
+    reads, so PostgreSQL writes them as HOT updates: a new version beside the old one on its page,
+    no index entry. Before migration 0012 the take set ``claimed_by`` (jobs_claimed_by's key,
+    jobs_due's predicate) and none of its updates was HOT. Before migration 0010
     the fence set ``phase`` (in the predicates of jobs_due and jobs_split) and ``leased_until``
     (jobs_leases' key): 0 of 500 updates were HOT, each wrote six index entries (~24 us of a
     fence's ~33 us per row, docs/performance.md). A HOT update also needs room on the row's page
@@ -274,6 +278,9 @@ async def test_the_fence_and_a_running_runs_heartbeats_are_hot_updates(fresh_dsn
             "fence_runs": await _updates_in(conn, Q["fence_runs"], ids, tokens, 30.0, us),
             "extend_leases": await _updates_in(conn, Q["extend_leases"], ids, tokens, 30.0),
             "extend_published": await _updates_in(conn, Q["extend_published"], ids, tokens, ENGINE, 30.0),
+            "take_runs": await _updates_in(
+                conn, Q["take_runs"], ids, tokens, [ENGINE] * len(ids), "worker-1", 30.0
+            ),
         }
     finally:
         await conn.close()
