@@ -1,9 +1,11 @@
 """The run queue across processes: NATS JetStream between "due" and "running".
 
 One subject per logical shard (``<prefix>.<shard>``), one work-queue stream capturing them all, one
-durable pull consumer shared by every worker. Each message is one fenced run (``runqueue.wire``'s
-message format), with ``Nats-Msg-Id = <job id>:<lease token>`` so a publish retried after a lost
-PubAck is dropped by the stream's duplicate window.
+durable pull consumer shared by every worker. Each message is a bundle of the fenced runs of one
+shard an engine published together, up to ``wire.BUNDLE_RUNS`` (a lone run in ``runqueue.wire``'s
+format 1), with ``Nats-Msg-Id = <job id>:<lease token>`` of its first run (and ``+<runs>`` for a
+bundle) so a publish retried after a lost PubAck is dropped by the stream's duplicate window. A
+run is in one bundle for its token: a retry publishes the same bundle again.
 
 The queue is never the source of truth; PostgreSQL is. Who may call a run is decided by the row:
 
@@ -52,6 +54,9 @@ log = logging.getLogger("duetime.natsqueue")
 CONSUMER = "duetime-workers"
 
 PUBLISHED = Counter("duetime_nats_published_total", "Runs published to the run queue (PubAck received)")
+PUBLISHED_MESSAGES = Counter(
+    "duetime_nats_published_messages_total", "Messages (bundles of runs) published to the run queue"
+)
 PUBLISH_RETRIES = Counter(
     "duetime_nats_publish_retries_total", "Publishes retried after an error or a missing PubAck"
 )
@@ -60,7 +65,7 @@ DROPPED = Counter(
     "duetime_nats_dropped_total",
     "Messages terminated without a call: stale (lease already taken over or finished) or unreadable",
 )
-ACKED = Counter("duetime_nats_acked_total", "Messages acked after their outcome was recorded")
+ACKED = Counter("duetime_nats_acked_total", "Messages acked after the outcomes of their runs were recorded")
 QUEUE_WAIT_ABANDONED = Counter(
     "duetime_queue_wait_abandoned_total",
     "Published runs no worker took within DUETIME_QUEUE_WAIT_MAX_S; their leases are left to lapse",
@@ -73,10 +78,12 @@ TAKE_SECONDS = Histogram(
     "duetime_nats_take_seconds", "One take statement (a fetched batch) in PostgreSQL", buckets=_STAGE_BUCKETS
 )
 STREAM_PENDING = Gauge(
-    "duetime_nats_pending_runs", "Runs in the stream not yet delivered to any worker (consumer num_pending)"
+    "duetime_nats_pending_runs",
+    "Messages (bundles of runs) in the stream not yet delivered to any worker (consumer num_pending)",
 )
 STREAM_ACK_PENDING = Gauge(
-    "duetime_nats_ack_pending_runs", "Runs delivered to workers and not yet acked (consumer num_ack_pending)"
+    "duetime_nats_ack_pending_runs",
+    "Messages (bundles of runs) delivered to workers and not yet acked (consumer num_ack_pending)",
 )
 
 
@@ -180,14 +187,16 @@ class NatsRunPublisher(InProcessRunQueue):
         self._busy = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        # The batch in flight: reply token → run, until its PubAck arrives
-        self._awaiting: dict[str, FencedRun] = {}
-        self._refused: list[FencedRun] = []
+        # The batch in flight: reply token → its bundle of runs, until its PubAck arrives
+        self._awaiting: dict[str, list[FencedRun]] = {}
+        self._refused: list[list[FencedRun]] = []
         self._answered = asyncio.Event()
         self._seq = 0
         self._reply_prefix = ""
         # runs in the stream no worker fetched yet, as last counted plus published since
         self._undelivered = 0
+        # runs per message of the last batch: the stream counts messages, the bound runs
+        self._per_message = 1.0
 
     @property
     def connected(self) -> bool:
@@ -236,8 +245,9 @@ class NatsRunPublisher(InProcessRunQueue):
             try:
                 await self._room_for(len(batch))
                 with PUBLISH_SECONDS.time():
-                    await self._publish(batch)
+                    messages = await self._publish(batch)
                 self._undelivered += len(batch)
+                self._per_message = len(batch) / messages
             finally:
                 self._busy = 0
             if not self.qsize():
@@ -254,7 +264,8 @@ class NatsRunPublisher(InProcessRunQueue):
         the wheel, as they do in one process, and are fenced shortly before a worker takes them.
         The count comes from the consumer's ``num_pending`` (shared by every engine), asked only
         when the estimate since the last answer says the bound may be reached; an unanswered
-        question lets the batch through (publishing has its own retries)."""
+        question lets the batch through (publishing has its own retries). The stream counts
+        messages: they are taken as holding as many runs as this engine's last batch did."""
         assert self._js is not None
         while self._undelivered and self._undelivered + n > self._maxsize:
             try:
@@ -262,7 +273,7 @@ class NatsRunPublisher(InProcessRunQueue):
             except Exception as exc:  # any failure: publish, do not stall the engine
                 log.debug("consumer info failed (%s); publishing without the bound", exc)
                 return
-            self._undelivered = info.num_pending or 0
+            self._undelivered = round((info.num_pending or 0) * self._per_message)
             if not self._undelivered or self._undelivered + n <= self._maxsize:
                 return
             await asyncio.sleep(0.05)
@@ -271,58 +282,66 @@ class NatsRunPublisher(InProcessRunQueue):
         """A PubAck (or an error, or the server's "no responders") for one message of the batch in
         flight, matched by the last token of its reply subject. Only an answer without an error
         counts: the stream stored the message (or had it already, a duplicate of a retry)."""
-        run = self._awaiting.pop(msg.subject.rpartition(".")[2], None)
-        if run is None:
-            return  # an answer to an earlier attempt that timed out: that run was published again
+        runs = self._awaiting.pop(msg.subject.rpartition(".")[2], None)
+        if runs is None:
+            return  # an answer to an earlier attempt that timed out: that bundle was published again
         if (msg.headers and msg.headers.get("Status")) or b'"error"' in msg.data:
             log.debug("publish refused: %r", msg.data[:200])
-            self._refused.append(run)
+            self._refused.append(runs)
         if not self._awaiting:
             self._answered.set()
 
-    async def _publish(self, runs: list[FencedRun]) -> None:
-        """Publish a batch and wait for its PubAcks together.
+    async def _publish(self, runs: list[FencedRun]) -> int:
+        """Publish a batch in bundles (``wire.bundles_of``) and wait for their PubAcks together;
+        returns how many messages it took.
 
         One reply subscription (``<inbox>.<n>``) takes the answers to every message of the engine:
         a message costs one core publish and one small callback, where ``publish_async`` cost a
         semaphore wait and two tasks per message (``wait_for`` on the semaphore and on each PubAck
         future). What was not acknowledged within the PubAck timeout (or was refused) is published
-        again under the same ``Nats-Msg-Id``: the stream's duplicate window drops a copy it had."""
+        again, the same bundle under the same ``Nats-Msg-Id``: the stream's duplicate window drops
+        a copy it had."""
         assert self._nc is not None
         pause = 0.1
-        while runs:
+        bundles = wire.bundles_of(runs)
+        messages = len(bundles)
+        while bundles:
             self._awaiting = {}
             self._refused = []
             self._answered.clear()
-            failed: list[FencedRun] = []
-            for run in runs:
+            failed: list[list[FencedRun]] = []
+            for bundle in bundles:
                 self._seq += 1
                 token = str(self._seq)
-                self._awaiting[token] = run
+                self._awaiting[token] = bundle
+                first = bundle[0]
+                msg_id = f"{first.job_id}:{first.lease_token}"
                 try:
                     await self._nc.publish(
-                        subject_for(self._prefix, run.shard),
-                        wire.encode_message(run, self._publisher),
+                        subject_for(self._prefix, first.shard),
+                        wire.encode_runs(bundle, self._publisher),
                         reply=f"{self._reply_prefix}.{token}",
-                        headers={"Nats-Msg-Id": f"{run.job_id}:{run.lease_token}"},
+                        headers={"Nats-Msg-Id": msg_id if len(bundle) == 1 else f"{msg_id}+{len(bundle)}"},
                     )
                 except (nats.errors.Error, OSError) as exc:
                     log.debug("publish failed: %s", exc)
                     del self._awaiting[token]
-                    failed.append(run)
+                    failed.append(bundle)
             if self._awaiting:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._answered.wait(), self._timeout)
             failed += [*self._awaiting.values(), *self._refused]
             self._awaiting = {}
-            PUBLISHED.inc(len(runs) - len(failed))
+            PUBLISHED.inc(sum(len(b) for b in bundles) - sum(len(b) for b in failed))
+            PUBLISHED_MESSAGES.inc(len(bundles) - len(failed))
             if not failed:
-                return
+                return messages
             PUBLISH_RETRIES.inc(len(failed))
-            log.warning("%d of %d publishes were not acknowledged; retrying", len(failed), len(runs))
-            runs = failed
+            log.warning("%d of %d publishes were not acknowledged; retrying", len(failed), len(bundles))
+            bundles = failed
             await asyncio.sleep(pause)
             pause = min(pause * 2, 2.0)
+        return messages
 
 
 class PublishedLeaseKeeper(LeaseKeeper):
@@ -414,16 +433,20 @@ class PublishedLeaseKeeper(LeaseKeeper):
 # ---------------------------------------------------------------------------------- worker side
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Held:
+    """A message a worker holds runs of: acked once the last of them is recorded."""
+
     msg: Msg
     since: float
+    left: int  # its runs taken and not yet recorded
 
 
 class NatsRunConsumer(InProcessRunQueue):
     """A worker's run queue with DUETIME_RUN_QUEUE=nats: fetches in batches, never holding more than
-    ``concurrency`` runs (requested, called or being recorded) at once; takes each run's lease over
-    in PostgreSQL before handing it to the worker coroutines; acks once the outcome is recorded.
+    ``concurrency`` runs (requested, called or being recorded) at once, plus less than a bundle;
+    takes each run's lease over in PostgreSQL before handing it to the worker coroutines; acks a
+    message once the outcomes of all of its runs are recorded.
 
     Fetching keeps one pull request outstanding at the server (batch = free slots, expiring after
     a second or two) and hands messages on as they arrive: a client-side ``fetch(n)`` that waits to
@@ -454,7 +477,9 @@ class NatsRunConsumer(InProcessRunQueue):
         self._ack_wait_s = ack_wait_s
         self._concurrency = concurrency
         self._fetch_batch = fetch_batch
+        # each run held, by (job id, token), with the message it came in (shared by a bundle's runs)
         self._held: dict[tuple[uuid.UUID, int], _Held] = {}
+        self._arrived_runs = 0  # upper bound of the runs in ``_arrived`` (bundles count full)
         self._space = asyncio.Event()
         self._arrived: list[Msg] = []
         self._arrival = asyncio.Event()
@@ -496,11 +521,13 @@ class NatsRunConsumer(InProcessRunQueue):
         ]
 
     def recorded(self, reports: list[AttemptReport]) -> None:
-        """The completer's callback: these outcomes are durable, so their messages are done."""
+        """The completer's callback: these outcomes are durable; a message whose runs all are is done."""
         for rep in reports:
             held = self._held.pop((rep.job_id, rep.lease_token), None)
             if held is not None:
-                self._acks.append(held.msg)
+                held.left -= 1
+                if held.left == 0:
+                    self._acks.append(held.msg)
         self._ack_event.set()
         self._space.set()
 
@@ -542,18 +569,21 @@ class NatsRunConsumer(InProcessRunQueue):
         if self._requested == 0:
             self._request_over.set()
         self._arrived.append(msg)
+        self._arrived_runs += wire.BUNDLE_RUNS
         self._arrival.set()
 
     async def _fetch_loop(self) -> None:
         assert self._nc is not None
         expires_s = 1.0
         while not self._stopping.is_set():
-            free = self._concurrency - len(self._held) - len(self._arrived) - self._taking
+            free = self._concurrency - len(self._held) - self._arrived_runs - self._taking
             if free <= 0:
                 self._space.clear()
                 await self._space.wait()
                 continue
-            batch = min(free, self._fetch_batch)
+            # A message holds up to BUNDLE_RUNS runs: ask for as many as certainly fit, and for one
+            # when fewer slots are free (so lone runs still come one by one up to the concurrency).
+            batch = min(max(free // wire.BUNDLE_RUNS, 1), self._fetch_batch)
             self._requested = batch
             self._request_over.clear()
             request = json.dumps({"batch": batch, "expires": int(expires_s * 1e9)}).encode()
@@ -577,12 +607,13 @@ class NatsRunConsumer(InProcessRunQueue):
                 await self._arrival.wait()
                 continue
             msgs, self._arrived = self._arrived, []
+            self._arrived_runs = 0
             if self._stopping.is_set():
                 for msg in msgs:  # offered to another worker at once, not after the ack wait
                     with contextlib.suppress(Exception):
                         await msg.nak()
                 continue
-            self._taking = len(msgs)
+            self._taking = len(msgs) * wire.BUNDLE_RUNS
             try:
                 await self._take(msgs)
             finally:
@@ -591,22 +622,29 @@ class NatsRunConsumer(InProcessRunQueue):
 
     async def _take(self, msgs: list[Msg]) -> None:
         published: list[Published] = []
-        their_msgs: list[Msg] = []
+        theirs: list[tuple[Msg, list[Published]]] = []
         seen: set[tuple[uuid.UUID, int]] = set()
         for msg in msgs:
             try:
-                message = wire.decode_message(msg.data)
+                decoded = wire.decode_runs(msg.data)
             except ValueError as exc:
                 log.error("dropping a message on %s: %s", msg.subject, exc)
                 await self._term(msg)
                 continue
-            key = (message.job_id, message.lease_token)
-            if key in seen or key in self._held:
-                await self._term(msg)  # a duplicate of a run already taken: never called twice
+            if decoded.unreadable:
+                log.error("%d unreadable runs in a message on %s: dropped", decoded.unreadable, msg.subject)
+            mine: list[Published] = []
+            for message in decoded.runs:
+                key = (message.job_id, message.lease_token)
+                if key in seen or key in self._held:
+                    continue  # a duplicate of a run already taken: never called twice
+                seen.add(key)
+                mine.append(message)
+            if not mine:
+                await self._term(msg)
                 continue
-            seen.add(key)
-            published.append(message)
-            their_msgs.append(msg)
+            published += mine
+            theirs.append((msg, mine))
         if not published:
             return
         try:
@@ -614,20 +652,22 @@ class NatsRunConsumer(InProcessRunQueue):
                 taken = await self._store.take_runs(published, holder=self.holder, lease_s=self._lease_s)
         except StorageUnavailable as exc:
             log.warning("taking %d runs failed (%s); handing them back", len(published), exc)
-            for msg in their_msgs:
+            for msg, _ in theirs:
                 with contextlib.suppress(Exception):
                     await msg.nak(delay=1.0)
             await asyncio.sleep(0.5)
             return
         now = time.monotonic()
-        for message, msg in zip(published, their_msgs, strict=True):
-            run = message.run
-            if Lease(run.job_id, run.shard, run.lease_token) not in taken:
-                await self._term(msg)
+        for msg, mine in theirs:
+            runs = [m.run for m in mine if Lease(m.job_id, m.shard, m.lease_token) in taken]
+            if not runs:
+                await self._term(msg)  # stale: taken by another worker, or over
                 continue
-            self._keeper.track(run)
-            self._held[(run.job_id, run.lease_token)] = _Held(msg, now)
-            self.put_nowait(run)
+            held = _Held(msg, now, len(runs))
+            for run in runs:
+                self._keeper.track(run)
+                self._held[(run.job_id, run.lease_token)] = held
+                self.put_nowait(run)
         TAKEN.inc(len(taken))
         if self.on_taken is not None:
             self.on_taken(len(taken))
@@ -661,7 +701,7 @@ class NatsRunConsumer(InProcessRunQueue):
         while True:
             await asyncio.sleep(every)
             now = time.monotonic()
-            for held in list(self._held.values()):
+            for held in {id(h): h for h in self._held.values()}.values():
                 if now - held.since > every:
                     held.since = now
                     with contextlib.suppress(Exception):

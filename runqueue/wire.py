@@ -14,6 +14,12 @@ the engine that published it. The spec travels as JSON text, exactly as the fenc
 JSON (a payload may hold integers wider than msgpack's 64 bits), and a worker that receives the
 row's own text can reuse its parse at the completion. A 13th field (the parent of an occurrence
 row) is optional: messages of older engines lack it.
+
+**Run bundle** (format 2): runs of one shard that one engine published together, in one message:
+``[2, publisher, run, run, ...]``, each run the fields of format 1 after the publisher. In a burst a
+message per run cost more than the run's own work on the way (nats-server storing, acknowledging,
+delivering and taking the ack of each; the engine's publish and PubAck, the worker's receive and
+ack): a bundle pays those once for up to ``BUNDLE_RUNS`` runs. A lone run is still sent as format 1.
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ from __future__ import annotations
 import struct
 import uuid
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import msgpack
 
@@ -184,54 +192,131 @@ def _bundled(bundle: bytes, end: int) -> list[bytes]:
 # ---------------------------------------------------------------------------------- run messages
 
 MESSAGE_FORMAT = 1
+BUNDLE_FORMAT = 2
+BUNDLE_RUNS = 64
+"""Runs in one bundle at most. A worker asks for messages by free slots divided by this, so it
+never holds more than its concurrency plus this many runs less one."""
+BUNDLE_SPEC_CHARS = 128 * 1024
+"""Spec text (characters) in one bundle at most, so a bundle stays well under NATS's default 1 MB
+payload limit even for four-byte characters; a run whose spec alone is larger goes alone."""
+
+
+def _fields(run: FencedRun) -> list[Any]:
+    """A run's fields as a message carries them (format 1 after its publisher)."""
+    return [
+        run.job_id.bytes,
+        run.shard,
+        run.owner,
+        run.lease_token,
+        to_us(run.scheduled_for),
+        to_us(run.due_at),
+        run.attempt,
+        run.spec.text,
+        run.spec.version,
+        run.run_kind,
+        run.parent_id.bytes if run.parent_id else None,
+    ]
 
 
 def encode_message(run: FencedRun, publisher: str) -> bytes:
-    """A fenced run and the engine that published it, as one run-queue message."""
-    packed: bytes = msgpack.packb(
-        [
-            MESSAGE_FORMAT,
-            run.job_id.bytes,
-            run.shard,
-            run.owner,
-            run.lease_token,
-            to_us(run.scheduled_for),
-            to_us(run.due_at),
-            run.attempt,
-            run.spec.text,
-            run.spec.version,
-            run.run_kind,
-            publisher,
-            run.parent_id.bytes if run.parent_id else None,
-        ],
-        use_bin_type=True,
-    )
+    """A fenced run and the engine that published it, as one run-queue message (format 1)."""
+    f = _fields(run)
+    packed: bytes = msgpack.packb([MESSAGE_FORMAT, *f[:10], publisher, f[10]], use_bin_type=True)
     return packed
+
+
+def encode_runs(runs: Sequence[FencedRun], publisher: str) -> bytes:
+    """One message for ``runs`` (one shard's, from ``bundles_of``): format 1 for a lone run, a
+    bundle for more."""
+    if len(runs) == 1:
+        return encode_message(runs[0], publisher)
+    packed: bytes = msgpack.packb([BUNDLE_FORMAT, publisher, *[_fields(r) for r in runs]], use_bin_type=True)
+    return packed
+
+
+def bundles_of(runs: Sequence[FencedRun]) -> list[list[FencedRun]]:
+    """A publish batch as the messages it goes out in: the runs of each shard (one subject per
+    shard) in their order, in bundles of at most ``BUNDLE_RUNS`` runs and ``BUNDLE_SPEC_CHARS`` of
+    spec text. Shards appear in the order of their first run."""
+    by_shard: dict[int, list[list[FencedRun]]] = {}
+    room: dict[int, int] = {}
+    for run in runs:
+        chars = len(run.spec.text)
+        parts = by_shard.get(run.shard)
+        if parts is None or len(parts[-1]) >= BUNDLE_RUNS or room[run.shard] < chars:
+            if parts is None:
+                parts = by_shard[run.shard] = []
+            parts.append([run])
+            room[run.shard] = BUNDLE_SPEC_CHARS - chars
+        else:
+            parts[-1].append(run)
+            room[run.shard] -= chars
+    return [part for parts in by_shard.values() for part in parts]
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """What one message holds: the runs a worker can read, and how many it could not (a bundle
+    whose one run is unreadable still hands over the others)."""
+
+    runs: list[Published]
+    unreadable: int = 0
+
+
+def _run_of(fields: list[Any]) -> FencedRun:
+    (job_id, shard, owner, token, scheduled_us, due_us, attempt, spec, version, kind) = fields[:10]
+    if not isinstance(spec, str):
+        raise TypeError("the spec is not JSON text")
+    run_spec = RunSpec(spec, int(version))
+    run_spec.parsed  # noqa: B018 - parsed here so an unreadable spec drops the run, not the worker
+    return FencedRun(
+        job_id=uuid.UUID(bytes=job_id),
+        shard=int(shard),
+        owner=str(owner),
+        lease_token=int(token),
+        scheduled_for=from_us(scheduled_us),
+        due_at=from_us(due_us),
+        attempt=int(attempt),
+        spec=run_spec,
+        run_kind=str(kind),
+        parent_id=uuid.UUID(bytes=fields[10]) if len(fields) > 10 and fields[10] else None,
+    )
+
+
+_UNREADABLE = (ValueError, TypeError, KeyError, msgpack.UnpackException)
+
+
+def _single(fields: Any) -> Published:
+    if not isinstance(fields, list) or len(fields) < 12 or fields[0] != MESSAGE_FORMAT:
+        raise ValueError(f"not a Duetime run message of format {MESSAGE_FORMAT} or {BUNDLE_FORMAT}")
+    return Published(_run_of([*fields[1:11], *fields[12:13]]), str(fields[11]))
 
 
 def decode_message(data: bytes) -> Published:
     """The inverse of ``encode_message``; ValueError for anything that is not such a message."""
     try:
-        fields = msgpack.unpackb(data, raw=False)
-        if not isinstance(fields, list) or len(fields) < 12 or fields[0] != MESSAGE_FORMAT:
-            raise ValueError(f"not a Duetime run message of format {MESSAGE_FORMAT}")
-        (_, job_id, shard, owner, token, scheduled_us, due_us, attempt, spec, version, kind, by) = fields[:12]
-        if not isinstance(spec, str):
-            raise TypeError("the spec is not JSON text")
-        run_spec = RunSpec(spec, int(version))
-        run_spec.parsed  # noqa: B018 - parsed here so an unreadable spec drops the message, not the worker
-        run = FencedRun(
-            job_id=uuid.UUID(bytes=job_id),
-            shard=int(shard),
-            owner=str(owner),
-            lease_token=int(token),
-            scheduled_for=from_us(scheduled_us),
-            due_at=from_us(due_us),
-            attempt=int(attempt),
-            spec=run_spec,
-            run_kind=str(kind),
-            parent_id=uuid.UUID(bytes=fields[12]) if len(fields) > 12 and fields[12] else None,
-        )
-    except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+        return _single(msgpack.unpackb(data, raw=False))
+    except _UNREADABLE as exc:
         raise ValueError(f"unreadable run message: {exc}") from exc
-    return Published(run, str(by))
+
+
+def decode_runs(data: bytes) -> Decoded:
+    """The runs of a message of either format; ValueError for anything that is not such a
+    message. A bundle's unreadable runs are counted, not returned: the others are still taken."""
+    try:
+        fields = msgpack.unpackb(data, raw=False)
+        if not isinstance(fields, list) or not fields or fields[0] != BUNDLE_FORMAT:
+            return Decoded([_single(fields)])
+    except _UNREADABLE as exc:
+        raise ValueError(f"unreadable run message: {exc}") from exc
+    if len(fields) < 3 or not isinstance(fields[1], str):
+        raise ValueError("unreadable run message: a bundle without its publisher or runs")
+    runs: list[Published] = []
+    for one in fields[2:]:
+        try:
+            if not isinstance(one, list) or len(one) < 10:
+                raise ValueError("not a run's fields")
+            runs.append(Published(_run_of(one), fields[1]))
+        except _UNREADABLE:
+            pass
+    return Decoded(runs, len(fields) - 2 - len(runs))

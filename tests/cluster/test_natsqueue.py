@@ -1,6 +1,7 @@
 """The NATS run queue's take step against real NATS and PostgreSQL: a message is called only when
 its own token is the one the row holds, even when a stale and a current message of the same job
-arrive in one batch (a redelivery of a dead worker's message next to the retry's)."""
+arrive in one batch (a redelivery of a dead worker's message next to the retry's); a bundle's
+runs are taken one by one, and its message is acked once the last run taken is recorded."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
-from duetime.core.runpath import FencedRun, RunSpec
+from duetime.core.model import JobSpec, OneOffSchedule, Outcome, WebhookTarget
+from duetime.core.runpath import AttemptReport, FencedRun, RunSpec, Verdict
 from duetime.runqueue import wire
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.runqueue.natsqueue import (
@@ -97,5 +98,55 @@ async def test_a_stale_message_next_to_the_current_one_is_dropped_not_called(
             "SELECT claimed_by, taken_by FROM jobs WHERE job_id = $1", current.job_id
         )
         assert dict(row) == {"claimed_by": "engine-x", "taken_by": "worker-y"}
+    finally:
+        await nc.close()
+
+
+async def test_a_bundle_hands_over_the_runs_it_may_and_is_acked_after_the_last_is_recorded(
+    store: PostgresStore, nats_server: NatsServer
+) -> None:
+    from dataclasses import replace
+
+    first = await _running_job(store, token=3, holder="engine-x")
+    second = await _running_job(store, token=5, holder="engine-x")
+    stale = replace(await _running_job(store, token=7, holder="engine-x"), lease_token=6)
+    nc = await connect(nats_server.url, "test")
+    try:
+        js = nc.jetstream()
+        stream = await ensure_stream(js, "nqbundle", ack_wait_s=30)
+        await js.publish(subject_for("nqbundle", 0), wire.encode_runs([first, stale, second], "engine-x"))
+        sub = await js.pull_subscribe_bind(CONSUMER, stream)
+        msgs = await sub.fetch(1, timeout=5)
+        keeper = LeaseKeeper(store, lease_s=60, heartbeat_s=20)
+        consumer = NatsRunConsumer(
+            store,
+            keeper,
+            url=nats_server.url,
+            prefix="nqbundle",
+            holder="worker-z",
+            lease_s=60,
+            ack_wait_s=30,
+            concurrency=10,
+        )
+        await consumer._take(msgs)
+        handed: list[FencedRun] = []
+        while (got := consumer.get_nowait()) is not None:
+            handed.append(got)
+        assert [(r.job_id, r.lease_token) for r in handed] == [(first.job_id, 3), (second.job_id, 5)]
+        assert consumer.held() == 2
+
+        async def unacked() -> int:
+            await consumer._send_acks()
+            await nc.flush()
+            info = await js.consumer_info(stream, CONSUMER)
+            return int(info.num_ack_pending)
+
+        done = Verdict(Outcome.SUCCEEDED, False, 200)
+        now = datetime.now(UTC)
+        consumer.recorded([AttemptReport(handed[1], done, now, now)])
+        assert await unacked() == 1, "one run of the bundle is still being called"
+        consumer.recorded([AttemptReport(handed[0], done, now, now)])
+        assert await unacked() == 0
+        assert consumer.held() == 0
     finally:
         await nc.close()

@@ -1,6 +1,7 @@
 """The engine's NATS publisher against a real nats-server: every fenced run lands in the stream
-once, its PubAck gathered per batch without a task per message; runs whose PubAck never comes are
-published again and counted as published only when acknowledged."""
+once, in a bundle of its shard's runs, each PubAck gathered per batch without a task per message;
+bundles whose PubAck never comes are published again and counted as published only when
+acknowledged."""
 
 from __future__ import annotations
 
@@ -78,10 +79,17 @@ async def test_a_batch_is_published_once_each_with_no_task_per_message(nats_serv
         try:
             js = nc.jetstream()
             info = await js.stream_info(stream_name(prefix))
-            assert info.state.messages == 600
+            assert info.state.messages == 16  # 37 or 38 runs of each shard, one bundle each
             sub = await js.pull_subscribe_bind(CONSUMER, stream_name(prefix))
-            got = {wire.decode_message(m.data).job_id for m in await sub.fetch(600, timeout=5)}
-            assert got == {r.job_id for r in runs}
+            got = [
+                (m.subject, p.shard, p.publisher, p.job_id)
+                for m in await sub.fetch(600, timeout=5)
+                for p in wire.decode_runs(m.data).runs
+            ]
+            assert sorted(j for *_, j in got) == sorted(r.job_id for r in runs)  # each run once
+            assert {(subj, f"{prefix}.{shard}", by) for subj, shard, by, _ in got} == {
+                (f"{prefix}.{s}", f"{prefix}.{s}", "engine-p") for s in range(16)
+            }
         finally:
             await nc.close()
     finally:
@@ -111,6 +119,7 @@ async def test_runs_without_a_puback_are_published_again_and_stored_once(nats_se
     retries = PUBLISH_RETRIES._value.get()
     try:
         runs = [_run(i) for i in range(50)]
+        assert len(wire.bundles_of(runs)) == 16  # 3 or 4 runs of each shard
         await pub._publish(runs)
         assert pub.lost == 10
         assert PUBLISH_RETRIES._value.get() - retries == 10
@@ -118,7 +127,7 @@ async def test_runs_without_a_puback_are_published_again_and_stored_once(nats_se
         nc = await connect(nats_server.url, "check")
         try:
             info = await nc.jetstream().stream_info(stream_name(prefix))
-            assert info.state.messages == 50  # the second copies were dropped by the duplicate window
+            assert info.state.messages == 16  # the second copies were dropped by the duplicate window
         finally:
             await nc.close()
     finally:
@@ -143,10 +152,11 @@ async def test_the_stream_holds_no_more_undelivered_runs_than_the_run_queue_boun
             for i in range(300):
                 await pub.put(_run(i))
 
+        published = PUBLISHED._value.get()
         fencer = asyncio.create_task(fence())
         await asyncio.sleep(1.0)
-        info = await js.stream_info(stream_name(prefix))
-        assert info.state.messages <= 100, info.state.messages
+        # The stream counts messages (bundles of 2-3 runs here); the bound is in runs.
+        assert PUBLISHED._value.get() - published <= 100
         assert pub.backlog() >= 60  # the next ones wait in the engine
         assert not fencer.done()  # and the fence is held back
         sub = await js.pull_subscribe_bind(CONSUMER, stream_name(prefix))
@@ -154,7 +164,7 @@ async def test_the_stream_holds_no_more_undelivered_runs_than_the_run_queue_boun
         for _ in range(30):
             for m in await sub.fetch(50, timeout=5):
                 await m.ack()
-                fetched += 1
+                fetched += len(wire.decode_runs(m.data).runs)
             if fetched >= 300:
                 break
         assert fetched == 300  # the workers fetching made room for every run

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import msgpack
@@ -143,3 +144,70 @@ def test_a_message_whose_spec_cannot_be_read_is_refused_at_decode_not_at_the_cal
         fields[8] = bad
         with pytest.raises(ValueError, match="unreadable run message"):
             wire.decode_message(msgpack.packb(fields, use_bin_type=True))
+
+
+# ---------------------------------------------------------------------------------- bundles
+
+
+def _on(shard: int, text: str | None = None, parent: uuid.UUID | None = None) -> FencedRun:
+    return replace(_run(parent, text), shard=shard)
+
+
+@given(shards=st.lists(st.integers(0, 3), min_size=1, max_size=300))
+def test_a_batch_goes_out_as_bundles_of_one_shard_each_run_once_in_order(shards: list[int]) -> None:
+    runs = [_on(s) for s in shards]
+    bundles = wire.bundles_of(runs)
+    assert all(1 <= len(b) <= wire.BUNDLE_RUNS for b in bundles)
+    assert all(len({r.shard for r in b}) == 1 for b in bundles)
+    for shard in set(shards):  # each shard's runs keep their order, and only its last bundle is short
+        mine = [b for b in bundles if b[0].shard == shard]
+        assert [r for b in mine for r in b] == [r for r in runs if r.shard == shard]
+        assert all(len(b) == wire.BUNDLE_RUNS for b in mine[:-1])
+    assert len(bundles) == sum(-(-shards.count(s) // wire.BUNDLE_RUNS) for s in set(shards))
+
+
+def test_a_bundle_holds_no_more_spec_text_than_its_bound_and_a_huge_spec_goes_alone() -> None:
+    spec = JobSpec(target=QueueTarget(Broker.REDIS, "t"), schedule=OneOffSchedule(T), payload="x" * 50_000)
+    big = RunSpec.of(spec, 1)
+    runs = [replace(_on(3), spec=big) for _ in range(5)]
+    huge = replace(_on(3), spec=RunSpec.of(replace(spec, payload="y" * 200_000), 1))
+    bundles = wire.bundles_of([*runs, huge, _on(3)])
+    assert [len(b) for b in bundles] == [2, 2, 1, 1, 1]
+    assert bundles[3] == [huge]
+    assert all(sum(len(r.spec.text) for r in b) <= wire.BUNDLE_SPEC_CHARS for b in bundles if len(b) > 1)
+
+
+def test_a_bundle_round_trips_with_its_publisher_and_a_lone_run_stays_format_1() -> None:
+    runs = [_on(5), _on(5, parent=uuid.uuid4()), _on(5)]
+    got = wire.decode_runs(wire.encode_runs(runs, "engine-b"))
+    assert got.unreadable == 0
+    assert [p.run for p in got.runs] == runs
+    assert {p.publisher for p in got.runs} == {"engine-b"}
+    assert got.runs[1].run.spec.parsed.payload == {"n": 2**70}
+    alone = wire.encode_runs(runs[:1], "engine-b")
+    assert alone == wire.encode_message(runs[0], "engine-b")  # what workers of earlier releases read
+    assert [p.run for p in wire.decode_runs(alone).runs] == runs[:1]
+
+
+def test_an_unreadable_run_of_a_bundle_is_counted_and_the_others_kept() -> None:
+    runs = [_on(1), _on(1), _on(1)]
+    fields = msgpack.unpackb(wire.encode_runs(runs, "e"), raw=False)
+    fields[3][7] = "{not json"  # the second run's spec
+    got = wire.decode_runs(msgpack.packb(fields, use_bin_type=True))
+    assert got.unreadable == 1
+    assert [p.run for p in got.runs] == [runs[0], runs[2]]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"not msgpack \xc1",
+        msgpack.packb({"a": 1}),
+        msgpack.packb([2, "e"]),  # a bundle without runs
+        msgpack.packb([2, b"x", []]),  # a bundle whose publisher is not text
+        msgpack.packb([3, "e", []]),  # another format
+    ],
+)
+def test_a_message_that_is_no_bundle_is_refused_as_unreadable(data: bytes) -> None:
+    with pytest.raises(ValueError, match="unreadable run message"):
+        wire.decode_runs(data)
