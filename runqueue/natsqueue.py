@@ -79,11 +79,13 @@ TAKE_SECONDS = Histogram(
 )
 STREAM_PENDING = Gauge(
     "duetime_nats_pending_runs",
-    "Messages (bundles of runs) in the stream not yet delivered to any worker (consumer num_pending)",
+    "Runs in the stream not yet delivered to any worker: the consumer's num_pending (messages)"
+    " times the runs per message this worker received lately",
 )
 STREAM_ACK_PENDING = Gauge(
     "duetime_nats_ack_pending_runs",
-    "Messages (bundles of runs) delivered to workers and not yet acked (consumer num_ack_pending)",
+    "Runs delivered to workers and not yet acked: the consumer's num_ack_pending (messages) times"
+    " the runs per message this worker received lately",
 )
 
 
@@ -480,6 +482,7 @@ class NatsRunConsumer(InProcessRunQueue):
         # each run held, by (job id, token), with the message it came in (shared by a bundle's runs)
         self._held: dict[tuple[uuid.UUID, int], _Held] = {}
         self._arrived_runs = 0  # upper bound of the runs in ``_arrived`` (bundles count full)
+        self._per_message = 1.0  # runs per message lately received (the depth gauges' estimate)
         self._space = asyncio.Event()
         self._arrived: list[Msg] = []
         self._arrival = asyncio.Event()
@@ -645,6 +648,8 @@ class NatsRunConsumer(InProcessRunQueue):
                 continue
             published += mine
             theirs.append((msg, mine))
+        if theirs:
+            self._per_message = 0.8 * self._per_message + 0.2 * (len(published) / len(theirs))
         if not published:
             return
         try:
@@ -711,6 +716,6 @@ class NatsRunConsumer(InProcessRunQueue):
         while True:
             with contextlib.suppress(Exception):
                 info = await self._js.consumer_info(self._stream, CONSUMER, timeout=2)
-                STREAM_PENDING.set(info.num_pending or 0)
-                STREAM_ACK_PENDING.set(info.num_ack_pending or 0)
+                STREAM_PENDING.set(round((info.num_pending or 0) * self._per_message))
+                STREAM_ACK_PENDING.set(round((info.num_ack_pending or 0) * self._per_message))
             await asyncio.sleep(5.0)
