@@ -205,7 +205,11 @@ PHASE_EVENTS: dict[RunEvent, PhaseStep] = {
         BUSY_PHASES, None, "a fenced run's lease is extended while it waits or is called", ("extend_leases",)
     ),
     RunEvent.TAKE: PhaseStep(
-        _ph(_RUNNING), None, "a worker takes a published run's lease over (NATS run queue)", ("take_runs",)
+        _ph(_RUNNING),
+        None,
+        "a worker takes a published run's lease over (NATS run queue): `taken_by` is set, `claimed_by`"
+        " keeps the publisher",
+        ("take_runs",),
     ),
     RunEvent.KEEP_PUBLISHED: PhaseStep(
         _ph(_RUNNING),
