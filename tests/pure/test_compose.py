@@ -16,6 +16,7 @@ import yaml
 from prometheus_client import REGISTRY
 
 import duetime.api.metrics
+import duetime.exposition
 import duetime.runqueue.metrics
 import duetime.runqueue.natsqueue
 from duetime.cli import COMMANDS, build_parser
@@ -150,8 +151,8 @@ def test_the_alert_rules_are_loaded_and_watch_the_dealing_with_real_metrics() ->
 
 def _metric_names() -> set[str]:
     assert (
-        duetime.runqueue.metrics and duetime.api.metrics and duetime.runqueue.natsqueue
-    )  # imported for their registrations
+        duetime.runqueue.metrics and duetime.api.metrics and duetime.runqueue.natsqueue and duetime.exposition
+    )  # imported for their registrations (duetime_build_info is duetime.exposition's)
     names: set[str] = set()
     for family in REGISTRY.collect():
         base = family.name
