@@ -10,7 +10,6 @@ repeated by a new worker; ``taken_by`` outside ``running`` is refused.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
