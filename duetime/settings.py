@@ -787,7 +787,9 @@ class Settings:
         metadata=_meta(
             "DUETIME_RUN_QUEUE_MAX",
             "Runs that may wait in the run queue before the engine is held back (back-pressure); with "
-            "DUETIME_RUN_QUEUE=nats, also the runs waiting in the stream for a worker.",
+            "DUETIME_RUN_QUEUE=nats, also the runs waiting in the stream for a worker (the stream counts "
+            "messages, each a bundle of up to 64 runs: the engine counts them as holding as many runs "
+            "as its last batch's messages did).",
             _integer(1),
         ),
     )
