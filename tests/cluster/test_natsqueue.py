@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from nats.aio.msg import Msg
 
 from duetime.core.model import JobSpec, OneOffSchedule, Outcome, WebhookTarget
 from duetime.core.runpath import AttemptReport, FencedRun, RunSpec, Verdict
@@ -61,11 +63,32 @@ async def _running_job(store: PostgresStore, *, token: int, holder: str) -> Fenc
     )
 
 
+async def _take(
+    store: PostgresStore, msgs: list[Msg], *, url: str, prefix: str, holder: str, ack_wait_s: float
+) -> tuple[NatsRunConsumer, list[FencedRun]]:
+    """A worker's consumer that takes ``msgs`` as one batch, as the fetch loop hands it over, and
+    the runs it handed to the worker coroutines."""
+    keeper = LeaseKeeper(store, lease_s=60, heartbeat_s=20)
+    consumer = NatsRunConsumer(
+        store,
+        keeper,
+        url=url,
+        prefix=prefix,
+        holder=holder,
+        lease_s=60,
+        ack_wait_s=ack_wait_s,
+        concurrency=10,
+    )
+    await consumer._take(msgs)
+    handed: list[FencedRun] = []
+    while (got := consumer.get_nowait()) is not None:
+        handed.append(got)
+    return consumer, handed
+
+
 async def test_a_stale_message_next_to_the_current_one_is_dropped_not_called(
     store: PostgresStore, nats_server: NatsServer
 ) -> None:
-    from dataclasses import replace
-
     current = await _running_job(store, token=2, holder="engine-x")
     stale = replace(current, lease_token=1)  # e.g. redelivered from a worker that died
     nc = await connect(nats_server.url, "test")
@@ -77,21 +100,9 @@ async def test_a_stale_message_next_to_the_current_one_is_dropped_not_called(
         sub = await js.pull_subscribe_bind(CONSUMER, stream)
         msgs = await sub.fetch(2, timeout=5)
         assert len(msgs) == 2
-        keeper = LeaseKeeper(store, lease_s=60, heartbeat_s=20)
-        consumer = NatsRunConsumer(
-            store,
-            keeper,
-            url=nats_server.url,
-            prefix="nqtest",
-            holder="worker-y",
-            lease_s=60,
-            ack_wait_s=5,
-            concurrency=10,
+        consumer, handed = await _take(
+            store, msgs, url=nats_server.url, prefix="nqtest", holder="worker-y", ack_wait_s=5
         )
-        await consumer._take(msgs)  # one batch, as the fetch loop hands it over
-        handed: list[FencedRun] = []
-        while (got := consumer.get_nowait()) is not None:
-            handed.append(got)
         assert [r.lease_token for r in handed] == [2]
         assert consumer.held() == 1
         row = await store.pool_for_shard(0).fetchrow(
@@ -105,8 +116,6 @@ async def test_a_stale_message_next_to_the_current_one_is_dropped_not_called(
 async def test_a_bundle_hands_over_the_runs_it_may_and_is_acked_after_the_last_is_recorded(
     store: PostgresStore, nats_server: NatsServer
 ) -> None:
-    from dataclasses import replace
-
     first = await _running_job(store, token=3, holder="engine-x")
     second = await _running_job(store, token=5, holder="engine-x")
     stale = replace(await _running_job(store, token=7, holder="engine-x"), lease_token=6)
@@ -117,21 +126,9 @@ async def test_a_bundle_hands_over_the_runs_it_may_and_is_acked_after_the_last_i
         await js.publish(subject_for("nqbundle", 0), wire.encode_runs([first, stale, second], "engine-x"))
         sub = await js.pull_subscribe_bind(CONSUMER, stream)
         msgs = await sub.fetch(1, timeout=5)
-        keeper = LeaseKeeper(store, lease_s=60, heartbeat_s=20)
-        consumer = NatsRunConsumer(
-            store,
-            keeper,
-            url=nats_server.url,
-            prefix="nqbundle",
-            holder="worker-z",
-            lease_s=60,
-            ack_wait_s=30,
-            concurrency=10,
+        consumer, handed = await _take(
+            store, msgs, url=nats_server.url, prefix="nqbundle", holder="worker-z", ack_wait_s=30
         )
-        await consumer._take(msgs)
-        handed: list[FencedRun] = []
-        while (got := consumer.get_nowait()) is not None:
-            handed.append(got)
         assert [(r.job_id, r.lease_token) for r in handed] == [(first.job_id, 3), (second.job_id, 5)]
         assert consumer.held() == 2
 
