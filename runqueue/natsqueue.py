@@ -706,7 +706,7 @@ class NatsRunConsumer(InProcessRunQueue):
         while True:
             await asyncio.sleep(every)
             now = time.monotonic()
-            for held in {id(h): h for h in self._held.values()}.values():
+            for held in set(self._held.values()):  # a bundle's runs share one
                 if now - held.since > every:
                     held.since = now
                     with contextlib.suppress(Exception):

@@ -292,17 +292,10 @@ def _single(fields: Any) -> Published:
     return Published(_run_of([*fields[1:11], *fields[12:13]]), str(fields[11]))
 
 
-def decode_message(data: bytes) -> Published:
-    """The inverse of ``encode_message``; ValueError for anything that is not such a message."""
-    try:
-        return _single(msgpack.unpackb(data, raw=False))
-    except _UNREADABLE as exc:
-        raise ValueError(f"unreadable run message: {exc}") from exc
-
-
 def decode_runs(data: bytes) -> Decoded:
-    """The runs of a message of either format; ValueError for anything that is not such a
-    message. A bundle's unreadable runs are counted, not returned: the others are still taken."""
+    """The runs of a message of either format (the inverse of ``encode_runs`` and
+    ``encode_message``); ValueError for anything that is not such a message, or a lone run that
+    cannot be read. A bundle's unreadable runs are counted, not returned: the others are taken."""
     try:
         fields = msgpack.unpackb(data, raw=False)
         if not isinstance(fields, list) or not fields or fields[0] != BUNDLE_FORMAT:

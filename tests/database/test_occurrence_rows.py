@@ -69,7 +69,7 @@ async def test_a_run_in_flight_hands_its_next_occurrence_to_a_row_of_its_own(sto
     [run] = await fence(store, mine)
     assert run.parent_id == jid and run.public_id == jid
     # a run message carries the parent through the NATS queue too
-    message = wire.decode_message(wire.encode_message(run, "engine-x"))
+    [message] = wire.decode_runs(wire.encode_message(run, "engine-x")).runs
     decoded, by = message.run, message.publisher
     assert decoded.parent_id == jid and decoded.public_id == jid and by == "engine-x"
     await store.complete_runs([report(run, Outcome.SUCCEEDED)])

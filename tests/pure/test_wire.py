@@ -99,7 +99,7 @@ def _run(parent: uuid.UUID | None = None, text: str | None = None) -> FencedRun:
 @pytest.mark.parametrize("parent", [None, uuid.uuid4()])
 def test_a_message_round_trips_with_its_publisher(parent: uuid.UUID | None) -> None:
     run = _run(parent)
-    got = wire.decode_message(wire.encode_message(run, "engine-x"))
+    [got] = wire.decode_runs(wire.encode_message(run, "engine-x")).runs
     assert got.publisher == "engine-x"
     assert got.run == run
     assert got.run.public_id == (parent or run.job_id)
@@ -112,7 +112,7 @@ def test_a_message_round_trips_with_its_publisher(parent: uuid.UUID | None) -> N
 def test_the_spec_text_is_the_rows_own_text_not_a_re_encoding() -> None:
     spec = JobSpec(target=QueueTarget(Broker.NATS, "t"), schedule=OneOffSchedule(T))
     row_text = json.dumps(codec.spec_to_json(spec), indent=1)  # jsonb::text spells it its own way
-    got = wire.decode_message(wire.encode_message(_run(text=row_text), "e"))
+    [got] = wire.decode_runs(wire.encode_message(_run(text=row_text), "e")).runs
     assert got.run.spec.text == row_text
     assert got.run.spec.reuse(row_text) is got.run.spec.parsed  # the completion reuses its parse
 
@@ -120,7 +120,7 @@ def test_the_spec_text_is_the_rows_own_text_not_a_re_encoding() -> None:
 def test_a_message_of_an_older_engine_without_the_parent_field_decodes() -> None:
     run = _run()
     fields = msgpack.unpackb(wire.encode_message(run, "old"), raw=False)[:12]
-    got = wire.decode_message(msgpack.packb(fields, use_bin_type=True))
+    [got] = wire.decode_runs(msgpack.packb(fields, use_bin_type=True)).runs
     assert got.run.parent_id is None and got.run == run
 
 
@@ -135,7 +135,7 @@ def test_a_message_of_an_older_engine_without_the_parent_field_decodes() -> None
 )
 def test_anything_else_is_refused_as_unreadable(data: bytes) -> None:
     with pytest.raises(ValueError, match="unreadable run message"):
-        wire.decode_message(data)
+        wire.decode_runs(data)
 
 
 def test_a_message_whose_spec_cannot_be_read_is_refused_at_decode_not_at_the_call() -> None:
@@ -143,7 +143,7 @@ def test_a_message_whose_spec_cannot_be_read_is_refused_at_decode_not_at_the_cal
         fields = msgpack.unpackb(wire.encode_message(_run(), "e"), raw=False)
         fields[8] = bad
         with pytest.raises(ValueError, match="unreadable run message"):
-            wire.decode_message(msgpack.packb(fields, use_bin_type=True))
+            wire.decode_runs(msgpack.packb(fields, use_bin_type=True))
 
 
 # ---------------------------------------------------------------------------------- bundles
