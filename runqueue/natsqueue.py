@@ -104,8 +104,14 @@ async def connect(url: str, name: str) -> NatsClient:
     async def on_error(exc: Exception) -> None:
         log.warning("NATS: %s", exc)
 
+    client: list[NatsClient] = []  # the client, once made: a callback must tell a close from a loss
+
     async def on_disconnect() -> None:
-        log.warning("NATS connection lost; reconnecting")
+        # nats-py calls this on our own close() too; only a lost connection is worth a warning.
+        if client and client[0].is_closed:
+            log.info("NATS connection closed")
+        else:
+            log.warning("NATS connection lost; reconnecting")
 
     async def on_reconnect() -> None:
         log.info("NATS connection re-established")
@@ -120,6 +126,7 @@ async def connect(url: str, name: str) -> NatsClient:
         disconnected_cb=on_disconnect,
         reconnected_cb=on_reconnect,
     )
+    client.append(nc)
     return nc
 
 
