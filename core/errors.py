@@ -84,3 +84,12 @@ class TargetNotAllowed(InvalidRequest):
     """A webhook URL that resolves to an address the operator has not allowed (SSRF guard)."""
 
     code = "target_not_allowed"
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether work that failed with ``exc`` should simply be written again later: the database
+    was away, refused for now, or gave way to other work (a deadlock, a serialization failure, a
+    lock or statement timeout, a lost connection, a failover to a read-only standby). Nothing of
+    the work itself is wrong, so it is retried with backoff and never dropped; any other error is
+    the work's own (or a bug), and is isolated rather than retried as it is."""
+    return isinstance(exc, (StorageUnavailable, Contended, OSError, TimeoutError))

@@ -42,6 +42,7 @@ from duetime.storage.postgres import PostgresStore
 from duetime.storage.postgres.due_age import oldest_unclaimed_due
 from duetime.storage.postgres.membership import MembershipStore, Registration
 from duetime.storage.shardmap import ShardMap
+from duetime.supervisor import SUPERVISOR
 from duetime.workers import tracing
 from duetime.workers.dispatch import Dispatcher
 from duetime.workers.events import EventSender, EventSenderConfig
@@ -197,6 +198,7 @@ class Node:
                 topic_policy=s.topics(),
                 metrics_token=s.metrics_token,
                 serve_metrics=s.metrics_port is None,
+                readiness=self._tasks_ready,
             )
             if self.api
             else _ops_app(self.store, self._not_ready, s, access_log=s.access_log)
@@ -332,11 +334,19 @@ class Node:
                 log.exception("drain watch failed")
 
     def _not_ready(self) -> str | None:
+        if (down := SUPERVISOR.not_ready(self.settings.lease_s)) is not None:
+            return down
         if self._publisher is not None and not self._publisher.connected:
             return "not connected to NATS"
         if self._remote is not None:
             return self._remote.ready()
         return None
+
+    async def _tasks_ready(self) -> None:
+        """/readyz of the API: red while a supervised task of this process has been failing for
+        longer than a lease (its part of the run path is not working, whatever else answers)."""
+        if (down := SUPERVISOR.not_ready(self.settings.lease_s)) is not None:
+            raise RuntimeError(down)
 
     def crashed(self) -> BaseException | None:
         return self._engine.crashed if self._engine is not None else None

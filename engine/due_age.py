@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from duetime.runqueue.metrics import OLDEST_UNCLAIMED_DUE
 from duetime.storage.ports import DueBacklog
+from duetime.supervisor import SUPERVISOR
 
 log = logging.getLogger("duetime.engine")
 
@@ -32,7 +33,7 @@ class DueAgeSampler:
         self._stopping = asyncio.Event()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="duetime-due-age")
+        self._task = SUPERVISOR.spawn("duetime-due-age", self._loop)
 
     async def sample(self) -> list[DueBacklog]:
         readings = await self._read(self._shards)

@@ -24,6 +24,7 @@ from duetime.core.ids import SHARDS
 from duetime.engine.service import Engine
 from duetime.runqueue import metrics
 from duetime.storage.postgres.membership import EngineRecord, MembershipStore, Registration
+from duetime.supervisor import SUPERVISOR
 
 log = logging.getLogger("duetime.membership")
 
@@ -68,7 +69,7 @@ class MembershipKeeper:
         await self._store.set_serving(self.registration, engine.serving)
         self._reported = engine.serving
         metrics.SERVING.set(len(engine.serving))
-        self._task = asyncio.create_task(self._run(), name="duetime-membership")
+        self._task = SUPERVISOR.spawn("duetime-membership", self._run)
 
     async def stop(self) -> None:
         """Stop heartbeating and leave, so the others take this engine's shards at once."""

@@ -27,6 +27,7 @@ from prometheus_client import Counter, Histogram
 
 from duetime.core.errors import DuetimeError
 from duetime.storage.ports import HistorySweep
+from duetime.supervisor import SUPERVISOR
 
 log = logging.getLogger("duetime.retention")
 
@@ -152,7 +153,7 @@ class RetentionService:
 
     def start(self) -> None:
         if self._config.enabled and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name="duetime-retention")
+            self._task = SUPERVISOR.spawn("duetime-retention", self._loop)
 
     async def stop(self) -> None:
         self._stopping.set()

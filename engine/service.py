@@ -1,10 +1,10 @@
 """The engine: claims the next minute of due runs for its shards into a timer wheel, fires each on
 its due instant, and fences it into the run queue.
 
-Tasks (all named, supervised by ``Engine.start``/``stop``): one claim loop per shard it serves,
-woken by LISTEN/NOTIFY or the poll interval; the wheel driver; the fencer; the janitor. On stop the
-engine stops claiming, gives back every claim it has not fired, and lets the fencer finish its
-batch: nothing lost, nothing doubled.
+Tasks (all named, started by ``Engine.start``, restarted by the process's supervisor when they
+fail, ended by ``stop``): one claim loop per shard it serves, woken by LISTEN/NOTIFY or the poll
+interval; the wheel driver; the fencer; the janitor. On stop the engine stops claiming, gives back
+every claim it has not fired, and lets the fencer finish its batch: nothing lost, nothing doubled.
 
 ``config.shards`` are the shards the engine *may* serve; which of them it serves is set at start
 and changed with ``serve()`` (by the membership keeper, from the dealing). Losing a shard is a
@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -31,6 +31,7 @@ from duetime.runqueue import metrics, wire
 from duetime.runqueue.inprocess import RunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.ports import DueListener, RunStore
+from duetime.supervisor import SUPERVISOR
 
 log = logging.getLogger("duetime.engine")
 
@@ -144,13 +145,17 @@ class Engine:
             await self._admit(ours)
         await self._listen()
         self._driver.start()
-        self._fencer = self._spawn(self._fence_loop(), "duetime-fencer")
+        self._fencer = self._spawn(self._fence_loop, "duetime-fencer")
         for shard in sorted(self.serving):
             self._start_claiming(shard)
-        self._spawn(self._janitor_loop(), "duetime-janitor")
+        self._spawn(self._janitor_loop, "duetime-janitor")
 
     def _start_claiming(self, shard: int) -> None:
-        task = self._spawn(self._claim_loop(shard), f"duetime-claim-{shard}")
+        task = self._spawn(
+            lambda: self._claim_loop(shard),
+            f"duetime-claim-{shard}",
+            keep_going=lambda: shard in self.serving,
+        )
         self._claimers[shard] = task
         task.add_done_callback(self._forget_task)
 
@@ -242,8 +247,16 @@ class Engine:
             released += await asyncio.shield(self._store.release_claims(items[i : i + 1000]))
         return released
 
-    def _spawn(self, coro: object, name: str) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+    def _spawn(
+        self,
+        body: Callable[[], Awaitable[None]],
+        name: str,
+        *,
+        keep_going: Callable[[], bool] = lambda: True,
+    ) -> asyncio.Task[None]:
+        """A loop of the engine under the process's supervisor: restarted with backoff if it
+        fails (its state is the engine's, so a restart loses nothing), until the engine stops."""
+        task = SUPERVISOR.spawn(name, body, keep_going=lambda: not self._stopping.is_set() and keep_going())
         task.add_done_callback(self._task_done)
         self._tasks.append(task)
         return task

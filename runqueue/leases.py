@@ -14,6 +14,7 @@ import uuid
 from duetime.core.runpath import Leased
 from duetime.runqueue import metrics
 from duetime.storage.ports import RunStore
+from duetime.supervisor import SUPERVISOR
 
 log = logging.getLogger("duetime.leases")
 
@@ -58,7 +59,9 @@ class LeaseKeeper:
         return len(self._held)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="duetime-lease-keeper")
+        self._task = SUPERVISOR.spawn(
+            "duetime-lease-keeper", self._run, keep_going=lambda: not self._stop.is_set()
+        )
 
     async def stop(self) -> None:
         self._stop.set()

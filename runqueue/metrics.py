@@ -67,6 +67,12 @@ COMPLETIONS = Counter("duetime_completions_total", "Attempts recorded under a va
 STALE_COMPLETIONS = Counter(
     "duetime_stale_completions_total", "Completions rejected because the lease token no longer matched"
 )
+UNWRITABLE_COMPLETIONS = Counter(
+    "duetime_unwritable_completions_total",
+    "Outcomes the database refused for a reason of their own (not an outage or contention): "
+    "given up alone so the rest of their batch is recorded; the run's lease lapses and the "
+    "janitor records it as lease_expired",
+)
 LEASE_EXTENSIONS = Counter("duetime_lease_extensions_total", "Leases extended by heartbeats")
 LEASES_LOST = Counter("duetime_leases_lost_total", "Heartbeats that found the lease taken over")
 JANITOR_RESCUES = Counter("duetime_janitor_rescues_total", "Rows whose lapsed lease the janitor handled")

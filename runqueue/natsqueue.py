@@ -42,12 +42,13 @@ from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType,
 from nats.js.client import JetStreamContext
 from prometheus_client import Counter, Gauge, Histogram
 
-from duetime.core.errors import StorageUnavailable
+from duetime.core.errors import is_transient
 from duetime.core.runpath import AttemptReport, FencedRun, Lease, Leased, Published
 from duetime.runqueue import metrics, wire
 from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.ports import RunStore
+from duetime.supervisor import STORAGE_RETRIES, SUPERVISOR, error_kind
 
 log = logging.getLogger("duetime.natsqueue")
 
@@ -219,7 +220,7 @@ class NatsRunPublisher(InProcessRunQueue):
         await self._nc.subscribe(
             f"{self._reply_prefix}.*", cb=self._on_puback, pending_msgs_limit=self._batch * 4 + 1024
         )
-        self._task = asyncio.create_task(self._publish_loop(), name="duetime-nats-publisher")
+        self._task = SUPERVISOR.spawn("duetime-nats-publisher", self._publish_loop)
 
     async def put(self, run: FencedRun) -> None:
         self._idle.clear()
@@ -432,8 +433,10 @@ class PublishedLeaseKeeper(LeaseKeeper):
         while self._held and time.monotonic() < deadline:
             try:
                 await self.beat(every=True)
-            except StorageUnavailable:
-                log.warning("heartbeat failed while draining published runs")
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                log.warning("heartbeat failed while draining published runs (%s)", exc)
             if self._held:
                 await asyncio.sleep(0.25)
         return len(self._held)
@@ -522,12 +525,12 @@ class NatsRunConsumer(InProcessRunQueue):
         await self._nc.subscribe(
             self._inbox, cb=self._on_message, pending_msgs_limit=self._concurrency * 4 + 1024
         )
-        self._fetcher = asyncio.create_task(self._fetch_loop(), name="duetime-nats-fetch")
+        self._fetcher = SUPERVISOR.spawn("duetime-nats-fetch", self._fetch_loop)
         self._side = [
-            asyncio.create_task(self._take_loop(), name="duetime-nats-take"),
-            asyncio.create_task(self._ack_loop(), name="duetime-nats-ack"),
-            asyncio.create_task(self._progress_loop(), name="duetime-nats-progress"),
-            asyncio.create_task(self._depth_loop(), name="duetime-nats-depth"),
+            SUPERVISOR.spawn("duetime-nats-take", self._take_loop),
+            SUPERVISOR.spawn("duetime-nats-ack", self._ack_loop),
+            SUPERVISOR.spawn("duetime-nats-progress", self._progress_loop),
+            SUPERVISOR.spawn("duetime-nats-depth", self._depth_loop),
         ]
 
     def recorded(self, reports: list[AttemptReport]) -> None:
@@ -662,7 +665,10 @@ class NatsRunConsumer(InProcessRunQueue):
         try:
             with TAKE_SECONDS.time():
                 taken = await self._store.take_runs(published, holder=self.holder, lease_s=self._lease_s)
-        except StorageUnavailable as exc:
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            STORAGE_RETRIES.labels("duetime-nats-take", error_kind(exc)).inc()
             log.warning("taking %d runs failed (%s); handing them back", len(published), exc)
             for msg, _ in theirs:
                 with contextlib.suppress(Exception):

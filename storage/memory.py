@@ -262,6 +262,10 @@ class MemoryStore:
 
     # ------------------------------------------------------------------ plumbing
 
+    def database_of(self, shard: int) -> int:
+        """One database holds every shard here."""
+        return 0
+
     def _check(self) -> None:
         if not self.available:
             raise StorageUnavailable(

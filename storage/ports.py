@@ -323,6 +323,13 @@ class RunStore(Protocol):
     and the leases of runs on the NATS run queue. Every method works on a batch and costs a few
     statements whatever its size; a lease token that no longer matches makes an item a no-op."""
 
+    def database_of(self, shard: int) -> int:
+        """Which database holds ``shard``, as a small number (the same for shards on one primary).
+
+        The run path batches its work per database with it, so one primary's trouble (an outage,
+        a deadlock, a hung statement) holds back only the work of its own shards."""
+        ...
+
     # -- claims, fence, heartbeats (storage/postgres/runpath.py)
 
     async def claim_due(

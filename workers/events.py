@@ -29,6 +29,7 @@ from duetime.core.errors import DuetimeError
 from duetime.core.model import Outcome, RetryPolicy
 from duetime.core.runpath import Delivery, Verdict
 from duetime.storage.ports import EventOutbox, EventSettlement, OutboxEvent
+from duetime.supervisor import SUPERVISOR
 from duetime.workers.dispatch import Dispatcher
 from duetime.workers.pool import SecretCache
 
@@ -154,7 +155,7 @@ class EventSender:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name="duetime-events")
+            self._task = SUPERVISOR.spawn("duetime-events", self._loop)
 
     async def stop(self, grace_s: float) -> None:
         """Stop claiming; let the calls of the round in flight finish and settle within the grace.

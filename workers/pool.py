@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from duetime.core.errors import StorageUnavailable
+from duetime.core.errors import StorageUnavailable, is_transient
 from duetime.core.model import Broker, Outcome, QueueTarget, WebhookTarget
 from duetime.core.runpath import AttemptReport, CallResult, Delivery, FencedRun, Verdict
 from duetime.core.signing import idempotency_key
@@ -24,6 +24,7 @@ from duetime.runqueue import metrics
 from duetime.runqueue.inprocess import RunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.ports import EventOutbox, RunStore, SigningKeys
+from duetime.supervisor import STORAGE_RETRIES, SUPERVISOR, Backoff, error_kind
 from duetime.workers import tracing
 from duetime.workers.dispatch import Dispatcher
 
@@ -113,6 +114,7 @@ class Completer:
         self._room.set()
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._backoff = Backoff(0.1, 5.0)
 
     def add(self, report: AttemptReport) -> None:
         self._buffer.append(report)
@@ -133,9 +135,7 @@ class Completer:
         return len(self._buffer)
 
     def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._run(), name=f"duetime-completer-{i}") for i in range(self._writers)
-        ]
+        self._tasks = [SUPERVISOR.spawn(f"duetime-completer-{i}", self._run) for i in range(self._writers)]
 
     async def stop(self) -> None:
         self._stopping = True
@@ -150,7 +150,15 @@ class Completer:
             self._room.set()
         return batch
 
+    def _put_back(self, reports: list[AttemptReport]) -> None:
+        """Reports not written go back to the front, in order: nothing is dropped on an error."""
+        self._buffer.extendleft(reversed(reports))
+        if len(self._buffer) >= self._max_pending:
+            self._room.clear()
+
     async def _run(self) -> None:
+        """One writer. Restartable: a batch it holds goes back to the buffer on any error, so the
+        supervisor can start it again without losing an outcome."""
         while True:
             if not self._buffer:
                 if self._stopping:
@@ -168,17 +176,71 @@ class Completer:
                 self._event.set()  # more for the other writers
             self._keeper.settling([r.job_id for r in batch])
             try:
-                stats = await asyncio.shield(self._store.complete_runs(batch))
-            except (StorageUnavailable, OSError) as exc:
-                log.warning("recording %d outcomes failed (%s); retrying", len(batch), exc)
-                self._buffer.extendleft(reversed(batch))
-                await asyncio.sleep(0.5)
-                continue
-            metrics.COMPLETIONS.inc(stats.applied)
-            if stats.stale:
-                metrics.STALE_COMPLETIONS.inc(stats.stale)
-            self._recorded(batch)
+                retry = await self._write(batch)
+            except BaseException:
+                self._put_back(batch)  # a bug or a cancel: the supervisor restarts us, nothing lost
+                raise
+            if retry:
+                # The database of these was away or gave way: written again after a pause that
+                # grows while it stays so (the other databases' reports are recorded meanwhile).
+                self._put_back(retry)
+                await asyncio.sleep(self._backoff.next())
+            else:
+                self._backoff.reset()
             del batch  # recorded: not kept alive while this writer waits for the next batch
+
+    async def _write(self, batch: list[AttemptReport]) -> list[AttemptReport]:
+        """Write ``batch`` one database at a time, side by side: one primary's trouble holds back
+        only its own reports. Returns the reports to write again (their database failed for a
+        reason that is not theirs)."""
+        parts: dict[int, list[AttemptReport]] = {}
+        for report in batch:
+            parts.setdefault(self._store.database_of(report.shard), []).append(report)
+        if len(parts) == 1:
+            # The usual case, awaited directly: the batch is recorded and let go in one step (no
+            # loop turn between a gather's end and this writer's, holding it alive meanwhile).
+            return await self._write_part(batch)
+        results = await asyncio.gather(*(self._write_part(part) for part in parts.values()))
+        return [report for again in results for report in again]
+
+    async def _write_part(self, part: list[AttemptReport]) -> list[AttemptReport]:
+        try:
+            stats = await asyncio.shield(self._store.complete_runs(part))
+        except Exception as exc:
+            if is_transient(exc):
+                STORAGE_RETRIES.labels("duetime-completer", error_kind(exc)).inc()
+                log.warning(
+                    "recording %d outcomes failed (%s: %s); retrying", len(part), type(exc).__name__, exc
+                )
+                return part
+            return await self._isolate(part, exc)
+        metrics.COMPLETIONS.inc(stats.applied)
+        if stats.stale:
+            metrics.STALE_COMPLETIONS.inc(stats.stale)
+        self._recorded(part)
+        return []
+
+    async def _isolate(self, part: list[AttemptReport], exc: Exception) -> list[AttemptReport]:
+        """An error that is not the database's trouble is one report's own (a value the database
+        refuses): halve the part until the report is alone, so the others are recorded. The lone
+        report is given up here: its lease is let go, so it lapses and the janitor records the run
+        as ``lease_expired`` and retries it by its policy, instead of it blocking every batch."""
+        if len(part) > 1:
+            half = len(part) // 2
+            return await self._write_part(part[:half]) + await self._write_part(part[half:])
+        report = part[0]
+        metrics.UNWRITABLE_COMPLETIONS.inc()
+        log.error(
+            "the outcome of job %s (occurrence %s, attempt %d) cannot be recorded (%s: %s); its lease "
+            "is left to lapse, and the janitor records it as lease_expired",
+            report.job_id,
+            report.scheduled_for.isoformat(),
+            report.attempt,
+            type(exc).__name__,
+            exc,
+        )
+        self._recorded(part)
+        return []
 
     def _recorded(self, batch: list[AttemptReport]) -> None:
         for report in batch:

@@ -25,9 +25,10 @@ from duetime.storage.shardmap import ShardMap
 
 # SQLSTATE classes that mean "the database is not there or will not take writes now".
 _UNAVAILABLE_STATES = ("08", "57", "53", "25006")
-# A deadlock or a serialization failure: a healthy database chose this transaction to give way.
-# It is retried inside the store (``retried``), and never reported as an outage.
-_CONTENTION_STATES = ("40001", "40P01")
+# A deadlock, a serialization failure, or a lock not had within ``lock_timeout``: a healthy
+# database chose this transaction to give way. It is retried inside the store (``retried``), and
+# never reported as an outage.
+_CONTENTION_STATES = ("40001", "40P01", "55P03")
 CONTENTION_TRIES = 5
 
 T = TypeVar("T")
@@ -138,6 +139,13 @@ async def open_pools(shard_map: ShardMap, *, pool_size: int) -> dict[str, asyncp
     return pools
 
 
+@functools.lru_cache(maxsize=16)
+def _database_index(shard_map: ShardMap) -> tuple[int, ...]:
+    """Per shard, the index of its database: asked for every report of every batch, made once."""
+    order = list(shard_map.databases())
+    return tuple(order.index(shard_map.dsn_for(shard)) for shard in range(len(shard_map.dsns)))
+
+
 class _OnShard(Protocol):
     @property
     def shard(self) -> int: ...
@@ -169,6 +177,10 @@ class StoreBase:
         for item in items:
             grouped.setdefault(self.shard_map.dsn_for(item.shard), []).append(item)
         return grouped
+
+    def database_of(self, shard: int) -> int:
+        """The index of ``shard``'s database among the shard map's distinct databases."""
+        return _database_index(self.shard_map)[shard]
 
     def pools(self) -> Iterable[asyncpg.Pool]:
         """Every database once, for the statements that read or sweep all of them."""

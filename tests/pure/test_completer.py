@@ -48,6 +48,9 @@ class _HeldStore:
         self.release = asyncio.Event()
         self.two_in_flight = asyncio.Event()
 
+    def database_of(self, shard: int) -> int:
+        return 0
+
     async def complete_runs(self, batch: list[AttemptReport]) -> CompletionStats:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
