@@ -41,6 +41,7 @@ from duetime.storage.ports import Registry
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.postgres.due_age import oldest_unclaimed_due
 from duetime.storage.postgres.membership import MembershipStore, Registration
+from duetime.storage.postgres.sessions import SessionBounds
 from duetime.storage.shardmap import ShardMap
 from duetime.supervisor import SUPERVISOR
 from duetime.workers import tracing
@@ -69,6 +70,16 @@ def retention_config(settings: Settings) -> RetentionConfig:
         batch=settings.retention_batch,
         interval_s=settings.retention_interval_s,
         pause_s=settings.retention_pause_s,
+    )
+
+
+def session_bounds(settings: Settings) -> SessionBounds:
+    return SessionBounds(
+        statement_timeout_s=settings.db_statement_timeout_s,
+        lock_timeout_s=settings.db_lock_timeout_s,
+        idle_in_transaction_timeout_s=settings.db_idle_in_transaction_timeout_s,
+        connect_timeout_s=settings.db_connect_timeout_s,
+        keepalives_idle_s=settings.db_keepalives_idle_s,
     )
 
 
@@ -137,6 +148,7 @@ class Node:
             ShardMap.from_dsns(s.shard_dsns()),
             pool_size=s.db_pool_size,
             notify_horizon_s=max(s.lookahead_s * 2, 120.0),
+            bounds=session_bounds(s),
         )
         policy = address_policy(s)
         if s.run_queue == "nats" and (self.engine or self.workers):

@@ -847,6 +847,61 @@ class Settings:
             "DUETIME_DB_POOL_SIZE", "Connections per database in each process's pool.", _integer(1, 1000)
         ),
     )
+    db_statement_timeout_s: float = field(
+        default=20.0,
+        metadata=_meta(
+            "DUETIME_DB_STATEMENT_TIMEOUT_S",
+            "PostgreSQL's statement_timeout on every pooled session: a statement running longer is "
+            "cancelled (and its work retried), so a hung one cannot hold its rows' locks for long. "
+            "The client gives up 5 s after it too, for a primary cut off without a reset. 0: off.",
+            _seconds(allow_zero=True),
+            shown="20",
+        ),
+    )
+    db_lock_timeout_s: float = field(
+        default=10.0,
+        metadata=_meta(
+            "DUETIME_DB_LOCK_TIMEOUT_S",
+            "PostgreSQL's lock_timeout on every pooled session: a statement that waits longer for "
+            "a lock gives way and is retried. 0: off.",
+            _seconds(allow_zero=True),
+            shown="10",
+        ),
+    )
+    db_idle_in_transaction_timeout_s: float = field(
+        default=10.0,
+        metadata=_meta(
+            "DUETIME_DB_IDLE_IN_TRANSACTION_TIMEOUT_S",
+            "PostgreSQL's idle_in_transaction_session_timeout on every pooled session: a process "
+            "paused inside a transaction (stopped, swapped out, frozen by a debugger) loses the "
+            "session, and with it the locks it held, after this long. Keep it well within "
+            "DUETIME_LEASE_S. 0: off.",
+            _seconds(allow_zero=True),
+            shown="10",
+        ),
+    )
+    db_connect_timeout_s: float = field(
+        default=10.0,
+        metadata=_meta(
+            "DUETIME_DB_CONNECT_TIMEOUT_S",
+            "How long opening a connection to PostgreSQL may take before it counts as failed.",
+            _seconds(),
+            shown="10",
+        ),
+    )
+    db_keepalives_idle_s: float = field(
+        default=5.0,
+        metadata=_meta(
+            "DUETIME_DB_KEEPALIVES_IDLE_S",
+            "TCP keepalives on every session, set on the server's side of the connection (probes "
+            "every 2 s after this much silence, 3 unanswered end it): a Duetime process that "
+            "vanished without closing its connections (a host lost, a cable cut) has its sessions "
+            "ended and its locks freed within about this plus 6 s. 0: the operating system's "
+            "defaults (often two hours).",
+            _seconds(allow_zero=True),
+            shown="5",
+        ),
+    )
     log_level: str = field(
         default="INFO",
         metadata=_meta("DUETIME_LOG_LEVEL", "One of " + ", ".join(LOG_LEVELS) + ".", _log_level),

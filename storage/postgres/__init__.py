@@ -1,6 +1,8 @@
 """PostgreSQL implementation of the storage seam, one module per concept:
 
 - ``pools``: a pool per database of the shard map, database errors translated at the seam
+- ``sessions``: the bounds every session lives under (statement, lock and idle-in-transaction
+  timeouts, keepalives, connect timeout)
 - ``rows``: rows decoded into the core's records
 - ``hints``: NOTIFY hints that wake a shard's engines, and the engine's LISTEN for them
 - ``inserts``: the insert batcher

@@ -16,6 +16,7 @@ import asyncpg
 
 from duetime.core.lifecycle import RowPlan
 from duetime.core.model import JobState
+from duetime.storage.postgres.sessions import SessionBounds, connect
 from duetime.storage.queries import Q
 from duetime.storage.shardmap import ShardMap
 
@@ -89,7 +90,7 @@ class DueConnections:
 
 
 async def listen_due(
-    shard_map: ShardMap, shards: Sequence[int], wake: Callable[[int], None]
+    shard_map: ShardMap, shards: Sequence[int], wake: Callable[[int], None], bounds: SessionBounds
 ) -> DueConnections:
     """LISTEN on every database holding one of ``shards``: a job due inside the lookahead reaches
     the wheel within milliseconds of its commit, not at the next poll. A database that cannot be
@@ -107,7 +108,7 @@ async def listen_due(
         if not set(held) & set(shards):
             continue
         try:
-            conn = await asyncpg.connect(dsn)
+            conn = await connect(dsn, bounds)
             await conn.add_listener(NOTIFY_CHANNEL, on_notify)
             conns.append(conn)
         except (OSError, asyncpg.PostgresError):

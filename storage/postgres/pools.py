@@ -21,6 +21,7 @@ import asyncpg
 
 from duetime.core.errors import Contended, StorageUnavailable
 from duetime.storage.postgres.hints import Hints
+from duetime.storage.postgres.sessions import SessionBounds
 from duetime.storage.shardmap import ShardMap
 
 # SQLSTATE classes that mean "the database is not there or will not take writes now".
@@ -118,8 +119,11 @@ async def _no_reset(conn: asyncpg.Connection) -> None:
     default reset query on every release is a wasted round trip per statement."""
 
 
-async def open_pools(shard_map: ShardMap, *, pool_size: int) -> dict[str, asyncpg.Pool]:
+async def open_pools(
+    shard_map: ShardMap, *, pool_size: int, bounds: SessionBounds | None = None
+) -> dict[str, asyncpg.Pool]:
     """One pool per database of the shard map; none is left open when one of them fails."""
+    bounds = bounds or SessionBounds()
     pools: dict[str, asyncpg.Pool] = {}
     try:
         async with translated():
@@ -131,6 +135,9 @@ async def open_pools(shard_map: ShardMap, *, pool_size: int) -> dict[str, asyncp
                     init=_init_connection,
                     max_inactive_connection_lifetime=300,
                     reset=_no_reset,
+                    timeout=bounds.connect_timeout_s,
+                    command_timeout=bounds.command_timeout_s,
+                    server_settings=bounds.server_settings(),
                 )
     except BaseException:
         for pool in pools.values():

@@ -24,6 +24,7 @@ from duetime.storage.postgres.queue_leases import QueueLeasePart
 from duetime.storage.postgres.retention import RetentionPart
 from duetime.storage.postgres.runpath import RunPathPart
 from duetime.storage.postgres.selection import SelectionPart
+from duetime.storage.postgres.sessions import SessionBounds
 from duetime.storage.shardmap import ShardMap
 
 
@@ -40,20 +41,34 @@ class PostgresStore(
 ):
     """Registry + run store on asyncpg pools, one pool per distinct database in the shard map."""
 
-    def __init__(self, shard_map: ShardMap, pools: dict[str, asyncpg.Pool], notify_horizon_s: float) -> None:
+    def __init__(
+        self,
+        shard_map: ShardMap,
+        pools: dict[str, asyncpg.Pool],
+        notify_horizon_s: float,
+        bounds: SessionBounds | None = None,
+    ) -> None:
         self.shard_map = shard_map
         self._pools = pools
+        self.bounds = bounds or SessionBounds()
         self._hints = Hints(shard_map, pools, notify_horizon_s)
         self._inserters = {dsn: InsertBatcher(pool) for dsn, pool in pools.items()}
 
     @classmethod
     async def open(
-        cls, shard_map: ShardMap, *, pool_size: int = 10, notify_horizon_s: float = 300.0
+        cls,
+        shard_map: ShardMap,
+        *,
+        pool_size: int = 10,
+        notify_horizon_s: float = 300.0,
+        bounds: SessionBounds | None = None,
     ) -> PostgresStore:
-        return cls(shard_map, await open_pools(shard_map, pool_size=pool_size), notify_horizon_s)
+        bounds = bounds or SessionBounds()
+        pools = await open_pools(shard_map, pool_size=pool_size, bounds=bounds)
+        return cls(shard_map, pools, notify_horizon_s, bounds)
 
     async def listen_due(self, shards: Sequence[int], wake: Callable[[int], None]) -> DueConnections:
-        return await listen_due(self.shard_map, shards, wake)
+        return await listen_due(self.shard_map, shards, wake, self.bounds)
 
     async def close(self) -> None:
         await self._hints.close()
