@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
 from aiohttp import web
@@ -53,6 +53,7 @@ from duetime.core.validation import (
 )
 from duetime.core.weburl import same_origin
 from duetime.storage.base import BulkAction, IdempotencyRequest, NameHolderChanged, Registry
+from duetime.storage.dbclock import DB_CLOCK
 
 OWNER: Final = web.RequestKey("owner", str)
 
@@ -281,7 +282,7 @@ class JobsApi:
         raw_key = request.headers.get("Idempotency-Key")
         idempotency_key = None if raw_key is None else parse_idempotency_key(raw_key)
         data = await _json_body(request)
-        spec = parse_job_spec(data, now=datetime.now(UTC), limits=self._limits)
+        spec = parse_job_spec(data, now=DB_CLOCK.now(), limits=self._limits)
         await self._check_target(spec, owner)
         idempotency = (
             None
@@ -339,7 +340,7 @@ class JobsApi:
                 current: Job | None = await self._registry.get_job_by_name(owner, name)
             except NotFound:
                 current = None
-            now = datetime.now(UTC)
+            now = DB_CLOCK.now()
             if current is None:
                 spec = parse_job_spec(body, now=now, limits=self._limits)
                 await self._check_target(spec, owner)
@@ -416,7 +417,7 @@ class JobsApi:
         # when it is set: an unchanged one is judged as of the job's creation, so renaming a job
         # whose bounded cron has just ended is not refused as "never fires".
         schedule_changed = isinstance(patch, dict) and "schedule" in patch
-        anchor = datetime.now(UTC) if schedule_changed else current.created_at
+        anchor = DB_CLOCK.now() if schedule_changed else current.created_at
         spec = parse_job_spec(merged, now=anchor, limits=self._limits)
         if isinstance(patch, dict) and ("target" in patch or "on_failure" in patch):
             await self._check_target(spec, owner, main="target" in patch)

@@ -37,6 +37,7 @@ from duetime.core.model import CronSchedule, DstGap, IntervalSchedule, Job, JobS
 from duetime.core.schedule import describe_instant, first_occurrence, load_zone, next_occurrence
 from duetime.core.validation import SpecLimits, parse_preview_request, parse_time
 from duetime.storage.base import Registry
+from duetime.storage.dbclock import DB_CLOCK
 
 DEFAULT_COUNT: Final = 10
 MAX_COUNT: Final = 100
@@ -242,7 +243,7 @@ class PreviewApi:
         require_json_content_type(request)
         schedule, count, start = parse_preview_request(
             parse_json(await request.read()),
-            now=datetime.now(UTC),
+            now=DB_CLOCK.now(),
             limits=self._limits,
             max_count=MAX_COUNT,
             default_count=DEFAULT_COUNT,
@@ -253,7 +254,7 @@ class PreviewApi:
         job_id = job_id_of(request)
         count = _count_query(request)
         raw_from = request.query.get("from") or None
-        start = datetime.now(UTC) if raw_from is None else parse_time(raw_from, "from")
+        start = DB_CLOCK.now() if raw_from is None else parse_time(raw_from, "from")
         job = await self._registry.get_job(request[OWNER], job_id)
         return json_response(_job_preview(job, job_id, start, count))
 

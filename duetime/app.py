@@ -37,6 +37,7 @@ from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.runqueue.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
 from duetime.settings import Settings
+from duetime.storage.dbclock import DB_CLOCK, ClockSync
 from duetime.storage.ports import Registry
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.postgres.due_age import oldest_unclaimed_due
@@ -138,6 +139,8 @@ class Node:
     _retention: RetentionService | None = None
     _events: EventSender | None = None
     _drain_watch: asyncio.Task[None] | None = None
+    _clock_sync: ClockSync | None = None
+    _clock_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         tune_gc()
@@ -150,6 +153,14 @@ class Node:
             notify_horizon_s=max(s.lookahead_s * 2, 120.0),
             bounds=session_bounds(s),
         )
+        # One clock for the cluster, the database's: measured before anything is timed by it (an
+        # engine fires by it, workers date attempts by it, the store computes retry times by it).
+        store = self.store
+        self._clock_sync = ClockSync(
+            store.db_now, process=s.engine_id, max_uncertainty_s=s.clock_max_uncertainty_s
+        )
+        await self._clock_sync.until_known(within_s=max(s.db_connect_timeout_s, 10.0))
+        self._clock_task = SUPERVISOR.spawn("duetime-clock-sync", self._clock_sync.run)
         policy = address_policy(s)
         if s.run_queue == "nats" and (self.engine or self.workers):
             await self._start_nats_parts(policy)
@@ -170,7 +181,7 @@ class Node:
             )
             self._pool.start()
             self._keeper.start()
-            self._engine = Engine(self.store, queue, self._keeper, engine_config(s))
+            self._engine = Engine(self.store, queue, self._keeper, engine_config(s), clock=DB_CLOCK)
             await self._start_engine()
         if self.workers and self._dispatcher is not None:
             # Failure events go out where runs go out: every worker process shares the outbox.
@@ -293,7 +304,9 @@ class Node:
             expired = await self.store.expire_published_of(s.engine_id, sorted(s.shards))
             if expired:
                 log.info("finished %d runs published by a previous life of this engine", expired)
-            self._engine = Engine(self.store, self._publisher, self._published, engine_config(s))
+            self._engine = Engine(
+                self.store, self._publisher, self._published, engine_config(s), clock=DB_CLOCK
+            )
             await self._start_engine()
 
     async def _start_engine(self) -> None:
@@ -365,6 +378,10 @@ class Node:
 
     async def stop(self) -> None:
         s = self.settings
+        if self._clock_task is not None:
+            self._clock_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._clock_task
         if self._drain_watch is not None:
             self._drain_watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):

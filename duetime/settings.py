@@ -902,6 +902,17 @@ class Settings:
             shown="5",
         ),
     )
+    clock_max_uncertainty_s: float = field(
+        default=2.0,
+        metadata=_meta(
+            "DUETIME_CLOCK_MAX_UNCERTAINTY_S",
+            "Every process times runs by the database's clock, measuring its offset on round trips "
+            "to the home database (duetime_clock_offset_seconds). A sample whose round trip is "
+            "longer than twice this is dropped; an engine fires nothing until it has one.",
+            _seconds(),
+            shown="2",
+        ),
+    )
     log_level: str = field(
         default="INFO",
         metadata=_meta("DUETIME_LOG_LEVEL", "One of " + ", ".join(LOG_LEVELS) + ".", _log_level),

@@ -75,6 +75,19 @@ if ! answers 4222; then
     fi
 fi
 
+# --- libfaketime (the clock-skew fault tests) -----------------------------------------------------
+# Not a service: a library the fault suite preloads into a Duetime process to run its clock ahead
+# of the database's. Installed here when root may (Debian: apt-get install faketime).
+if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+        say "installing libfaketime (apt-get install faketime) for the clock-skew tests"
+        { apt-get install -y -q faketime || { apt-get update -q && apt-get install -y -q faketime; }; } \
+            >/dev/null 2>&1 || say "could not install faketime; the clock-skew tests will fail"
+    else
+        say "libfaketime is missing and cannot be installed here: apt-get install faketime"
+    fi
+fi
+
 if [ "$failed" -ne 0 ]; then
     exit 1
 fi

@@ -14,12 +14,13 @@ import logging
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from duetime.core import signing, ssrf
 from duetime.core.model import Broker, Outcome, QueueTarget, Target, WebhookTarget
 from duetime.core.runpath import CallResult, Delivery, Verdict
 from duetime.core.topics import TopicPolicy
+from duetime.storage.dbclock import DB_CLOCK
 from duetime.workers import http1, webhook
 from duetime.workers.limits import HostLimiter
 from duetime.workers.queues import QueuePublisher
@@ -41,7 +42,8 @@ class BatchResult:
 
 
 def _utcnow() -> datetime:
-    return datetime.now(UTC)
+    """Attempt times by the database's clock (storage.dbclock): lateness is measured against it."""
+    return DB_CLOCK.now()
 
 
 class Dispatcher:

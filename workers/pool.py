@@ -23,6 +23,7 @@ from duetime.core.signing import idempotency_key
 from duetime.runqueue import metrics
 from duetime.runqueue.inprocess import RunQueue
 from duetime.runqueue.leases import LeaseKeeper
+from duetime.storage.dbclock import DB_CLOCK
 from duetime.storage.ports import EventOutbox, RunStore, SigningKeys
 from duetime.supervisor import STORAGE_RETRIES, SUPERVISOR, Backoff, error_kind
 from duetime.workers import tracing
@@ -401,7 +402,7 @@ class WorkerPool:
             started_at, finished_at, verdicts = sent.started_at, sent.finished_at, sent.verdicts
         except TimeoutError:
             log.error("a batch of %d Redis runs hung past %s s; recorded as timed out", len(runs), limit)
-            started_at, finished_at = datetime.now(UTC), datetime.now(UTC)
+            started_at = finished_at = DB_CLOCK.now()
             error = f"the call did not finish within {limit} s (worker watchdog)"
             verdicts = [Verdict(Outcome.TIMED_OUT, True, None, error)] * len(runs)
         took = (finished_at - started_at).total_seconds()
@@ -438,7 +439,7 @@ class WorkerPool:
 
     async def _call(self, run: FencedRun, traceparent: str | None) -> AttemptReport:
         spec = run.spec.parsed
-        now = datetime.now(UTC)
+        now = DB_CLOCK.now()
         try:
             secrets = await self._secrets.get(run.owner)
         except (LookupError, StorageUnavailable) as exc:
@@ -464,7 +465,7 @@ class WorkerPool:
         except TimeoutError:
             log.error("a call to job %s hung past %s s; recorded as timed out", run.job_id, limit)
             error = f"the call did not finish within {limit} s (worker watchdog)"
-            result = CallResult(Verdict(Outcome.TIMED_OUT, True, None, error), now, datetime.now(UTC))
+            result = CallResult(Verdict(Outcome.TIMED_OUT, True, None, error), now, DB_CLOCK.now())
         metrics.CALLS.labels(result.outcome.value).inc()
         metrics.START_LATENESS.observe(max((result.started_at - run.due_at).total_seconds(), 0.0))
         metrics.TARGET_LATENCY.observe((result.finished_at - result.started_at).total_seconds())

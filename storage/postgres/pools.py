@@ -14,12 +14,13 @@ import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 import asyncpg
 
 from duetime.core.errors import Contended, StorageUnavailable
+from duetime.storage.dbclock import DB_CLOCK
 from duetime.storage.postgres.hints import Hints
 from duetime.storage.postgres.sessions import SessionBounds
 from duetime.storage.shardmap import ShardMap
@@ -73,7 +74,9 @@ def contention_retried(method: Callable[P, Coroutine[Any, Any, T]]) -> Callable[
 
 
 def utcnow() -> datetime:
-    return datetime.now(UTC)
+    """The store's "now" for what it computes itself (retry times, windows, owner actions): the
+    database's clock as this process measured it (storage.dbclock), not this host's."""
+    return DB_CLOCK.now()
 
 
 def _is_unavailable(exc: BaseException) -> bool:

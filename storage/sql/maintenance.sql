@@ -41,7 +41,8 @@ SELECT job_id FROM jobs
 WHERE claimed_by = $1 AND phase = 'running' AND shard = ANY($2::smallint[]) AND taken_by IS NULL;
 
 -- name: db_now
-SELECT now();
+-- The database's clock at this instant (clock_timestamp, not the transaction's start): a clock sample.
+SELECT clock_timestamp();
 
 -- name: purge_idempotency_keys
 DELETE FROM idempotency_keys WHERE created_at < now() - make_interval(secs => $1);
