@@ -26,6 +26,7 @@ from typing import Any
 
 import aiohttp
 
+from tests.support import wait
 from tests.support.processes import DuetimeProcess
 
 NATS_SERVER = os.environ.get("DUETIME_TEST_NATS_SERVER", "/usr/sbin/nats-server")
@@ -300,12 +301,9 @@ def lateness_ms(arrivals: Arrivals, due_by_job: dict[str, datetime]) -> list[flo
 async def until(
     check: Callable[[], Awaitable[bool]], *, within: float, what: str, every: float = 0.1
 ) -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` after ``within`` seconds."""
-    for _ in range(int(within / every) + 1):
-        if await check():
-            return
-        await asyncio.sleep(every)
-    raise AssertionError(f"timed out after {within:.0f} s waiting for {what}")
+    """``tests.support.wait.until`` at this module's pace (every 0.1 s: a check here may dump a
+    receiver's whole recording or start a ``duetime cluster status`` process)."""
+    await wait.until(check, within=within, what=what, every=every)
 
 
 async def arrived_jobs(receiver: Any) -> int:

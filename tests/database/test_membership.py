@@ -26,6 +26,7 @@ from duetime.storage.postgres import PostgresStore
 from duetime.storage.postgres.membership import MembershipStore, Registration
 from duetime.storage.shardmap import ShardMap
 from tests.conftest import ADMIN_DSN
+from tests.support.wait import until
 
 # Its databases are its own (not pg_dsn), so it says what it needs itself.
 pytestmark = pytest.mark.pg
@@ -191,23 +192,15 @@ async def _claimed_count(store: PostgresStore) -> int:
     return int(total)
 
 
-async def _eventually(check: object, within: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        if await check():  # type: ignore[operator]
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {within} s: {what}")
-        await asyncio.sleep(0.1)
-
-
 async def test_a_joining_engine_takes_its_share_and_the_claims_move_with_it(store: PostgresStore) -> None:
     ids = await _seed(store, 800, due_in_s=50)
     a = _Node(store, "deal-a")
     await a.start()
     try:
         assert a.engine.serving == ALL
-        await _eventually(lambda: _claimed_count_is(store, 800), 10, "engine a claimed every row")
+        await until(
+            lambda: _claimed_count_is(store, 800), within=10, what="engine a claimed every row", every=0.1
+        )
         b, c = _Node(store, "deal-b"), _Node(store, "deal-c")
         await b.start()
         await c.start()
@@ -226,7 +219,9 @@ async def test_a_joining_engine_takes_its_share_and_the_claims_move_with_it(stor
                     and await _claimed_count(store) == len(ids)
                 )
 
-            await _eventually(dealt, 10, "the three engines serve the deal and hold only its claims")
+            await until(
+                dealt, within=10, what="the three engines serve the deal and hold only its claims", every=0.1
+            )
             sizes = sorted(len(n.engine.serving) for n in (a, b, c))
             assert sizes[-1] - sizes[0] <= 1 and sum(sizes) == 2 * SHARDS
             # Each engine's wheel holds exactly the claims it holds in the database: none twice.
@@ -236,8 +231,10 @@ async def test_a_joining_engine_takes_its_share_and_the_claims_move_with_it(stor
             await c.stop()
             await b.stop()
         # b and c left gracefully: a takes everything back at its next heartbeat.
-        await _eventually(lambda: _serves(a, ALL), 5, "engine a serves all shards again")
-        await _eventually(lambda: _claimed_count_is(store, 800), 10, "every row claimed again")
+        await until(lambda: _serves(a, ALL), within=5, what="engine a serves all shards again", every=0.1)
+        await until(
+            lambda: _claimed_count_is(store, 800), within=10, what="every row claimed again", every=0.1
+        )
         assert a.engine.waiting_runs == len(ids)
     finally:
         await a.stop()
@@ -258,11 +255,13 @@ async def test_a_dead_engines_shards_are_served_again_within_a_lease_and_a_heart
     for n in (a, b, c):
         await n.start()
     try:
-        await _eventually(lambda: _all_serving(a, b, c), 5, "the three engines settle on one deal")
+        await until(
+            lambda: _all_serving(a, b, c), within=5, what="the three engines settle on one deal", every=0.1
+        )
         await c.die()
         died = asyncio.get_running_loop().time()
-        await _eventually(lambda: _serves(a, ALL), 1.5 + 0.3 + 2.0, "a serves every shard")
-        await _eventually(lambda: _serves(b, ALL), 2.0, "b serves every shard")
+        await until(lambda: _serves(a, ALL), within=1.5 + 0.3 + 2.0, what="a serves every shard", every=0.1)
+        await until(lambda: _serves(b, ALL), within=2.0, what="b serves every shard", every=0.1)
         took = asyncio.get_running_loop().time() - died
         print(f"\nshards of the dead engine dealt again after {took:.2f} s (lease 1.5 s, heartbeat 0.3 s)")
         rows = {r.engine_id: r for r in await MembershipStore(store.home_pool).engines()}

@@ -16,7 +16,6 @@ import asyncio
 import json
 import random
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from tests.faults.harness import (
     whole_second,
 )
 from tests.faults.recorder import RecorderProcess
+from tests.support.wait import until
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -48,15 +48,6 @@ async def _claimed_by(dsn: str, engine_id: str, phase: str = "claimed") -> int:
         return n
     finally:
         await conn.close()
-
-
-async def _until(predicate: Callable[[], Awaitable[bool]], within: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while asyncio.get_running_loop().time() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 MOMENTS = ["mid_claim", "claimed_unfired", "queued", "mid_call", "answered"]
@@ -153,7 +144,7 @@ async def _strike(
             assert victim.alive(), victim.tail()
             return await _claimed_by(fault_db, victim_id) >= target
 
-        await _until(some_claimed, 60, f"{target} rows claimed")
+        await until(some_claimed, within=60, what=f"{target} rows claimed")
     else:
         victim = NodeProc(env, "engine", tmp_path / "victim.log")
         spawned.append(victim)
@@ -167,14 +158,14 @@ async def _strike(
             async def all_claimed() -> bool:
                 return await _claimed_by(fault_db, victim_id) == jobs
 
-            await _until(all_claimed, 30, "every row claimed")
+            await until(all_claimed, within=30, what="every row claimed")
         elif moment == "queued":
             await recorder.wait_for(4, within=30)
 
             async def all_fenced() -> bool:
                 return await _claimed_by(fault_db, victim_id, "running") == jobs
 
-            await _until(all_fenced, 30, "every run fenced")
+            await until(all_fenced, within=30, what="every run fenced")
         elif moment == "mid_call":
             await recorder.wait_for(jobs, within=30)
         else:

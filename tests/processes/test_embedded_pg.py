@@ -32,6 +32,7 @@ from duetime.embedded_pg import (
     find_pg_binaries,
     running_dsn,
 )
+from tests.support.wait import until
 
 pytestmark = [
     pytest.mark.skipif(not candidate_bindirs(), reason="PostgreSQL server programs not installed"),
@@ -68,11 +69,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 async def _wait_dead(pid: int) -> None:
-    for _ in range(100):
-        if not _pid_alive(pid):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"postmaster {pid} is still running")
+    await until(lambda: not _pid_alive(pid), within=10, what=f"postmaster {pid} to exit", every=0.1)
 
 
 async def test_start_connect_stop_and_restart_reuses_the_cluster(open_dir: Path) -> None:

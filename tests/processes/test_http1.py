@@ -29,6 +29,7 @@ from duetime.core.signing import new_signing_secret
 from duetime.workers import http1
 from duetime.workers.dispatch import Dispatcher
 from tests.support.tls import TLS_NAME
+from tests.support.wait import until
 
 OPEN = ssrf.AddressPolicy(allow_private=True)
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -153,15 +154,6 @@ async def call(pool: http1.Http1Pool, ep: http1.Endpoint, timeout_s: float = 5.0
     return await pool.request(ep, request(ep), timeout_s)
 
 
-async def eventually(condition: Callable[[], bool], within_s: float = 10.0) -> None:
-    """Wait until ``condition()`` holds (a generous window: the machine may be busy)."""
-    for _ in range(int(within_s / 0.02)):
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    assert condition()
-
-
 @pytest.fixture
 async def pool() -> AsyncIterator[http1.Http1Pool]:
     p = http1.Http1Pool(Loopback(), limit=8)
@@ -244,7 +236,9 @@ async def test_a_connection_the_server_closed_while_idle_is_not_handed_out(
     wire = await serve(close_idle_after_s=0.1)
     ep = endpoint(wire.port)
     assert (await call(pool, ep)).status == 200
-    await eventually(lambda: pool.open_connections == 0)  # the server closed it; the client saw the FIN
+    await until(  # the server closed it; the client saw the FIN
+        lambda: pool.open_connections == 0, within=10, what="the idle connection closed", every=0.02
+    )
     assert (await call(pool, ep)).status == 200
     assert (wire.connections, len(wire.requests)) == (2, 2)
 
@@ -334,7 +328,9 @@ async def test_at_the_limit_an_idle_connection_makes_room_for_another_host(serve
         assert (await call(pool, endpoint(a.port))).status == 200
         assert (await call(pool, endpoint(b.port))).status == 200
         assert pool.open_connections == 1
-        await eventually(lambda: a.closed_by_client == 1)
+        await until(
+            lambda: a.closed_by_client == 1, within=10, what="the idle connection to a closed", every=0.02
+        )
     finally:
         await pool.close()
     assert (a.connections, b.connections) == (1, 1)
@@ -346,7 +342,12 @@ async def test_idle_connections_expire(serve: Any) -> None:
     try:
         assert (await call(pool, endpoint(wire.port))).status == 200
         assert pool.open_connections == 1
-        await eventually(lambda: pool.open_connections == 0 and wire.closed_by_client == 1)
+        await until(
+            lambda: pool.open_connections == 0 and wire.closed_by_client == 1,
+            within=10,
+            what="the idle connection expired",
+            every=0.02,
+        )
     finally:
         await pool.close()
 
@@ -357,7 +358,12 @@ async def test_close_closes_every_connection(serve: Any) -> None:
     await asyncio.gather(*(call(pool, endpoint(wire.port)) for _ in range(3)))
     assert pool.open_connections == wire.connections
     await pool.close()
-    await eventually(lambda: wire.closed_by_client == wire.connections)
+    await until(
+        lambda: wire.closed_by_client == wire.connections,
+        within=10,
+        what="every connection closed",
+        every=0.02,
+    )
     with pytest.raises(RuntimeError):
         await call(pool, endpoint(wire.port))
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from duetime.core.ids import shard_of
@@ -16,18 +15,11 @@ from duetime.runqueue import wire
 from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.memory import MemoryStore
+from tests.support.wait import until
 
 
 def _spec(at: datetime) -> JobSpec:
     return JobSpec(target=WebhookTarget(url="https://example.com/hook"), schedule=OneOffSchedule(run_at=at))
-
-
-async def _until(check: Callable[[], bool], what: str, within: float = 5.0) -> None:
-    for _ in range(int(within / 0.02)):
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_a_lost_shard_is_given_back_and_a_gained_one_claimed() -> None:
@@ -53,13 +45,23 @@ async def test_a_lost_shard_is_given_back_and_a_gained_one_claimed() -> None:
 
     await engine.start(frozenset(range(8)))
     try:
-        await _until(lambda: engine.waiting_runs == len(of(range(8))), "shards 0-7 claimed")
+        await until(
+            lambda: engine.waiting_runs == len(of(range(8))),
+            within=5.0,
+            what="shards 0-7 claimed",
+            every=0.02,
+        )
         before = in_wheel()
         assert before == of(range(8)), "only the shards it serves"
         await engine.serve(frozenset(range(4, 12)))
         assert engine.serving == frozenset(range(4, 12))
         assert not in_wheel() & of(range(4)), "the lost shards' claims left the wheel"
-        await _until(lambda: in_wheel() == of(range(4, 12)), "shards 8-11 claimed within a poll")
+        await until(
+            lambda: in_wheel() == of(range(4, 12)),
+            within=5.0,
+            what="shards 8-11 claimed within a poll",
+            every=0.02,
+        )
         # Given back unfired: another engine claims the lost shards' rows at once.
         for shard in range(4):
             rows = await store.claim_due(shard, "e2", lookahead_s=60, lease_s=30, limit=100)
@@ -85,7 +87,12 @@ async def test_fired_runs_not_yet_fenced_of_a_lost_shard_are_given_back_too() ->
     )
     await engine.start()
     try:
-        await _until(lambda: engine.fence_progress >= 2 and engine.waiting_runs == 0, "fired, fencer blocked")
+        await until(
+            lambda: engine.fence_progress >= 2 and engine.waiting_runs == 0,
+            within=5.0,
+            what="fired, fencer blocked",
+            every=0.02,
+        )
         waiting = engine._fired_count
         assert waiting >= len(created) - 2, "the rest wait on the fencer's lanes"
         await engine.serve(frozenset())
