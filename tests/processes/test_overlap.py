@@ -12,12 +12,18 @@ import pytest
 
 from tests.support.node import Owner, parse
 from tests.support.receiver import Call, Receiver
+from tests.support.wait import until
 
 SLOW_S = 2.5  # each call takes this long: longer than the every-second cron's period
 
 
 def _slots(calls: list[Call]) -> list[datetime]:
     return [parse(c.headers["Duetime-Scheduled-For"]) for c in calls]
+
+
+async def _succeeded_at_least(owner: Owner, job_id: str, n: int) -> bool:
+    """Whether the job's history holds ``n`` succeeded runs yet."""
+    return sum(1 for r in await owner.runs(job_id) if r["outcome"] == "succeeded") >= n
 
 
 async def _every_second(owner: Owner, receiver: Receiver, path: str, overlap: str) -> dict[str, Any]:
@@ -50,9 +56,16 @@ async def test_allow_starts_each_occurrence_on_time_beside_the_slow_one(
     assert max(lateness) < SLOW_S, lateness
     # and so they did overlap: a call started while the one before it was still being answered
     assert any(b.arrived < a.arrived + timedelta(seconds=SLOW_S) for a, b in itertools.pairwise(calls))
-    # the history is the job's, one succeeded run per occurrence
-    await asyncio.sleep(SLOW_S + 1)
-    done = {parse(r["scheduled_for"]) for r in await owner.runs(job["id"]) if r["outcome"] == "succeeded"}
+    # the history is the job's, one succeeded run per occurrence (the last calls are recorded once
+    # their slow answers came back: waited for, not slept on)
+    done: set[datetime] = set()
+
+    async def all_recorded() -> bool:
+        nonlocal done
+        done = {parse(r["scheduled_for"]) for r in await owner.runs(job["id"]) if r["outcome"] == "succeeded"}
+        return set(slots) <= done
+
+    await until(all_recorded, within=30, what="a succeeded run recorded for each of the 8 occurrences")
     assert set(slots) <= done
     status, got = await owner.call("GET", f"/v1/jobs/{job['id']}")
     assert status == 200 and got["last_run"] is not None
@@ -63,7 +76,10 @@ async def test_skip_records_what_came_due_during_a_run_and_never_overlaps(
 ) -> None:
     job = await _every_second(owner, receiver, "/skip", "skip")
     await receiver.wait_for("/skip", 3, within=40)
-    await asyncio.sleep(SLOW_S + 0.5)  # let the third call end and be recorded
+    await asyncio.sleep(SLOW_S + 0.5)  # let the third call end
+    await until(  # and be recorded: the worker writes its outcome after the slow answer came back
+        lambda: _succeeded_at_least(owner, job["id"], 3), within=30, what="the first three runs recorded"
+    )
     await owner.call("DELETE", f"/v1/jobs/{job['id']}")
     calls = receiver.on("/skip")
     for a, b in itertools.pairwise(calls):
@@ -130,6 +146,10 @@ async def test_backfill_runs_each_past_occurrence_once_with_its_own_key(
     assert keys == {
         f"{job['id']}:{(start + timedelta(hours=h)).strftime('%Y-%m-%dT%H:%M:%SZ')}" for h in range(5)
     }
+    # each call's outcome is recorded after it came back: the history is waited for, then read
+    await until(
+        lambda: _succeeded_at_least(owner, job["id"], 5), within=30, what="the five backfilled runs recorded"
+    )
     # the job itself is untouched: still scheduled for its next regular occurrence
     status, got = await owner.call("GET", f"/v1/jobs/{job['id']}")
     assert got["state"] == "scheduled" and parse(got["next_run_at"]) > now
