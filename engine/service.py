@@ -31,7 +31,7 @@ from duetime.runqueue import metrics, wire
 from duetime.runqueue.inprocess import RunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.ports import DueListener, RunStore
-from duetime.supervisor import SUPERVISOR
+from duetime.supervisor import STORAGE_RETRIES, SUPERVISOR, Backoff, error_kind
 
 log = logging.getLogger("duetime.engine")
 
@@ -97,6 +97,10 @@ class Engine:
         self._fired_count = 0
         self._waiting = 0  # runs in the wheel (len(self.wheel) counts its items)
         self._fire_event = asyncio.Event()
+        # A database whose fence failed: when the fencer tries it again, and its backoff.
+        self._db_retry_at: dict[int, float] = {}
+        self._db_backoff: dict[int, Backoff] = {}
+        self._one_database = len({store.database_of(shard) for shard in config.shards}) == 1
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._fencer: asyncio.Task[None] | None = None
@@ -505,10 +509,15 @@ class Engine:
         metrics.WHEEL_SIZE.set(self._waiting)
         self._fire_event.set()
 
+    def _lane_of(self, entry: bytes) -> int:
+        """An item's fence lane: its owner's lane on its shard's database. Lanes are per database
+        so that the fencer can pass over a database in trouble and fence the others' runs."""
+        return wire.entry_lane(entry) << 8 | self._store.database_of(wire.entry_shard(entry))
+
     def _queue_fired(self, fired: Sequence[bytes], *, front: bool = False) -> None:
         """Fired items (entries and bundles) into their owner lanes, at the back (or, for a batch
         the fence gave back, at the front, in order)."""
-        lanes, ring, lane_of = self._lanes, self._ring, wire.entry_lane
+        lanes, ring, lane_of = self._lanes, self._ring, self._lane_of
         runs = 0
         for entry in reversed(fired) if front else fired:
             runs += wire.runs_in(entry)
@@ -523,18 +532,25 @@ class Engine:
                 q.append(entry)
         self._fired_count += runs
 
-    def _take_fair(self, limit: int) -> list[bytes]:
+    def _take_fair(self, limit: int, blocked: frozenset[int] = frozenset()) -> list[bytes]:
         """Up to ``limit`` fired entries, the owner lanes taking equal turns: with one lane this
         is plain FIFO; with owner A's million and owner B's thousand both due, every batch is
-        half B's until B's are gone."""
+        half B's until B's are gone. Lanes of the databases in ``blocked`` (waiting out a failed
+        fence) are passed over."""
         out: list[bytes] = []
         lanes, ring = self._lanes, self._ring
-        while ring and len(out) < limit:
-            quota = max(1, (limit - len(out)) // len(ring))  # one round: every lane one turn
+        open_lanes = len(ring)
+        if blocked:
+            open_lanes = sum(1 for lane in ring if lane & 0xFF not in blocked)
+        while open_lanes and len(out) < limit:
+            quota = max(1, (limit - len(out)) // open_lanes)  # one round: every lane one turn
             for _ in range(len(ring)):
                 if len(out) >= limit:
                     break
                 lane = ring.popleft()
+                if blocked and lane & 0xFF in blocked:
+                    ring.append(lane)
+                    continue
                 q = lanes[lane]
                 want = min(quota, limit - len(out))
                 while want and q:
@@ -549,43 +565,87 @@ class Engine:
                     ring.append(lane)
                 else:
                     del lanes[lane]
+                    open_lanes -= 1
         self._fired_count -= len(out)
         return out
 
     async def _fence_loop(self) -> None:
-        """Fired entries → one fence statement per batch → the run queue (blocking when full)."""
+        """Fired entries → one fence statement per database per batch → the run queue (blocking
+        when full).
+
+        A database whose fence failed (down, or giving way) is waited out with a backoff of its
+        own: its entries stay at the front of their lanes and the fencer fences the other
+        databases' meanwhile, so a primary's outage holds back only its own shards' runs."""
         cfg = self.config
         while True:
-            if not self._fired_count:
+            now = time.monotonic()
+            blocked = frozenset(db for db, at in self._db_retry_at.items() if at > now)
+            if not self._fired_count or (blocked and not self._any_open(blocked)):
                 if self._stopping.is_set():
                     return
                 self._fire_event.clear()
-                await self._fire_event.wait()
+                wait = min(self._db_retry_at.values(), default=now) - now if blocked else None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._fire_event.wait(), timeout=wait)
                 continue
             if self._stopping.is_set():
                 return  # what is left is released by stop()
-            raw = self._take_fair(cfg.fence_batch)
-            batch = [wire.unpack_entry(e) for e in raw]
-            started = time.perf_counter()
-            try:
-                fenced = await self._store.fence_runs(
-                    batch, lease_s=self._keeper.fence_lease_s or cfg.lease_s
-                )
-            except Exception:
-                log.exception("fence failed; the batch will be retried")
-                self._queue_fired(raw, front=True)
-                await asyncio.sleep(0.2)
+            raw = self._take_fair(cfg.fence_batch, blocked)
+            if not raw:
                 continue
-            self.fence_time_s += time.perf_counter() - started
-            self.fence_statements += 1
-            self.fence_progress += len(batch)
-            metrics.FENCE_SECONDS.observe(time.perf_counter() - started)
-            metrics.FENCED.inc(len(fenced))
-            metrics.FENCE_REJECTED.inc(len(batch) - len(fenced))
-            await self._hand_over(fenced)
-            # Not kept while waiting for the next fire: the batch's runs are the queue's and the
-            # workers' now, and are freed once recorded (see WorkerPool._work).
-            del raw, batch, fenced
+            parts: dict[int, list[bytes]] = {}
+            if self._one_database:
+                parts[self._lane_of(raw[0]) & 0xFF] = raw
+            else:
+                for entry in raw:
+                    parts.setdefault(self._lane_of(entry) & 0xFF, []).append(entry)
+            del raw
+            if len(parts) == 1:
+                [(db, part)] = parts.items()
+                await self._fence_part(db, part)
+            else:
+                await asyncio.gather(*(self._fence_part(db, part) for db, part in parts.items()))
+            del parts
+
+    def _any_open(self, blocked: frozenset[int]) -> bool:
+        return any(lane & 0xFF not in blocked for lane in self._ring)
+
+    async def _fence_part(self, db: int, raw: list[bytes]) -> None:
+        cfg = self.config
+        batch = [wire.unpack_entry(e) for e in raw]
+        started = time.perf_counter()
+        try:
+            fenced = await self._store.fence_runs(batch, lease_s=self._keeper.fence_lease_s or cfg.lease_s)
+        except Exception as exc:
+            backoff = self._db_backoff.setdefault(db, Backoff(0.2, 5.0))
+            delay = backoff.next()
+            self._db_retry_at[db] = time.monotonic() + delay
+            STORAGE_RETRIES.labels("duetime-fencer", error_kind(exc)).inc()
+            log.warning(
+                "fencing %d runs on database %d failed (%s: %s); retrying it in %.1f s, the other "
+                "databases' runs go on",
+                len(batch),
+                db,
+                type(exc).__name__,
+                exc,
+                delay,
+            )
+            self._queue_fired(raw, front=True)
+            self._fire_event.set()
+            return
+        if db in self._db_retry_at:
+            del self._db_retry_at[db]
+            self._db_backoff[db].reset()
+        self.fence_time_s += time.perf_counter() - started
+        self.fence_statements += 1
+        self.fence_progress += len(batch)
+        metrics.FENCE_SECONDS.observe(time.perf_counter() - started)
+        metrics.FENCED.inc(len(fenced))
+        metrics.FENCE_REJECTED.inc(len(batch) - len(fenced))
+        await self._hand_over(fenced)
+        # Not kept while waiting for the next fire: the batch's runs are the queue's and the
+        # workers' now, and are freed once recorded (see WorkerPool._work).
+        del raw, batch, fenced
 
     async def _hand_over(self, fenced: list[FencedRun]) -> None:
         """Track each fenced run's lease and put it in the run queue (waiting while it is full).
@@ -606,26 +666,46 @@ class Engine:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=cfg.janitor_interval_s)
                 return
+            # Shard by shard: a shard whose database fails is retried at the next round, and the
+            # other shards (on healthy primaries) are kept and rescued meanwhile.
+            failed: dict[str, str] = {}
             try:
-                await self._keep_waiting_claims()
-                for shard in sorted(self.serving):
-                    while True:
-                        stats = await self._store.rescue_expired(shard, limit=500)
-                        if stats.applied:
-                            metrics.JANITOR_RESCUES.inc(stats.applied)
-                            self._wakeups[shard].set()
-                        if stats.applied < 500:
-                            break
-                    if await self._store.release_stalled_backfills(shard):
-                        self._wakeups[shard].set()
-                    await self._store.complete_drained_jobs(shard)
-                rounds += 1
-                if rounds % 720 == 1:
+                await self._keep_waiting_claims(failed)
+            except Exception as exc:
+                failed["keeping claims"] = f"{type(exc).__name__}: {exc}"
+            for shard in sorted(self.serving):
+                try:
+                    await self._janitor_shard(shard)
+                except Exception as exc:
+                    failed[f"shard {shard}"] = f"{type(exc).__name__}: {exc}"
+            rounds += 1
+            if rounds % 720 == 1:
+                try:
                     await self._store.purge_idempotency_keys(cfg.idempotency_ttl_s)
-            except Exception:
-                log.exception("janitor round failed; the next one retries")
+                except Exception as exc:
+                    failed["idempotency keys"] = f"{type(exc).__name__}: {exc}"
+                    rounds = 0  # the next round tries again
+            if failed:
+                causes = sorted(set(failed.values()))
+                log.warning(
+                    "janitor round failed for %s (%s); the next one retries",
+                    ", ".join(failed),
+                    "; ".join(causes)[:500],
+                )
 
-    async def _keep_waiting_claims(self) -> None:
+    async def _janitor_shard(self, shard: int) -> None:
+        while True:
+            stats = await self._store.rescue_expired(shard, limit=500)
+            if stats.applied:
+                metrics.JANITOR_RESCUES.inc(stats.applied)
+                self._wakeups[shard].set()
+            if stats.applied < 500:
+                break
+        if await self._store.release_stalled_backfills(shard):
+            self._wakeups[shard].set()
+        await self._store.complete_drained_jobs(shard)
+
+    async def _keep_waiting_claims(self, failed: dict[str, str] | None = None) -> None:
         """Keep the claims this engine still holds from lapsing while a burst drains.
 
         A claim's lease runs until its due instant plus ``lease_s``. When more runs are due at one
@@ -670,12 +750,17 @@ class Engine:
         extend_s = cfg.lease_s + backlog_s
         kept = 0
         for shard in sorted(self.serving):
-            for _ in range(20):  # at most 100,000 rows per shard and round
-                n = await self._store.keep_waiting_claims(
-                    shard, cfg.engine_id, within_s=within_s, extend_s=extend_s, limit=5000
-                )
-                kept += n
-                if n < 5000:
-                    break
+            try:
+                for _ in range(20):  # at most 100,000 rows per shard and round
+                    n = await self._store.keep_waiting_claims(
+                        shard, cfg.engine_id, within_s=within_s, extend_s=extend_s, limit=5000
+                    )
+                    kept += n
+                    if n < 5000:
+                        break
+            except Exception as exc:
+                if failed is None:
+                    raise
+                failed[f"keeping claims on shard {shard}"] = f"{type(exc).__name__}: {exc}"
         if kept:
             metrics.CLAIMS_KEPT.inc(kept)

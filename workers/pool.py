@@ -21,6 +21,7 @@ from duetime.core.model import Broker, Outcome, QueueTarget, WebhookTarget
 from duetime.core.runpath import AttemptReport, CallResult, Delivery, FencedRun, Verdict
 from duetime.core.signing import idempotency_key
 from duetime.runqueue import metrics
+from duetime.runqueue.databases import by_database
 from duetime.runqueue.inprocess import RunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.dbclock import DB_CLOCK
@@ -41,12 +42,20 @@ class SecretCache:
     of secrets to sign with: the grace is checked against the clock at every call, so a call made
     after it ended never carries the old secret's signature, whatever the cache's age. A rotation
     reaches a worker within ``ttl_s``; the grace should be longer than that.
+
+    The secrets live in the home database. While it cannot be read, a cached entry is used for up
+    to ``stale_s`` past its ``ttl_s`` (an hour by default): the home primary's outage then holds
+    back no call of an owner whose secret this worker has read in the last hour, and a rotation
+    made just before the outage reaches the worker once the database is back. Past that, a call
+    is not signed with a secret that may have been revoked: it waits for the database.
     """
 
-    def __init__(self, store: RunStore | EventOutbox, ttl_s: float = 60.0) -> None:
+    def __init__(self, store: RunStore | EventOutbox, ttl_s: float = 60.0, stale_s: float = 3600.0) -> None:
         self._store = store
         self._ttl = ttl_s
-        self._cache: dict[str, tuple[float, SigningKeys]] = {}
+        self._stale = stale_s
+        # owner -> (fresh until, read at, keys): monotonic seconds
+        self._cache: dict[str, tuple[float, float, SigningKeys]] = {}
         # One read per owner in flight: at a burst's first second (and at every expiry) a
         # thousand workers miss together, and they share one query instead of queueing a
         # thousand behind the pool.
@@ -59,7 +68,7 @@ class SecretCache:
     async def _keys(self, owner: str) -> SigningKeys:
         hit = self._cache.get(owner)
         if hit is not None and hit[0] > time.monotonic():
-            return hit[1]
+            return hit[2]
         loading = self._loading.get(owner)
         if loading is None:
             loading = self._loading[owner] = asyncio.ensure_future(self._load(owner))
@@ -73,10 +82,22 @@ class SecretCache:
             fut.exception()  # retrieved here too, in case every waiter was cancelled
 
     async def _load(self, owner: str) -> SigningKeys:
-        keys = await self._store.signing_keys(owner)
+        try:
+            keys = await self._store.signing_keys(owner)
+        except Exception as exc:
+            hit = self._cache.get(owner)
+            now = time.monotonic()
+            if hit is not None and is_transient(exc) and hit[1] + self._ttl + self._stale > now:
+                # Used again for a few seconds before the next try: calls must not each wait for
+                # a database that is away.
+                self._cache[owner] = (now + min(5.0, self._ttl), hit[1], hit[2])
+                log.warning("signing secrets unreadable (%s); using the cached ones for %s", exc, owner)
+                return hit[2]
+            raise
         if keys is None:
             raise LookupError(f"owner {owner!r} has no signing secret")
-        self._cache[owner] = (time.monotonic() + self._ttl, keys)
+        now = time.monotonic()
+        self._cache[owner] = (now + self._ttl, now, keys)
         return keys
 
 
@@ -194,9 +215,7 @@ class Completer:
         """Write ``batch`` one database at a time, side by side: one primary's trouble holds back
         only its own reports. Returns the reports to write again (their database failed for a
         reason that is not theirs)."""
-        parts: dict[int, list[AttemptReport]] = {}
-        for report in batch:
-            parts.setdefault(self._store.database_of(report.shard), []).append(report)
+        parts = by_database(self._store, batch)
         if len(parts) == 1:
             # The usual case, awaited directly: the batch is recorded and let go in one step (no
             # loop turn between a gather's end and this writer's, holding it alive meanwhile).
