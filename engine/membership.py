@@ -20,6 +20,7 @@ import logging
 from collections.abc import Sequence
 
 from duetime.core.dealing import Deal, deal
+from duetime.core.errors import DuetimeError
 from duetime.core.ids import SHARDS
 from duetime.engine.service import Engine
 from duetime.runqueue import metrics
@@ -34,6 +35,20 @@ FORGET_AFTER_S = 3600.0
 
 def format_shards(shards: Sequence[int] | frozenset[int]) -> str:
     return ",".join(map(str, sorted(shards))) or "none"
+
+
+class EngineIdInUse(DuetimeError):
+    """Another live process runs under this engine's DUETIME_ENGINE_ID: starting would expire its
+    runs in flight (each would be called again while its first call is still running)."""
+
+    code = "engine_id_in_use"
+
+
+class EngineIdTakenOver(DuetimeError):
+    """This process's engine id was registered by another process while this one was silent
+    (frozen, cut off): the other has taken its runs back, so this one must stop, not fight."""
+
+    code = "engine_id_taken_over"
 
 
 class MembershipKeeper:
@@ -56,12 +71,50 @@ class MembershipKeeper:
 
     async def join(self) -> frozenset[int]:
         """Register (a restart under the same id is the same member) and return the shards dealt
-        to this engine by the membership as it is now."""
+        to this engine by the membership as it is now.
+
+        Refused (``EngineIdInUse``) while another live process holds the id: its heartbeat is
+        watched for two intervals, and one that moves means its holder is alive. A holder whose
+        heartbeat stands still is dead (or frozen: then it stops itself at its next heartbeat, see
+        ``beat``), and a restart under its id goes on at once, as after a crash."""
+        await self._check_id_free()
         await self._store.join(self.registration)
         # No ERROR for unserved shards yet: engines started together join one by one.
         mine = self._deal(await self._store.engines(), self.registration.allowed, report=False)
         self._reported = frozenset()
         return mine
+
+    async def _check_id_free(self) -> None:
+        reg = self.registration
+        holder = await self._holder()
+        if holder is None or not holder.live or holder.incarnation == reg.incarnation:
+            return
+        first = holder.heartbeat_at
+        deadline = asyncio.get_running_loop().time() + 2 * self._interval_s + 1.0
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(min(0.25, self._interval_s / 2))
+            now = await self._holder()
+            if now is None or now.incarnation != holder.incarnation:
+                return  # it left (or was forgotten, or another restart took it): ours to take
+            if now.heartbeat_at != first:
+                raise EngineIdInUse(
+                    f"engine id {reg.engine_id!r} is in use by a live engine on host {now.host!r} "
+                    f"(started {now.started_at.isoformat()}, last heartbeat "
+                    f"{now.heartbeat_age_s:.1f} s ago): two live engines under one id would expire "
+                    "each other's runs in flight. Give each engine its own DUETIME_ENGINE_ID, or stop "
+                    "the other one first"
+                )
+        log.info(
+            "engine id %s was held by an engine on host %s whose heartbeat stopped %.1f s ago: "
+            "taking it over",
+            reg.engine_id,
+            holder.host,
+            holder.heartbeat_age_s,
+        )
+
+    async def _holder(self) -> EngineRecord | None:
+        rid = self.registration.engine_id
+        return next((r for r in await self._store.engines() if r.engine_id == rid), None)
 
     async def start(self, engine: Engine) -> None:
         """Report what ``engine`` (started with the dealt shards) serves, then heartbeat."""
@@ -92,6 +145,8 @@ class MembershipKeeper:
                 return
             try:
                 await self.beat()
+            except EngineIdTakenOver:
+                return  # the engine is marked crashed: the process stops
             except Exception:
                 metrics.MEMBERSHIP_FAILURES.inc()
                 log.exception("membership heartbeat failed; serving the same shards until the next one")
@@ -102,11 +157,20 @@ class MembershipKeeper:
         engine, reg = self._engine, self.registration
         serving = engine.serving
         if not await self._store.heartbeat(reg, serving):
-            log.error(
-                "engine id %s was registered by another process (or forgotten); registering again. "
-                "Two live engines must not share DUETIME_ENGINE_ID: give each its own",
-                reg.engine_id,
-            )
+            holder = await self._holder()
+            if holder is not None and holder.incarnation != reg.incarnation:
+                # Another process took the id while this one was silent (frozen, cut off) and
+                # has taken back its claims and its runs in flight: fighting over the row would
+                # expire them again under it. This process stops; the other goes on.
+                taken = EngineIdTakenOver(
+                    f"engine id {reg.engine_id!r} was taken over by an engine on host "
+                    f"{holder.host!r} (started {holder.started_at.isoformat()}) while this process "
+                    "was silent; stopping. Give each engine its own DUETIME_ENGINE_ID"
+                )
+                log.critical("%s", taken)
+                engine.crashed = taken
+                raise taken
+            log.warning("engine id %s was forgotten by the membership; registering again", reg.engine_id)
             await self._store.join(reg)
             self._reported = frozenset()
         else:

@@ -108,6 +108,13 @@ class NodeProc:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    async def proc_wait(self, within: float) -> int | None:
+        """Until the process exits (its exit code), or None if it still runs after ``within`` s."""
+        try:
+            return await asyncio.to_thread(self.proc.wait, within)
+        except subprocess.TimeoutExpired:
+            return None
+
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.proc.send_signal(sig)
