@@ -6,7 +6,8 @@
 -- name: claim_due
 -- The claim: the next batch of idle rows due within the lookahead on one shard, skipping rows
 -- another engine holds. "claimed_by IS NULL" is what lets the planner use jobs_due (its predicate,
--- since migration 0010); the table keeps it equal to "phase = 'idle'" (a check constraint). A new lease token (the fencing token: it only grows), the claimer's id
+-- since migration 0010); the table keeps it equal to "phase = 'idle'" (a check constraint). A new
+-- lease token (the fencing token: it only grows, across failovers too: migration 0014), the claimer's id
 -- and a lease that runs until the row is due plus the lease length, in one statement. The
 -- late rows also carry their spec, so the engine can apply the job's misfire policy or start a
 -- catch-up: rows past their grace, and recurring rows a second or more behind their due time.
@@ -20,7 +21,7 @@ WITH due AS (
 )
 UPDATE jobs j SET
     phase = 'claimed',
-    lease_token = j.lease_token + 1,
+    lease_token = greatest(j.lease_token + 1, (SELECT duetime_token_floor())),
     claimed_by = $2,
     leased_until = greatest(j.next_run_at, now()) + make_interval(secs => $5)
 FROM due
@@ -43,7 +44,7 @@ WITH locked AS (
     FOR UPDATE
 )
 UPDATE jobs j SET
-    lease_token = j.lease_token + 1,
+    lease_token = greatest(j.lease_token + 1, (SELECT duetime_token_floor())),
     leased_until = greatest(j.next_run_at, now()) + make_interval(secs => $3)
 FROM locked
 WHERE j.job_id = locked.job_id AND j.claimed_by = $1 AND j.phase = 'claimed'
