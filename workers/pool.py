@@ -280,10 +280,12 @@ class WorkerPool:
         concurrency: int = 1024,
         watchdog_s: float = WATCHDOG_S,
         on_recorded: Callable[[list[AttemptReport]], None] | None = None,
+        secret_wait_s: float = 300.0,
     ) -> None:
         self._store = store
         self._queue = queue
         self._dispatcher = dispatcher
+        self._secret_wait_s = secret_wait_s
         self._keeper = keeper
         self._concurrency = concurrency
         self._watchdog_s = watchdog_s
@@ -438,6 +440,22 @@ class WorkerPool:
         metrics.observe_many(metrics.TARGET_LATENCY, [took] * len(runs))
         return reports
 
+    async def _signing_secrets(self, run: FencedRun) -> tuple[str, ...]:
+        """The owner's secrets, waiting (with backoff, up to ``secret_wait_s``) while the home
+        database cannot be read and no cached copy is left: a call Duetime could not make for its
+        own trouble is not an attempt of the target's, so it is not recorded as a failure that
+        uses one. The run's lease is kept by the lease keeper meanwhile."""
+        backoff = Backoff(0.2, 5.0)
+        deadline = time.monotonic() + self._secret_wait_s
+        while True:
+            try:
+                return await self._secrets.get(run.owner)
+            except StorageUnavailable as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                STORAGE_RETRIES.labels("duetime-worker-secrets", error_kind(exc)).inc()
+                await asyncio.sleep(min(backoff.next(), max(deadline - time.monotonic(), 0.0)))
+
     async def call(self, run: FencedRun) -> AttemptReport:
         """One attempt of ``run``; with tracing on, inside its span, whose traceparent it sends."""
         if not tracing.enabled():
@@ -458,12 +476,12 @@ class WorkerPool:
 
     async def _call(self, run: FencedRun, traceparent: str | None) -> AttemptReport:
         spec = run.spec.parsed
-        now = DB_CLOCK.now()
         try:
-            secrets = await self._secrets.get(run.owner)
+            secrets = await self._signing_secrets(run)
         except (LookupError, StorageUnavailable) as exc:
             verdict = Verdict(Outcome.FAILED, True, None, f"signing secret unavailable: {exc}")
-            return AttemptReport(run, verdict, None, now)
+            return AttemptReport(run, verdict, None, DB_CLOCK.now())
+        now = DB_CLOCK.now()
         delivery = replace(
             Delivery.of(run, signing_secret=secrets[0]),
             extra_signing_secrets=secrets[1:],
