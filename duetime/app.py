@@ -41,7 +41,7 @@ from duetime.storage.dbclock import DB_CLOCK, ClockSync
 from duetime.storage.ports import Registry
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.postgres.due_age import oldest_unclaimed_due
-from duetime.storage.postgres.membership import MembershipStore, Registration
+from duetime.storage.postgres.membership import EngineIdLock, MembershipStore, Registration
 from duetime.storage.postgres.sessions import SessionBounds
 from duetime.storage.shardmap import ShardMap
 from duetime.supervisor import SUPERVISOR
@@ -299,6 +299,8 @@ class Node:
                 max_wait_s=s.queue_wait_max_s,
             )
             self._published.start()
+            # The engine id first: the restart step below is for a dead predecessor's runs only.
+            await self._membership_keeper().claim_id()
             # Before Engine.start: its own restart step selects without locking, and could finish a
             # run a worker is taking at that moment (then called twice); this one cannot.
             expired = await self.store.expire_published_of(s.engine_id, sorted(s.shards))
@@ -316,7 +318,23 @@ class Node:
         multi-process ``duetime run`` gives each process its own share as its allowed set, so there
         each shard stays with one process (its in-process workers are its only ones)."""
         s = self.settings
-        assert self.store is not None and self._engine is not None
+        assert self._engine is not None
+        self._membership = self._membership_keeper()
+        dealt = await self._membership.join()
+        log.info(
+            "engine %s joined the membership; shards dealt to it: %s",
+            s.engine_id,
+            ",".join(map(str, sorted(dealt))) or "none",
+        )
+        await self._engine.start(dealt)
+        await self._membership.start(self._engine)
+
+    def _membership_keeper(self) -> MembershipKeeper:
+        """This engine's membership keeper (made once): it holds the engine id's lock."""
+        if self._membership is not None:
+            return self._membership
+        s = self.settings
+        assert self.store is not None
         self._membership = MembershipKeeper(
             MembershipStore(self.store.home_pool),
             Registration(
@@ -328,15 +346,9 @@ class Node:
                 incarnation=uuid.uuid4(),
             ),
             interval_s=s.heartbeat_s,
+            id_lock=EngineIdLock(self.store.shard_map.home, self.store.bounds, s.engine_id),
         )
-        dealt = await self._membership.join()
-        log.info(
-            "engine %s joined the membership; shards dealt to it: %s",
-            s.engine_id,
-            ",".join(map(str, sorted(dealt))) or "none",
-        )
-        await self._engine.start(dealt)
-        await self._membership.start(self._engine)
+        return self._membership
 
     def held_runs(self) -> int:
         """Runs this process holds now: claimed (in the wheel or fired, not fenced) and fenced

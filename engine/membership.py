@@ -24,7 +24,12 @@ from duetime.core.errors import DuetimeError
 from duetime.core.ids import SHARDS
 from duetime.engine.service import Engine
 from duetime.runqueue import metrics
-from duetime.storage.postgres.membership import EngineRecord, MembershipStore, Registration
+from duetime.storage.postgres.membership import (
+    EngineIdLock,
+    EngineRecord,
+    MembershipStore,
+    Registration,
+)
 from duetime.supervisor import SUPERVISOR
 
 log = logging.getLogger("duetime.membership")
@@ -52,8 +57,17 @@ class EngineIdTakenOver(DuetimeError):
 
 
 class MembershipKeeper:
-    def __init__(self, store: MembershipStore, registration: Registration, *, interval_s: float) -> None:
+    def __init__(
+        self,
+        store: MembershipStore,
+        registration: Registration,
+        *,
+        interval_s: float,
+        id_lock: EngineIdLock | None = None,
+    ) -> None:
         self._store = store
+        self._id_lock = id_lock
+        self._id_claimed = False
         self.registration = registration
         self._interval_s = interval_s
         self._engine: Engine | None = None
@@ -73,44 +87,37 @@ class MembershipKeeper:
         """Register (a restart under the same id is the same member) and return the shards dealt
         to this engine by the membership as it is now.
 
-        Refused (``EngineIdInUse``) while another live process holds the id: its heartbeat is
-        watched for two intervals, and one that moves means its holder is alive. A holder whose
-        heartbeat stands still is dead (or frozen: then it stops itself at its next heartbeat, see
-        ``beat``), and a restart under its id goes on at once, as after a crash."""
-        await self._check_id_free()
+        Refused (``EngineIdInUse``) while another live process holds the id: the id's lock
+        (``EngineIdLock``) is held by a process for its whole life, frozen or not, and goes with
+        it when it dies, so a restart after a crash goes on at once."""
+        await self.claim_id()
         await self._store.join(self.registration)
         # No ERROR for unserved shards yet: engines started together join one by one.
         mine = self._deal(await self._store.engines(), self.registration.allowed, report=False)
         self._reported = frozenset()
         return mine
 
-    async def _check_id_free(self) -> None:
-        reg = self.registration
-        holder = await self._holder()
-        if holder is None or not holder.live or holder.incarnation == reg.incarnation:
+    async def claim_id(self) -> None:
+        """Take the engine id's lock, or raise ``EngineIdInUse``: before anything this process
+        does as the id's holder (its restart steps expire the runs a dead predecessor had in
+        flight). Once is enough; ``join`` calls it too."""
+        if self._id_lock is None or self._id_claimed:
             return
-        first = holder.heartbeat_at
-        deadline = asyncio.get_running_loop().time() + 2 * self._interval_s + 1.0
-        while asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(min(0.25, self._interval_s / 2))
-            now = await self._holder()
-            if now is None or now.incarnation != holder.incarnation:
-                return  # it left (or was forgotten, or another restart took it): ours to take
-            if now.heartbeat_at != first:
-                raise EngineIdInUse(
-                    f"engine id {reg.engine_id!r} is in use by a live engine on host {now.host!r} "
-                    f"(started {now.started_at.isoformat()}, last heartbeat "
-                    f"{now.heartbeat_age_s:.1f} s ago): two live engines under one id would expire "
-                    "each other's runs in flight. Give each engine its own DUETIME_ENGINE_ID, or stop "
-                    "the other one first"
-                )
-        log.info(
-            "engine id %s was held by an engine on host %s whose heartbeat stopped %.1f s ago: "
-            "taking it over",
-            reg.engine_id,
-            holder.host,
-            holder.heartbeat_age_s,
-        )
+        if not await self._id_lock.acquire(within_s=3.0):
+            reg = self.registration
+            holder = await self._holder()
+            where = (
+                f" on host {holder.host!r} (started {holder.started_at.isoformat()}, last heartbeat "
+                f"{holder.heartbeat_age_s:.1f} s ago)"
+                if holder is not None
+                else ""
+            )
+            raise EngineIdInUse(
+                f"engine id {reg.engine_id!r} is in use by a live engine{where}: two live engines "
+                "under one id would expire each other's runs in flight. Give each engine its own "
+                "DUETIME_ENGINE_ID, or stop the other one first"
+            )
+        self._id_claimed = True
 
     async def _holder(self) -> EngineRecord | None:
         rid = self.registration.engine_id
@@ -130,6 +137,8 @@ class MembershipKeeper:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._id_lock is not None:
+            await self._id_lock.release()
         try:
             await self._store.leave(self.registration)
         except Exception:
@@ -156,6 +165,18 @@ class MembershipKeeper:
         assert self._engine is not None
         engine, reg = self._engine, self.registration
         serving = engine.serving
+        if self._id_lock is not None and not await self._id_lock.held():
+            # The lock's session was lost (the home database restarted, or this process was cut
+            # off past the keepalives) and another process took the id meanwhile: it has taken
+            # back this one's claims and runs in flight. This process stops; the other goes on.
+            taken = EngineIdTakenOver(
+                f"engine id {reg.engine_id!r} was taken by another process while this one had lost "
+                "its session with the home database; stopping. Give each engine its own "
+                "DUETIME_ENGINE_ID"
+            )
+            log.critical("%s", taken)
+            engine.crashed = taken
+            raise taken
         if not await self._store.heartbeat(reg, serving):
             holder = await self._holder()
             if holder is not None and holder.incarnation != reg.incarnation:

@@ -9,6 +9,8 @@ reads the same membership and deals the same way. "Live" is decided by the datab
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -19,6 +21,7 @@ import asyncpg
 
 from duetime.core.dealing import Member
 from duetime.core.errors import DuetimeError, StorageUnavailable
+from duetime.storage.postgres.sessions import SessionBounds, connect
 from duetime.storage.queries import Q
 
 
@@ -144,3 +147,61 @@ class MembershipStore:
         async with _translated():
             status: str = await self._pool.execute(Q["forget_dead_engines"], float(older_than_s))
         return int(status.rsplit(" ", 1)[-1])
+
+
+class EngineIdLock:
+    """The lock that makes an engine id one live process's (``lock_engine_id``): held on a
+    connection of its own to the home database for as long as the process runs.
+
+    ``acquire`` tries for a short while (a killed predecessor's session ends a moment after its
+    death). ``held`` answers whether the lock is still this process's: after the connection was
+    lost (the home database restarted, the network cut), it connects again and takes the lock
+    again; False when another process has it meanwhile, and this one must stop."""
+
+    def __init__(self, dsn: str, bounds: SessionBounds, engine_id: str) -> None:
+        self._dsn = dsn
+        self._bounds = bounds
+        self._engine_id = engine_id
+        self._conn: asyncpg.Connection | None = None
+
+    async def _try(self) -> bool:
+        async with _translated():
+            if self._conn is None or self._conn.is_closed():
+                self._conn = await connect(self._dsn, self._bounds)
+            got = bool(await self._conn.fetchval(Q["lock_engine_id"], self._engine_id))
+            if not got:
+                await self._conn.close()
+                self._conn = None
+            return got
+
+    async def acquire(self, within_s: float) -> bool:
+        deadline = asyncio.get_running_loop().time() + within_s
+        while True:
+            if await self._try():
+                return True
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.1)
+
+    async def held(self) -> bool:
+        """Whether this process still holds the id (raises StorageUnavailable while the home
+        database cannot be asked)."""
+        conn = self._conn
+        if conn is not None and not conn.is_closed():
+            try:
+                async with _translated():
+                    await conn.fetchval(Q["engine_id_lock_alive"])
+                return True
+            except StorageUnavailable:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+                self._conn = None
+        return await self._try()
+
+    async def release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            with contextlib.suppress(Exception):
+                await conn.fetchval(Q["unlock_engine_id"], self._engine_id)
+            with contextlib.suppress(Exception):
+                await conn.close()

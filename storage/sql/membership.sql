@@ -34,3 +34,17 @@ ORDER BY engine_id;
 -- Members silent for longer than $1 seconds and than their own lease (so dead) are forgotten
 -- (they re-join if they ever come back).
 DELETE FROM engines WHERE heartbeat_at < now() - make_interval(secs => greatest(lease_s, $1::float8));
+
+-- name: lock_engine_id
+-- One live process per engine id: a session-level advisory lock on the home database, taken at
+-- start on a connection of its own and held for the process's life. It goes with the session: at
+-- once when the process dies (its socket is closed by the kernel), after the keepalives when its
+-- host or network vanished; never while the process lives, even frozen.
+SELECT pg_try_advisory_lock(hashtextextended('duetime-engine:' || $1, 0));
+
+-- name: unlock_engine_id
+SELECT pg_advisory_unlock(hashtextextended('duetime-engine:' || $1, 0));
+
+-- name: engine_id_lock_alive
+-- The lock's connection still answers (so its session, and the lock, live).
+SELECT 1;
