@@ -669,6 +669,11 @@ class Engine:
             # Shard by shard: a shard whose database fails is retried at the next round, and the
             # other shards (on healthy primaries) are kept and rescued meanwhile.
             failed: dict[str, str] = {}
+            if self._listener is not None:
+                try:
+                    await self._listener.keep()
+                except Exception as exc:
+                    failed["listening"] = f"{type(exc).__name__}: {exc}"
             try:
                 await self._keep_waiting_claims(failed)
             except Exception as exc:

@@ -217,6 +217,9 @@ class _Listener:
     shards: frozenset[int]
     wake: Callable[[int], None]
 
+    async def keep(self) -> None:
+        """Nothing is ever lost in memory."""
+
     async def close(self) -> None:
         self.store._listeners.discard(self)
 

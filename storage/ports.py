@@ -315,6 +315,11 @@ class CompletionStats:
 class DueListener(Protocol):
     """A subscription to "a row of these shards became due soon" (see ``RunStore.listen_due``)."""
 
+    async def keep(self) -> None:
+        """Subscribe again where the subscription was lost (a database restarted), waking the
+        shards whose hints may have been missed meanwhile; cheap when nothing was lost."""
+        ...
+
     async def close(self) -> None: ...
 
 

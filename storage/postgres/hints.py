@@ -78,15 +78,66 @@ class Hints:
 
 
 class DueConnections:
-    """The LISTEN connections of one engine, one per database holding its shards."""
+    """The LISTEN connections of one engine, one per database holding its shards.
 
-    def __init__(self, conns: list[asyncpg.Connection]) -> None:
-        self._conns = conns
+    A connection is lost with its database (a restart, a failover, a network cut) and LISTEN does
+    not survive that: ``keep`` (called by the engine's janitor every round) listens again on the
+    databases whose connection is gone, and wakes their shards' claim loops, since hints sent
+    while nobody listened are lost. Until then the poll interval covers them."""
+
+    def __init__(
+        self,
+        shard_map: ShardMap,
+        shards: Sequence[int],
+        wake: Callable[[int], None],
+        bounds: SessionBounds,
+    ) -> None:
+        self._wake = wake
+        self._bounds = bounds
+        self._held = {
+            dsn: [s for s in held if s in set(shards)]
+            for dsn, held in shard_map.databases().items()
+            if set(held) & set(shards)
+        }
+        self._conns: dict[str, asyncpg.Connection] = {}
+        self._tried: set[str] = set()
+        self.relistened = 0
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            shard = int(payload)
+        except ValueError:
+            return
+        self._wake(shard)
+
+    async def keep(self) -> None:
+        """LISTEN again where the connection was lost (or never made)."""
+        for dsn, shards in self._held.items():
+            conn = self._conns.get(dsn)
+            if conn is not None and not conn.is_closed():
+                continue
+            first = dsn not in self._tried  # the listen at start: nothing was missed yet
+            try:
+                conn = await connect(dsn, self._bounds)
+                await conn.add_listener(NOTIFY_CHANNEL, self._on_notify)
+            except (OSError, asyncpg.PostgresError, asyncpg.exceptions.InterfaceError, TimeoutError):
+                if dsn not in self._tried:
+                    log.warning("LISTEN on %s failed; relying on polling until it works", dsn.split("@")[-1])
+                self._tried.add(dsn)
+                continue
+            self._conns[dsn] = conn
+            if not first:
+                self.relistened += 1
+                log.info("LISTEN on %s again", dsn.split("@")[-1])
+                for shard in shards:
+                    self._wake(shard)
+            self._tried.add(dsn)
 
     async def close(self) -> None:
-        for conn in self._conns:
+        for conn in self._conns.values():
             with contextlib.suppress(Exception):
                 await conn.close()
+        self._conns.clear()
 
 
 async def listen_due(
@@ -94,23 +145,7 @@ async def listen_due(
 ) -> DueConnections:
     """LISTEN on every database holding one of ``shards``: a job due inside the lookahead reaches
     the wheel within milliseconds of its commit, not at the next poll. A database that cannot be
-    listened on is logged and left to polling."""
-
-    def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:
-        try:
-            shard = int(payload)
-        except ValueError:
-            return
-        wake(shard)
-
-    conns: list[asyncpg.Connection] = []
-    for dsn, held in shard_map.databases().items():
-        if not set(held) & set(shards):
-            continue
-        try:
-            conn = await connect(dsn, bounds)
-            await conn.add_listener(NOTIFY_CHANNEL, on_notify)
-            conns.append(conn)
-        except (OSError, asyncpg.PostgresError):
-            log.warning("LISTEN on %s failed; relying on polling", dsn.split("@")[-1])
-    return DueConnections(conns)
+    listened on is logged and left to polling (and to ``keep``)."""
+    listener = DueConnections(shard_map, shards, wake, bounds)
+    await listener.keep()
+    return listener

@@ -289,3 +289,37 @@ async def test_a_read_only_database_refuses_writes_with_503_and_still_serves_rea
     assert read == (200, job)
     assert after[0] == 201
     assert [j["id"] for j in listed["items"]] == [job["id"], after[1]["id"]], "nothing was half-written"
+
+
+async def test_the_engines_listen_again_after_the_database_restarted(
+    private_pg: EmbeddedPostgres, private_db: str
+) -> None:
+    """LISTEN does not survive its connection: after a restart the engine's hints were lost for
+    good (only the poll found due rows). The janitor's round now listens again, and wakes the
+    shards whose hints it may have missed."""
+    from duetime.storage.postgres import NOTIFY_CHANNEL, PostgresStore
+    from duetime.storage.shardmap import ShardMap
+    from tests.support.wait import until
+
+    woke: list[int] = []
+    store = await PostgresStore.open(ShardMap.single(private_db), pool_size=1)
+    listener = await store.listen_due(range(16), woke.append)
+    try:
+        await restart_immediately(private_pg)
+
+        async def listening_again() -> bool:
+            await listener.keep()
+            return listener.relistened == 1
+
+        await until(listening_again, within=30, what="LISTEN again after the restart")
+        assert sorted(set(woke)) == list(range(16)), "every shard woken: hints may have been missed"
+        woke.clear()
+        conn = await asyncpg.connect(private_db)
+        try:
+            await conn.execute(f"NOTIFY {NOTIFY_CHANNEL}, '5'")
+        finally:
+            await conn.close()
+        await until(lambda: 5 in woke, within=10, what="a hint after the restart")
+    finally:
+        await listener.close()
+        await store.close()
