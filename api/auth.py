@@ -3,7 +3,8 @@
 Registering must sustain thousands of requests a second; a database probe per request for the key
 would double the work of every create. Each key's answer (an owner, or "unknown") is kept for
 ``ttl_s`` seconds, so a revoked key keeps working for at most that long on each API process. That
-window is the price of the cache and is documented in docs/api.md.
+window is the price of the cache and is documented in docs/api.md. While the home database cannot
+be read, a known key's answer is used for up to ``stale_s`` past its TTL (an hour).
 """
 
 from __future__ import annotations
@@ -51,12 +52,15 @@ class KeyCache:
         ttl_s: float,
         clock: Callable[[], float] = time.monotonic,
         max_entries: int = _MAX_ENTRIES,
+        stale_s: float = 3600.0,
     ) -> None:
         self._registry = registry
         self._ttl_s = ttl_s
+        self._stale_s = stale_s
         self._clock = clock
         self._max_entries = max_entries
-        self._entries: dict[bytes, tuple[str | None, float]] = {}
+        # digest -> (owner or None, fresh until, read at)
+        self._entries: dict[bytes, tuple[str | None, float, float]] = {}
         self._inflight: dict[bytes, asyncio.Future[str | None]] = {}
 
     async def owner_for(self, key: str) -> str:
@@ -67,7 +71,16 @@ class KeyCache:
         if entry is not None and entry[1] > now:
             owner = entry[0]
         else:
-            owner = await self._lookup(digest, key)
+            try:
+                owner = await self._lookup(digest, key)
+            except StorageUnavailable:
+                # The home database is away: a key this process saw lately still names its owner
+                # (nobody can revoke it meanwhile: revoking writes to that database), so requests
+                # that need only the job's own primary go on. Unknown keys are not served stale.
+                if entry is None or entry[0] is None or now - entry[2] > self._ttl_s + self._stale_s:
+                    raise
+                self._entries[digest] = (entry[0], now + min(5.0, self._ttl_s), entry[2])
+                owner = entry[0]
         if owner is None:
             raise Unauthorized("Unknown or revoked API key.")
         return owner
@@ -102,4 +115,4 @@ class KeyCache:
             self._entries = {d: e for d, e in self._entries.items() if e[1] > now}
             if len(self._entries) >= self._max_entries:
                 self._entries.clear()
-        self._entries[digest] = (owner, now + self._ttl_s)
+        self._entries[digest] = (owner, now + self._ttl_s, now)
