@@ -188,7 +188,9 @@ PHASE_EVENTS: dict[RunEvent, PhaseStep] = {
     RunEvent.FENCE: PhaseStep(
         _ph(_CLAIMED),
         _RUNNING,
-        "the wheel fired: the call may start if the token matches",
+        "the wheel fired: the call may start if the token matches; the row keeps what was fenced "
+        "(`fenced_*`: occurrence, due time, attempt, spec version, run kind, under this token), "
+        "so an expiry finishes that attempt whatever an owner's edit wrote since",
         ("fence_runs",),
         states=frozenset({_S}),
     ),

@@ -117,6 +117,14 @@ class _Row:
     backfill_seq: int | None = None
     consecutive_failures: int = 0
     failing: bool = False
+    # What the fence fenced, under which lease (migration 0013): the attempt an expiry finishes.
+    # Set by the fence only, left as they are when the run ends (read only under the same token).
+    fenced_token: int | None = None
+    fenced_for: datetime | None = None
+    fenced_due: datetime | None = None
+    fenced_attempt: int | None = None
+    fenced_version: int | None = None
+    fenced_kind: str | None = None
 
     def locked(self) -> dict[str, Any]:
         """The row as ``lock_for_completion`` reads it (the spec as its text)."""
@@ -840,6 +848,9 @@ class MemoryStore:
             row.scheduled_for = item.scheduled_for
             row.run_until = now + timedelta(seconds=lease_s)
             assert row.next_run_at is not None
+            row.fenced_token, row.fenced_for = row.lease_token, item.scheduled_for
+            row.fenced_due, row.fenced_attempt = row.next_run_at, row.attempt
+            row.fenced_version, row.fenced_kind = row.spec_version, row.run_kind
             text = _spec_text(row.spec)
             out.append(
                 FencedRun(

@@ -81,12 +81,18 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_
 -- The update is HOT (a new row version on the same page, no index entry): it sets no column an
 -- index reads. The running lease goes to run_until; leased_until keeps the claim's lease, which
 -- the janitor's index is keyed on (migration 0010; expired_leases, carry_run_leases).
+-- The fenced_* columns keep what this returns that an owner's edit can change while the row
+-- runs (its occurrence, due time, attempt, spec version, run kind) under this lease's token:
+-- an expiry then finishes the attempt that was fenced, not the row as a PATCH left it
+-- (migration 0013, lock_for_completion).
 -- $4: each occurrence as µs since the epoch (a bigint: exact, and cheaper for the node to send
 -- than a timestamptz), turned back in whole seconds and the µs left over, each exact as a float8:
 -- "us * interval '1 microsecond'" goes through a float8 too and lost µs past the year 2255
 -- (tests/contract, test_the_fence_keeps_the_occurrence_it_is_given_to_the_microsecond).
 WITH locked AS MATERIALIZED (
-    SELECT j.job_id, j.lease_token, j.phase, j.state, u.token, u.scheduled_us
+    SELECT j.job_id, j.lease_token, j.phase, j.state, u.token,
+           to_timestamp(u.scheduled_us / 1000000) + (u.scheduled_us % 1000000) * interval '1 microsecond'
+               AS scheduled_for
     FROM unnest($1::uuid[], $2::bigint[], $4::bigint[]) AS u(job_id, token, scheduled_us)
     JOIN jobs j ON j.job_id = u.job_id
     ORDER BY j.job_id
@@ -94,8 +100,10 @@ WITH locked AS MATERIALIZED (
 )
 UPDATE jobs j SET
     phase = 'running',
-    scheduled_for = to_timestamp(l.scheduled_us / 1000000) + (l.scheduled_us % 1000000) * interval '1 microsecond',
-    run_until = now() + make_interval(secs => $3)
+    scheduled_for = l.scheduled_for,
+    run_until = now() + make_interval(secs => $3),
+    fenced_token = j.lease_token, fenced_for = l.scheduled_for, fenced_due = j.next_run_at,
+    fenced_attempt = j.attempt, fenced_version = j.spec_version, fenced_kind = j.run_kind
 FROM locked l
 WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
   AND j.job_id = l.job_id
