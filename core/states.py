@@ -251,13 +251,15 @@ PHASE_EVENTS: dict[RunEvent, PhaseStep] = {
     RunEvent.LAPSE: PhaseStep(
         BUSY_PHASES,
         _IDLE,
-        "the janitor: a claimed row's lease lapsed (released as it was) or a running one's (lease_expired)",
+        "the janitor: a claimed row's lease lapsed (released as it was) or a running one's (lease_expired, "
+        "for the attempt as fenced)",
         ("expired_leases", "apply_plans"),
     ),
     RunEvent.RESTART: PhaseStep(
         _ph(_RUNNING),
         _IDLE,
-        "an engine restarts: the calls of its previous life finish as lease_expired",
+        "an engine restarts: the calls of its previous life finish as lease_expired, each for the attempt "
+        "as fenced",
         ("running_of_engine", "published_of_engine", "apply_plans"),
     ),
     RunEvent.SPLIT: PhaseStep(

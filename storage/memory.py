@@ -149,6 +149,12 @@ class _Row:
             "backfill_seq": self.backfill_seq,
             "consecutive_failures": self.consecutive_failures,
             "failing": self.failing,
+            "fenced_token": self.fenced_token,
+            "fenced_for": self.fenced_for,
+            "fenced_due": self.fenced_due,
+            "fenced_attempt": self.fenced_attempt,
+            "fenced_version": self.fenced_version,
+            "fenced_kind": self.fenced_kind,
         }
 
     def plan(self) -> RowPlan:

@@ -290,18 +290,35 @@ _LAPSED = Verdict(
 )
 
 
+# Where a running row keeps the attempt it was fenced for: the columns its fence wrote under its
+# lease (migration 0013), or, for a row whose fence did not write them, the row's own.
+_AS_FENCED = ("fenced_for", "fenced_due", "fenced_attempt", "fenced_version", "fenced_kind")
+_AS_ROW = ("scheduled_for", "next_run_at", "attempt", "spec_version", "run_kind")
+
+
 def _running(row: asyncpg.Record) -> FencedRun:
-    """The run a running row read by ``lock_for_completion`` was fenced for (its holder is gone)."""
+    """The run a running row read by ``lock_for_completion`` was fenced for (its holder is gone),
+    as its fence recorded it: an owner's edit since then writes its new plan onto the row (a new
+    schedule: the next occurrence, attempt 0, a new spec version), and the attempt that lapsed is
+    still the one that was fenced. Its spec version then differs from the row's, so
+    ``BatchWriter.finish`` lets the owner's new plan stand, as it does for a worker's report.
+
+    The spec's text is the row's, as for a worker's report (``finish`` reads the spec in force
+    now; the version says whether the attempt ran under it). A row whose fence recorded nothing
+    under its lease (fenced before the upgrade, or by a process of the previous release) is read
+    from its own columns, as before."""
+    columns = _AS_FENCED if row["fenced_token"] == row["lease_token"] else _AS_ROW
+    occurrence, due, attempt, version, kind = (row[c] for c in columns)
     return FencedRun(
         job_id=row["job_id"],
         shard=row["shard"],
         owner=row["owner"],
         lease_token=row["lease_token"],
-        scheduled_for=row["scheduled_for"],
-        due_at=row["next_run_at"],
-        attempt=row["attempt"] + 1,
-        spec=RunSpec(row["spec"], row["spec_version"]),
-        run_kind=row["run_kind"],
+        scheduled_for=occurrence,
+        due_at=due,
+        attempt=attempt + 1,
+        spec=RunSpec(row["spec"], version),
+        run_kind=kind,
         parent_id=row["parent_id"],
     )
 
@@ -620,7 +637,9 @@ class BatchWriter:
         self.seen.add(rep.job_id)
         spec = _locked_spec(row, rep)
         parent = row["parent_id"]
-        nominal_due = _nominal_due(parent or rep.job_id, rep, spec, row["run_kind"])
+        # The attempt's own run kind, as fenced: a new schedule resets the row's to "scheduled"
+        # while a manual run of the old one is still in flight.
+        nominal_due = _nominal_due(parent or rep.job_id, rep, spec, rep.run.run_kind)
         verdict = rep.verdict
         run = Run(
             scheduled_for=rep.scheduled_for,

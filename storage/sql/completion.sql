@@ -10,9 +10,12 @@
 -- the spec the worker parsed when they are equal (the common case), instead of decoding it again.
 -- $2: the jobs whose failure count an occurrence row of the batch may change (core/failures.py),
 -- locked here with the rest, in the one job id order every writer of these rows locks in.
+-- The fenced_* columns (migration 0013): the attempt a running row's fence started, which an
+-- expiry finishes when its holder is gone (completion.py, _running).
 SELECT job_id, shard, owner, spec::text AS spec, spec_version, state, phase, lease_token,
        scheduled_for, next_run_at, attempt, run_kind, resume_at, pending_triggers, parent_id,
-       handed_upto, split_at, backfill_seq, consecutive_failures, failing
+       handed_upto, split_at, backfill_seq, consecutive_failures, failing,
+       fenced_token, fenced_for, fenced_due, fenced_attempt, fenced_version, fenced_kind
 FROM jobs WHERE job_id = ANY($1::uuid[] || $2::uuid[])
 ORDER BY job_id
 FOR UPDATE;
