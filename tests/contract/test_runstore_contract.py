@@ -469,6 +469,161 @@ async def test_overlap_allow_hands_the_next_occurrence_to_a_row_of_its_own(store
     assert (await store.get_job(o, jid)).last_run is not None
 
 
+# ---------------------------------------------------------------------- an owner's edit racing a death
+
+RETRY_AT_ONCE = RetryPolicy(max_attempts=5, backoff_initial_s=0.01, backoff_max_s=0.01)
+EXPIRIES = ("restart", "nats_restart", "janitor")
+
+
+def hours_ahead(hours: int = 3) -> str:
+    """A daily cron whose first occurrence is a couple of hours from now."""
+    at = now() + timedelta(hours=hours)
+    return f"{at.minute} {at.hour} * * *"
+
+
+async def attempt_in_flight(
+    store: Store, owner: str, engine: str, *, lease_s: float = 30.0, name: str | None = None
+) -> tuple[uuid.UUID, FencedRun]:
+    """An every-second cron (overlap skip) whose second attempt of an occurrence is in flight: the
+    first failed, so what the fence fenced is not what a new schedule writes (attempt 0)."""
+    spec = cron("* * * * * *", overlap=Overlap.SKIP, retry=RETRY_AT_ONCE, name=name)
+    job, _ = await store.create_job(owner, spec)
+    jid = uuid.UUID(job.id)
+    [first] = await fence(store, (await claim(store, engine, [jid])).values())
+    await store.complete_runs([report(first, Outcome.FAILED, retryable=True)])
+    await asyncio.sleep(0.05)  # the retry's backoff
+    [run] = await fence(store, (await claim(store, engine, [jid], lease_s=lease_s)).values(), lease_s=lease_s)
+    assert (run.scheduled_for, run.attempt) == (first.scheduled_for, 2)
+    return jid, run
+
+
+async def expire(store: Store, engine: str, run: FencedRun, how: str) -> None:
+    """The run's holder is gone: its engine restarts (in-process workers, or the NATS run queue
+    with the run published and not taken), or its lease lapses and the janitor comes."""
+    if how == "restart":
+        assert (await store.expire_running_of(engine, [run.shard])).applied == 1
+    elif how == "nats_restart":
+        assert await store.expire_published_of(engine, [run.shard]) == 1
+    else:
+        await asyncio.sleep(0.7)  # past the run's lease (0.3 s) and its claim's
+        assert (await store.rescue_expired(run.shard, limit=500)).applied >= 1
+
+
+async def lapsed_as_fenced(store: Store, owner: str, jid: uuid.UUID, run: FencedRun) -> None:
+    """The history's newest row is the fenced attempt, finished as lease_expired."""
+    lapsed = (await store.list_runs(owner, jid, limit=10, cursor=None)).items[0]
+    assert (lapsed.scheduled_for, lapsed.attempt, lapsed.outcome, lapsed.started_at) == (
+        run.scheduled_for,
+        run.attempt,
+        Outcome.LEASE_EXPIRED,
+        None,
+    ), lapsed
+
+
+@pytest.mark.parametrize("how", EXPIRIES)
+@pytest.mark.parametrize("edit", ["patch", "put"])
+async def test_a_new_schedule_racing_a_death_keeps_the_fenced_attempt_and_the_owners_plan(
+    store: Store, edit: str, how: str
+) -> None:
+    """Issue 27, observation 3: a PATCH (or PUT by name) replaces the schedule of a job whose call
+    is in flight, and the call's holder dies. The lapsed attempt is recorded for the occurrence
+    and attempt that were fenced (not for the new schedule's first occurrence, which never ran),
+    and the owner's new plan stands: nothing of it is due before its first occurrence."""
+    o, e = new_owner(), engine_id()
+    name = "edited-" + o
+    jid, run = await attempt_in_flight(store, o, e, lease_s=0.3 if how == "janitor" else 30.0, name=name)
+    new_spec = cron(hours_ahead(), overlap=Overlap.SKIP, retry=RETRY_AT_ONCE, name=name)
+    if edit == "patch":
+        edited = await store.update_job(o, jid, new_spec)
+    else:
+        edited, created = await store.apply_job(o, new_spec, expected_id=str(jid))
+        assert not created and edited.id == str(jid)
+    first = edited.next_run_at
+    assert first is not None and first > now() + timedelta(hours=1)
+    await expire(store, e, run, how)
+    await lapsed_as_fenced(store, o, jid, run)
+    history = (await store.list_runs(o, jid, limit=10, cursor=None)).items
+    assert [(r.scheduled_for, r.attempt, r.outcome) for r in history] == [
+        (run.scheduled_for, 2, Outcome.LEASE_EXPIRED),
+        (run.scheduled_for, 1, Outcome.FAILED),
+    ], "the new schedule's occurrence has no history: it never ran"
+    after = await store.get_job(o, jid)
+    assert (after.state, after.next_run_at, after.attempt) == (JobState.SCHEDULED, first, 0)
+    assert after.spec.schedule == new_spec.schedule
+    assert await claim(store, engine_id(), [jid]) == {}, "nothing is due before the new first occurrence"
+
+
+@pytest.mark.parametrize("how", EXPIRIES)
+@pytest.mark.parametrize("action", ["pause", "cancel"])
+async def test_a_pause_or_cancel_racing_a_death_records_the_fenced_attempt(
+    store: Store, action: str, how: str
+) -> None:
+    """A pause or cancel lands while the call is in flight and its holder dies: the job stays
+    paused (its lapsed attempt retried only once resumed) or cancelled, and the history has the
+    attempt that was fenced."""
+    o, e = new_owner(), engine_id()
+    jid, run = await attempt_in_flight(store, o, e, lease_s=0.3 if how == "janitor" else 30.0)
+    if action == "pause":
+        await store.pause_job(o, jid)
+    else:
+        await store.cancel_job(o, jid)
+    await expire(store, e, run, how)
+    await lapsed_as_fenced(store, o, jid, run)
+    after = await store.get_job(o, jid)
+    if action == "pause":
+        assert (after.state, after.attempt) == (JobState.PAUSED, 2), "the retry waits for a resume"
+        await store.resume_job(o, jid)
+        [retried] = await fence(store, (await claim(store, e, [jid])).values())
+        assert (retried.scheduled_for, retried.attempt) == (run.scheduled_for, 3)
+    else:
+        assert (after.state, after.next_run_at) == (JobState.CANCELLED, None)
+        assert await claim(store, e, [jid]) == {}
+
+
+async def test_a_new_schedule_racing_the_death_of_a_triggered_run(store: Store) -> None:
+    """A manual run (a trigger) is in flight when the schedule is replaced (which makes the row's
+    run kind "scheduled" again): its lapse is recorded for the trigger's instant."""
+    o, e = new_owner(), engine_id()
+    job, _ = await store.create_job(o, cron("0 * * * *", retry=RETRY_AT_ONCE))
+    jid = uuid.UUID(job.id)
+    await store.trigger_job(o, jid)
+    [run] = await fence(store, (await claim(store, e, [jid])).values())
+    assert (run.run_kind, run.attempt) == ("manual", 1)
+    edited = await store.update_job(o, jid, cron(hours_ahead(), retry=RETRY_AT_ONCE))
+    await expire(store, e, run, "restart")
+    await lapsed_as_fenced(store, o, jid, run)
+    after = await store.get_job(o, jid)
+    assert (after.next_run_at, after.attempt) == (edited.next_run_at, 0)
+    assert await claim(store, e, [jid]) == {}
+
+
+async def test_a_new_schedule_racing_the_death_of_overlapping_runs(store: Store) -> None:
+    """overlap=allow: the job's own row and an occurrence row it handed out are both in flight when
+    the schedule is replaced and their engine dies. Each lapse is recorded for its own occurrence
+    under the job's id; the job's row takes the new plan; the occurrence row, a run of the old
+    schedule that had started, is retried by policy, as a failed report of it would be (an
+    occurrence row's schedule is its own: the new schedule writes nothing onto it)."""
+    o, e = new_owner(), engine_id()
+    job, _ = await store.create_job(o, cron("* * * * * *"))
+    jid = uuid.UUID(job.id)
+    run, occurrences = await running_with_occurrences(store, o, e, jid)
+    [occ] = await fence(store, occurrences[:1])
+    edited = await store.update_job(o, jid, cron(hours_ahead()))
+    assert (await store.expire_running_of(e, [run.shard])).applied == 2
+    history = (await store.list_runs(o, jid, limit=10, cursor=None)).items
+    assert sorted((r.scheduled_for, r.attempt, r.outcome) for r in history) == [
+        (run.scheduled_for, 1, Outcome.LEASE_EXPIRED),
+        (occ.scheduled_for, 1, Outcome.LEASE_EXPIRED),
+    ]
+    assert (await store.get_job(o, jid)).next_run_at == edited.next_run_at
+    due = [
+        r for r in await store.claim_due(run.shard, e, lookahead_s=60, lease_s=30, limit=500) if r.owner == o
+    ]
+    assert [(r.job_id, r.scheduled_for, r.attempt) for r in due] == [(occ.job_id, occ.scheduled_for, 1)], (
+        "only the started occurrence's retry; the ones not started were withdrawn with the schedule"
+    )
+
+
 async def test_engines_of_a_shard_are_woken_when_a_row_becomes_due(store: Store) -> None:
     woken: asyncio.Queue[int] = asyncio.Queue()
     shards = list(range(16))
