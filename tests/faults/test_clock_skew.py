@@ -53,13 +53,23 @@ async def test_a_node_with_a_skewed_clock_starts_runs_on_time_by_the_database(
             jobs = await owner.create_many(
                 [one_off(recorder.url + "/ok", due + timedelta(seconds=i % 4)) for i in range(20)]
             )
+            # Retry times are the store's, computed by the database's clock: a failed attempt's
+            # retry comes after its backoff (0-2 s), not shifted by the host's skew.
+            retried = await owner.create(
+                one_off(
+                    recorder.url + "/status/503",
+                    due,
+                    retry={"max_attempts": 2, "backoff_initial_s": 2, "backoff_max_s": 2},
+                )
+            )
             await owner.settle(within=90)
             report = await account(owner, recorder, [e for job in jobs for e in expected_for(job)])
             history = [(job["id"], run) for job in jobs for run in await owner.runs(job["id"])]
         alive = node.alive()
     finally:
         await node.stop()
-    arrivals = {(r.job_id, r.scheduled_for): r for r in recorder.records()}
+    tries = sorted(r.arrived for r in recorder.records() if r.job_id == retried["id"])
+    arrivals = {(r.job_id, r.scheduled_for): r for r in recorder.records() if r.job_id != retried["id"]}
     gaps = []
     for job_id, run in history:
         scheduled_for = parse_time(run["scheduled_for"])
@@ -71,6 +81,7 @@ async def test_a_node_with_a_skewed_clock_starts_runs_on_time_by_the_database(
                 "scenario": f"clock_skew_{skew_s:+d}s",
                 "measured_offset_s": round(offset, 3),
                 "max_lateness_gap_ms": round(max(gaps), 1),
+                "retry_after_s": round((tries[1] - tries[0]).total_seconds(), 3) if len(tries) == 2 else None,
                 "lateness_ms": sorted(r["lateness_ms"] for _, r in history),
                 **report.counts(),
             }
@@ -82,3 +93,5 @@ async def test_a_node_with_a_skewed_clock_starts_runs_on_time_by_the_database(
     assert not report.early and report.counts()["delivered"] == 20, report.explain()
     assert len(history) == 20 and all(r["lateness_ms"] >= 0 for _, r in history), history
     assert max(gaps) < 1000, "the history's lateness is what the target saw, within a second"
+    assert len(tries) == 2, tries
+    assert 0 <= (tries[1] - tries[0]).total_seconds() <= 4, f"the retry came {tries[1] - tries[0]} after"
