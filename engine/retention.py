@@ -20,12 +20,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from prometheus_client import Counter, Histogram
 
-from duetime.core.errors import DuetimeError
+from duetime.core.errors import DuetimeError, is_transient
+from duetime.storage.dbclock import DB_CLOCK
 from duetime.storage.ports import HistorySweep
 from duetime.supervisor import SUPERVISOR
 
@@ -78,7 +79,8 @@ class RoundReport:
 
 
 def _wall_clock() -> datetime:
-    return datetime.now(UTC)
+    """The database's clock (storage.dbclock): what is old is decided by it, as the rows' times are."""
+    return DB_CLOCK.now()
 
 
 class RetentionService:
@@ -105,10 +107,17 @@ class RetentionService:
         for dsn in self._store.databases():
             if self._stopping.is_set():
                 break
-            if cfg.finished_job_retention_s > 0 and not await self._jobs(dsn, report):
-                report.skipped_databases += 1
-                continue
-            if cfg.run_retention_s > 0 and not await self._runs(dsn, report):
+            try:
+                if cfg.finished_job_retention_s > 0 and not await self._jobs(dsn, report):
+                    report.skipped_databases += 1
+                    continue
+                if cfg.run_retention_s > 0 and not await self._runs(dsn, report):
+                    report.skipped_databases += 1
+            except Exception as exc:
+                # One database's trouble: the others are swept this round all the same.
+                if not is_transient(exc):
+                    raise
+                log.warning("retention skipped %s this round: %s", dsn.split("@")[-1], exc)
                 report.skipped_databases += 1
         ROUND_SECONDS.observe(time.perf_counter() - started)
         return report
