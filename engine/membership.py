@@ -20,7 +20,7 @@ import logging
 from collections.abc import Sequence
 
 from duetime.core.dealing import Deal, deal
-from duetime.core.errors import DuetimeError
+from duetime.core.errors import DuetimeError, is_transient
 from duetime.core.ids import SHARDS
 from duetime.engine.service import Engine
 from duetime.runqueue import metrics
@@ -156,9 +156,16 @@ class MembershipKeeper:
                 await self.beat()
             except EngineIdTakenOver:
                 return  # the engine is marked crashed: the process stops
-            except Exception:
+            except Exception as exc:
                 metrics.MEMBERSHIP_FAILURES.inc()
-                log.exception("membership heartbeat failed; serving the same shards until the next one")
+                if not is_transient(exc):
+                    log.exception("membership heartbeat failed; serving the same shards until the next one")
+                else:
+                    log.warning(
+                        "membership heartbeat failed (%s: %s); serving the same shards until the next one",
+                        type(exc).__name__,
+                        exc,
+                    )
 
     async def beat(self) -> None:
         """One heartbeat: refresh, read, deal, serve."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from duetime.core import jitter
+from duetime.core.errors import is_transient
 from duetime.core.misfire import CatchUp, FireNow, SkipTo, decide
 from duetime.core.runpath import Claim, FencedRun, Leased, Skip
 from duetime.engine.clock import Clock, SystemClock
@@ -330,9 +331,11 @@ class Engine:
         wake = self._wakeups[shard]
         next_overlap_scan = 0.0
         answer_lost = False
+        failing = False
+        backoff = Backoff(cfg.poll_interval_s, max(cfg.poll_interval_s, 2.0))
         while not self._stopping.is_set() and shard in self.serving:
             wake.clear()
-            if time.monotonic() >= next_overlap_scan:
+            if not failing and time.monotonic() >= next_overlap_scan:
                 next_overlap_scan = time.monotonic() + cfg.overlap_interval_s
                 await self._split_overlapping(shard)
             try:
@@ -347,11 +350,30 @@ class Engine:
                         lease_s=cfg.lease_s + self._claim_slack_s(),
                         limit=cfg.claim_batch,
                     )
-            except Exception:
-                log.exception("claim on shard %d failed; retrying", shard)
+            except Exception as exc:
                 rows = []
                 answer_lost = True
-                await asyncio.sleep(cfg.poll_interval_s)
+                if is_transient(exc):
+                    # Its database is away or gave way: one line when it starts, retried with a
+                    # backoff of its own (the other shards' loops are not held back).
+                    STORAGE_RETRIES.labels("duetime-claim", error_kind(exc)).inc()
+                    if not failing:
+                        log.warning(
+                            "claims on shard %d fail (%s: %s); retrying until they work",
+                            shard,
+                            type(exc).__name__,
+                            exc,
+                        )
+                    failing = True
+                    await asyncio.sleep(backoff.next())
+                else:
+                    log.exception("claim on shard %d failed; retrying", shard)
+                    await asyncio.sleep(cfg.poll_interval_s)
+                continue
+            if failing:
+                failing = False
+                backoff.reset()
+                log.info("claims on shard %d work again", shard)
             if rows:
                 metrics.CLAIM_BATCHES.labels(str(shard)).inc()
                 metrics.CLAIMS.labels(str(shard)).inc(len(rows))

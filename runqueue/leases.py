@@ -109,5 +109,7 @@ class LeaseKeeper:
                 pass
             try:
                 await self.beat()
-            except Exception:  # the next beat retries; leases last three beats
-                log.exception("lease heartbeat failed")
+            except Exception as exc:  # the next beat retries; leases last three beats
+                if not is_transient(exc):
+                    raise  # a bug: the supervisor restarts the keeper, and says why
+                log.warning("lease heartbeat failed (%s: %s); the next one retries", type(exc).__name__, exc)
