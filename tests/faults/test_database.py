@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -28,7 +25,6 @@ import asyncpg
 import pytest
 
 from duetime.embedded_pg import EmbeddedPostgres
-from duetime.storage.migrate import migrate
 from tests.faults.harness import (
     NodeProc,
     Owner,
@@ -42,57 +38,26 @@ from tests.faults.harness import (
     whole_second,
 )
 from tests.faults.recorder import RecorderProcess
+from tests.support.pgcluster import (
+    migrated_database,
+    private_cluster,
+    restart_immediately,
+    start_again,
+    stop_immediately,
+)
 
 pytestmark = pytest.mark.timeout(200)
 
 
-def _open_dir() -> Path:
-    root = Path(tempfile.mkdtemp(prefix="duetime-faults-pg-", dir="/tmp"))
-    root.chmod(0o755)
-    return root
-
-
 @pytest.fixture(scope="module")
 async def private_pg() -> AsyncIterator[EmbeddedPostgres]:
-    """A cluster of our own (the server runs as an unprivileged user, so the dir is world-readable)."""
-    root = await asyncio.to_thread(_open_dir)
-    pg = EmbeddedPostgres(root / "data")
-    await pg.start()
-    try:
+    async with private_cluster() as pg:
         yield pg
-    finally:
-        await pg.stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-async def _pg_ctl(pg: EmbeddedPostgres, *args: str) -> None:
-    code, out = await pg._pg_ctl(*args)
-    assert code == 0, out
-
-
-async def restart_immediately(pg: EmbeddedPostgres) -> None:
-    await _pg_ctl(pg, "restart", "-m", "immediate", "-w", "-t", "60", "-l", str(pg.log_file))
-
-
-async def stop_immediately(pg: EmbeddedPostgres) -> None:
-    await _pg_ctl(pg, "stop", "-m", "immediate", "-t", "60")
-
-
-async def start_again(pg: EmbeddedPostgres) -> None:
-    await _pg_ctl(pg, "start", "-t", "60", "-l", str(pg.log_file))
 
 
 @pytest.fixture
 async def private_db(private_pg: EmbeddedPostgres) -> AsyncIterator[str]:
-    name = f"faults_{secrets.token_hex(3)}"
-    admin = await asyncpg.connect(private_pg.dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    dsn = private_pg.dsn.rsplit("/", 1)[0] + "/" + name
-    await migrate(dsn)
-    yield dsn
+    yield await migrated_database(private_pg)
 
 
 class Writer:

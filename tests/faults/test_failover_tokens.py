@@ -10,9 +10,6 @@ Before migration 0014 the claim after the failover issued the old primary's lost
 
 from __future__ import annotations
 
-import asyncio
-import shutil
-import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -27,15 +24,10 @@ from duetime.embedded_pg import SUPERUSER, EmbeddedPostgres, free_port
 from duetime.storage.migrate import migrate
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
+from tests.support.pgcluster import private_cluster, stop_immediately
 from tests.support.wait import until
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.processes]
-
-
-def _open_dir() -> Path:
-    root = Path(tempfile.mkdtemp(prefix="duetime-failover-", dir="/tmp"))
-    root.chmod(0o755)
-    return root
 
 
 class _Standby:
@@ -85,14 +77,8 @@ class _Standby:
 
 @pytest.fixture
 async def primary() -> AsyncIterator[EmbeddedPostgres]:
-    root = await asyncio.to_thread(_open_dir)
-    pg = EmbeddedPostgres(root / "data")
-    await pg.start()
-    try:
+    async with private_cluster() as pg:
         yield pg
-    finally:
-        await pg.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 async def _token(dsn: str, job_id: uuid.UUID) -> int:
@@ -134,7 +120,7 @@ async def test_tokens_never_repeat_after_a_failover_that_lost_transactions(
         assert issued == sorted(set(issued)) and len(issued) == 4
     finally:
         await store.close()
-    await primary._pg_ctl("stop", "-m", "immediate")
+    await stop_immediately(primary)
     await standby.start()
     await standby.promote()
     promoted = await PostgresStore.open(ShardMap.single(standby.dsn), pool_size=2)

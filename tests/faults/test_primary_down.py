@@ -15,20 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from duetime.core.ids import shard_of
 from duetime.embedded_pg import EmbeddedPostgres
-from duetime.storage.migrate import migrate
 from tests.faults.harness import (
     NodeProc,
     account,
@@ -39,6 +35,7 @@ from tests.faults.harness import (
     whole_second,
 )
 from tests.faults.recorder import RecorderProcess
+from tests.support.pgcluster import migrated_database, private_cluster, start_again, stop_immediately
 from tests.support.wait import until
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.processes]
@@ -46,47 +43,10 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.processes]
 LEASE_S = 3.0  # node_env's DUETIME_LEASE_S
 
 
-def _open_dir() -> Path:
-    root = Path(tempfile.mkdtemp(prefix="duetime-faults-pg-", dir="/tmp"))
-    root.chmod(0o755)
-    return root
-
-
 @pytest.fixture(scope="module")
 async def primaries() -> AsyncIterator[tuple[EmbeddedPostgres, EmbeddedPostgres]]:
-    roots = [await asyncio.to_thread(_open_dir) for _ in range(2)]
-    pgs = [EmbeddedPostgres(root / "data") for root in roots]
-    for pg in pgs:
-        await pg.start()
-    try:
-        yield pgs[0], pgs[1]
-    finally:
-        for pg in pgs:
-            await pg.stop()
-        for root in roots:
-            shutil.rmtree(root, ignore_errors=True)
-
-
-async def _database_on(pg: EmbeddedPostgres) -> str:
-    name = f"primary_{uuid.uuid4().hex[:6]}"
-    admin = await asyncpg.connect(pg.dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    dsn = pg.dsn.rsplit("/", 1)[0] + "/" + name
-    await migrate(dsn)
-    return dsn
-
-
-async def _stop(pg: EmbeddedPostgres) -> None:
-    code, out = await pg._pg_ctl("stop", "-m", "immediate", "-t", "60")
-    assert code == 0, out
-
-
-async def _start(pg: EmbeddedPostgres) -> None:
-    code, out = await pg._pg_ctl("start", "-w", "-t", "60", "-l", str(pg.log_file))
-    assert code == 0, out
+    async with private_cluster() as a, private_cluster() as b:
+        yield a, b
 
 
 def _lateness_s(recorder: RecorderProcess, due: dict[str, datetime]) -> dict[str, float]:
@@ -134,7 +94,7 @@ async def _one_primary_down(
     warm: bool,
 ) -> None:
     pg_a, pg_b = primaries
-    dsn_a, dsn_b = await _database_on(pg_a), await _database_on(pg_b)
+    dsn_a, dsn_b = await migrated_database(pg_a), await migrated_database(pg_b)
     env = {k: v for k, v in node_env(dsn_a).items() if k != "DUETIME_DATABASE_URL"}
     env.update(DUETIME_SHARD_DSNS=f"0-7={dsn_a},8-15={dsn_b}", DUETIME_DATA_DIR=str(tmp_path / "data"))
     node = NodeProc(env, "run", tmp_path / "node.log")
@@ -154,7 +114,7 @@ async def _one_primary_down(
                 on["A" if shard_of(uuid.UUID(job["id"])) < 8 else "B"].add(job["id"])
             due = {job["id"]: due_at for job in jobs}
             await asyncio.sleep(max(0.0, (due_at - whole_second(0)).total_seconds() - 5))
-            await _stop(victim)  # 5 s before they come due
+            await stop_immediately(victim)  # 5 s before they come due
             victim_down = True
             stopped_at = time.monotonic()
             if warm:
@@ -166,7 +126,7 @@ async def _one_primary_down(
             healthy_late = list(_lateness_s(recorder, {j: due_at for j in on[healthy]}).values())
             await asyncio.sleep(max(0.0, 15 - (time.monotonic() - stopped_at)))
             held_back = len(_lateness_s(recorder, {j: due_at for j in on[down[0]]}))
-            await _start(victim)
+            await start_again(victim)
             victim_down = False
             back_at = datetime.now(tz=due_at.tzinfo)
             await until(
@@ -186,7 +146,7 @@ async def _one_primary_down(
         alive = node.alive()
     finally:
         if victim_down:
-            await _start(victim)
+            await start_again(victim)
         await node.stop()
     print(
         json.dumps(

@@ -15,10 +15,10 @@ from duetime.workers.pool import Completer
 AT = datetime(2026, 12, 1, tzinfo=UTC)
 
 
-def _report() -> AttemptReport:
+def _report(shard: int = 0) -> AttemptReport:
     run = FencedRun(
         job_id=uuid.uuid4(),
-        shard=0,
+        shard=shard,
         owner="o",
         lease_token=1,
         scheduled_for=AT,

@@ -13,28 +13,13 @@ from datetime import UTC, datetime
 import pytest
 
 from duetime.core.errors import Contended, StorageUnavailable
-from duetime.core.model import Outcome
-from duetime.core.runpath import AttemptReport, FencedRun, RunSpec, Verdict
+from duetime.core.runpath import AttemptReport
 from duetime.storage.ports import CompletionStats
 from duetime.workers.pool import Completer
+from tests.pure.test_completer import _report
 from tests.support.wait import until
 
 AT = datetime(2026, 12, 1, tzinfo=UTC)
-
-
-def _report(shard: int = 0) -> AttemptReport:
-    run = FencedRun(
-        job_id=uuid.uuid4(),
-        shard=shard,
-        owner="o",
-        lease_token=1,
-        scheduled_for=AT,
-        due_at=AT,
-        attempt=1,
-        spec=RunSpec("{}", 1),
-        run_kind="scheduled",
-    )
-    return AttemptReport(run, Verdict(Outcome.SUCCEEDED, False), started_at=AT, finished_at=AT)
 
 
 class _Keeper:
