@@ -606,7 +606,9 @@ class Engine:
                 if self._stopping.is_set():
                     return
                 self._fire_event.clear()
-                wait = min(self._db_retry_at.values(), default=now) - now if blocked else None
+                # Until the first blocked database is due again (only blocked ones: a database
+                # whose retry time has passed is open, and waiting on it would spin).
+                wait = min(self._db_retry_at[db] for db in blocked) - now if blocked else None
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._fire_event.wait(), timeout=wait)
                 continue
