@@ -132,7 +132,10 @@ def owner_runs_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID, int] | N
         finished = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
     except OverflowError as exc:
         raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor") from exc
-    return finished, uuid.UUID(bytes=raw[8:24]), int.from_bytes(raw[24:], "big")
+    run_id = int.from_bytes(raw[24:], "big")
+    if run_id > MAX_RUN_ID:  # run ids are int8: a larger one is forged, never issued
+        raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor")
+    return finished, uuid.UUID(bytes=raw[8:24]), run_id
 
 
 def encode_owner_runs_cursor(finished: datetime, job_id: uuid.UUID, run_id: int) -> str:

@@ -83,6 +83,10 @@ async def test_pages_list_every_job_once_in_id_order_and_filter_by_state(store: 
         assert err.value.code == "invalid_cursor"
     with pytest.raises(InvalidRequest):
         await store.list_runs(o, uuid.UUID(ids[0]), limit=3, cursor="__8AAAAAAAA")  # run id > 2**63-1
+    for forged in ("A" * 32 + "gAAAAAAAAAA", "f_________8" + "A" * 32):
+        with pytest.raises(InvalidRequest) as err:  # run id 2**63; a time past year 9999
+            await store.list_owner_runs(o, outcome=None, since=None, limit=3, cursor=forged)
+        assert err.value.code == "invalid_cursor"
 
 
 async def test_owner_actions_follow_the_lifecycle(store: Store) -> None:

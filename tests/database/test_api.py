@@ -271,8 +271,10 @@ async def test_list_refuses_an_unknown_state_and_a_foreign_cursor(
     job = await create(client, headers)
     # "__________8" and "_____________________w" decode to all-ones 8 and 16 bytes: well-formed
     # base64 of the right length, but not a position any page ends at.
-    foreign = ("!!!", "not a cursor", "é", "AAAA", "x" * 2000, "__________8", "_____________________w")
-    for path in ("/v1/jobs", f"/v1/jobs/{job['id']}/runs"):
+    # The last two are 32 bytes, /v1/runs' size: all ones (run id 2**64-1) and a time past 9999.
+    foreign = ["!!!", "not a cursor", "é", "AAAA", "x" * 2000, "__________8", "_____________________w"]
+    foreign += ["_" * 42 + "8", "f_________8" + "A" * 32]
+    for path in ("/v1/jobs", f"/v1/jobs/{job['id']}/runs", "/v1/runs"):
         for cursor in foreign:
             resp = await client.get(path, params={"cursor": cursor}, headers=headers)
             if resp.status == 200:  # a cursor past the end is an empty last page, never an error
