@@ -8,6 +8,11 @@ API key into the log at ERROR, and anyone could write one such traceback per req
 here rewrites those records into one WARNING line that names the peer and the kind of rejection,
 never a header value, and drops the traceback.
 
+The answer itself is Duetime's too: aiohttp's own 400 is ``text/plain`` and quotes the offending
+line (an API key in an over-long or NUL-bearing ``Authorization`` header came back in the body,
+next to aiohttp's name). ``api_runner`` builds a runner whose connections answer every parser
+rejection with one fixed JSON body, ``malformed_request``, that echoes nothing of the request.
+
 Time limits (settings ``DUETIME_HTTP_HEADER_TIMEOUT_S`` and ``DUETIME_HTTP_BODY_TIMEOUT_S``):
 aiohttp's keep-alive timer runs from the moment a connection opens and again from the end of each
 answer until a complete request head has arrived, so setting it to the header timeout closes a
@@ -21,7 +26,13 @@ import logging
 from typing import Any, Final
 
 import aiohttp.web_response
+from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_server import Server
+
+from duetime.api.errors import JSON_CONTENT_TYPE, error_body
 
 SERVER_HEADER: Final = "duetime"
 # How long an answered request whose body was not read may keep sending before the connection is
@@ -65,3 +76,49 @@ def runner_options(*, header_timeout_s: float) -> dict[str, Any]:
         "lingering_time": LINGERING_S,
         "logger": parser_log,
     }
+
+
+# aiohttp's parser refuses a request with 400, 413 or 431 (and a few more); the answer names
+# only the status, never what was sent.
+_PARSER_REJECTION: Final = error_body("malformed_request", "The request could not be read.")
+
+
+class _FixedParserAnswers(RequestHandler):
+    """A connection whose answer to a request the parser refused is fixed JSON (the 5xx that
+    aiohttp answers for a handler's own crash or timeout are left to aiohttp: the middleware
+    already turns a handler's failure into the error body before it gets there)."""
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if not isinstance(exc, HttpProcessingError):
+            return super().handle_error(request, status, exc, message)
+        super().handle_error(request, status, exc, "")  # logs (through the filter above), checks
+        answer = web.Response(status=status, body=_PARSER_REJECTION, content_type=JSON_CONTENT_TYPE)
+        answer.force_close()
+        return answer
+
+
+class _Server(Server):
+    def __call__(self) -> RequestHandler:
+        return _FixedParserAnswers(self, loop=self._loop, **self._kwargs)
+
+
+class ApiRunner(web.AppRunner):
+    """``web.AppRunner`` whose connections give the fixed parser answer (aiohttp has no option
+    for a connection class, so the server its runner makes is handed one)."""
+
+    async def _make_server(self) -> Server:
+        server = await super()._make_server()
+        server.__class__ = _Server  # same state, one method more; aiohttp built it, we only serve
+        return server
+
+
+def api_runner(app: web.Application, *, header_timeout_s: float, **kwargs: Any) -> web.AppRunner:
+    """The runner for the API (and the metrics port): the edge's time limits, log filter and fixed
+    parser answers. ``kwargs`` go to ``web.AppRunner`` (``handle_signals``)."""
+    return ApiRunner(app, access_log=None, **kwargs, **runner_options(header_timeout_s=header_timeout_s))

@@ -25,7 +25,7 @@ from duetime import logs
 from duetime._version import __version__
 from duetime.api.app import create_app, metrics_app, metrics_handler
 from duetime.api.request_id import request_id_middleware
-from duetime.api.server import runner_options
+from duetime.api.server import api_runner
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import SpecLimits
 from duetime.engine.due_age import DueAgeSampler
@@ -226,14 +226,14 @@ class Node:
             if self.api
             else _ops_app(self.store, self._not_ready, s, access_log=s.access_log)
         )
-        options = runner_options(header_timeout_s=s.http_header_timeout_s)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **options)
+        timeout_s = s.http_header_timeout_s
+        self._runner = api_runner(app, header_timeout_s=timeout_s, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.http_host, s.http_port, reuse_port=True)
         await site.start()
         if s.metrics_port is not None:
-            self._metrics_runner = web.AppRunner(
-                metrics_app(s.metrics_token), access_log=None, handle_signals=False, **options
+            self._metrics_runner = api_runner(
+                metrics_app(s.metrics_token), header_timeout_s=timeout_s, handle_signals=False
             )
             await self._metrics_runner.setup()
             metrics_site = web.TCPSite(self._metrics_runner, s.metrics_host, s.metrics_port, reuse_port=True)

@@ -41,7 +41,7 @@ from schemathesis.specs.openapi.checks import (
 
 from duetime.api.app import create_app
 from duetime.api.openapi import build_openapi
-from duetime.api.server import runner_options
+from duetime.api.server import api_runner
 from duetime.core.ids import shard_of
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.topics import TopicPolicy, TopicRule
@@ -125,7 +125,7 @@ class LiveApi:
             topic_policy=TopicPolicy(rule=TopicRule.OWNER_PREFIX),
             body_timeout_s=10.0,
         )
-        runner = web.AppRunner(app, access_log=None, **runner_options(header_timeout_s=10.0))
+        runner = api_runner(app, header_timeout_s=10.0)
         try:
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)

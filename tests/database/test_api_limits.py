@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from duetime.api.app import create_app
 from duetime.api.limits import JobCap, OwnerRateLimiter
+from duetime.api.server import api_runner
 from duetime.core.errors import Conflict, RateLimited
 from duetime.core.ssrf import AddressPolicy
 from duetime.storage.postgres import PostgresStore
@@ -118,3 +121,50 @@ async def test_a_put_by_name_that_creates_counts_against_both_owner_caps(store: 
         refused = await client.put("/v1/jobs/by-name/b", json=spec(), headers=auth2)
         assert refused.status == 409
         assert (await refused.json())["error"]["code"] == "job_limit_reached"
+
+
+async def _raw_exchange(port: int, request: bytes) -> bytes:
+    """Write ``request`` on a fresh connection and read everything until the server closes it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), timeout=5)
+    finally:
+        writer.close()
+
+
+SECRET = "dt_" + "s3cr3t" * 4
+PARSER_REJECTED = {
+    # a header over aiohttp's 8190-byte limit, with the key at its head
+    "oversized-authorization": b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+    + SECRET.encode()
+    + b"k" * 9000
+    + b"\r\n\r\n",
+    "nul-in-authorization": b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+    + SECRET.encode()
+    + b"\x00tail\r\n\r\n",
+    "malformed-request-line": b"GET /v1/" + SECRET.encode() + b" HTTP/1.1 extra\r\nHost: x\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PARSER_REJECTED))
+async def test_a_request_the_parser_refuses_gets_a_fixed_json_400_that_echoes_nothing(
+    store: PostgresStore, name: str
+) -> None:
+    runner = api_runner(create_app(store, policy=AddressPolicy()), header_timeout_s=5.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        answer = await _raw_exchange(runner.addresses[0][1], PARSER_REJECTED[name])
+    finally:
+        await runner.cleanup()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"400", answer[:200]  # HTTP/1.0: the version was unreadable
+    assert b"content-type: application/json" in head.lower(), head
+    assert json.loads(body) == {
+        "error": {"code": "malformed_request", "message": "The request could not be read."}
+    }, body
+    for leak in (SECRET.encode(), b"kkkk", b"tail", b"aiohttp", b"Python"):
+        assert leak not in answer, (name, leak)
