@@ -400,8 +400,9 @@ def _parse_headers(value: object, field: str, limits: SpecLimits) -> dict[str, s
                 path,
                 f"{path}: the {name} header is set by Duetime or the HTTP client and cannot be set "
                 "by a job (reserved: Host, Content-Length, Content-Type, Transfer-Encoding, Connection "
-                "and other hop-by-hop headers, Idempotency-Key, webhook-*, Duetime-*)",
-                "invalid_header",
+                "and other hop-by-hop headers, User-Agent, Accept, Idempotency-Key, webhook-*, "
+                "Duetime-*)",
+                "reserved_header",
             )
         if lower in seen:
             _invalid(

@@ -230,18 +230,7 @@ def new_client(
     return http1.Http1Pool(CheckedResolver(policy), limit=total_concurrency, ssl_context=ssl_context)
 
 
-def _default_head(headers: dict[str, str]) -> str:
-    """The client's own headers, unless the job sets one of the same name (a job's
-    ``User-Agent`` or ``Accept`` replaced the session's default under aiohttp too)."""
-    if not headers:
-        return _DEFAULT_HEAD
-    names = {name.lower() for name in headers}
-    if "user-agent" not in names and "accept" not in names:
-        return _DEFAULT_HEAD
-    head = "" if "user-agent" in names else f"User-Agent: {USER_AGENT}\r\n"
-    return head if "accept" in names else head + "Accept: */*\r\n"
-
-
+# The client's own headers: a job cannot set these names (core.headers), so they are always sent.
 _DEFAULT_HEAD = f"User-Agent: {USER_AGENT}\r\nAccept: */*\r\n"
 
 
@@ -277,9 +266,7 @@ async def call(
     if d.traceparent is not None:
         headers[TRACEPARENT] = d.traceparent
     endpoint = endpoint_of(url)
-    request = http1.encode_request(
-        target.method.value, endpoint, _default_head(target.headers), headers, body
-    )
+    request = http1.encode_request(target.method.value, endpoint, _DEFAULT_HEAD, headers, body)
     try:
         answer = await client.request(endpoint, request, target.timeout_s)
     except TargetNotAllowed as exc:

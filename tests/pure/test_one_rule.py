@@ -3,13 +3,15 @@ SSRF guard and the worker (issue 17, item 4): a string judged twice must be judg
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from duetime.core import signing
 from duetime.core.errors import InvalidRequest, TargetNotAllowed
-from duetime.core.headers import is_reserved_header
+from duetime.core.headers import RESERVED_HEADER_PREFIXES, RESERVED_HEADERS, is_reserved_header
 from duetime.core.model import WebhookMethod, WebhookTarget
 from duetime.core.ssrf import AddressPolicy, check_url
 from duetime.core.validation import parse_job_spec
@@ -37,13 +39,15 @@ def _spec(url: str, headers: dict[str, str] | None = None) -> object:
         "Connection",
         "TE",
         "Upgrade",
+        "User-Agent",
+        "accept",
     ],
 )
 def test_what_the_worker_drops_registration_refuses(name: str) -> None:
     assert is_reserved_header(name)
     with pytest.raises(InvalidRequest) as info:
         parse_job_spec(_spec("https://example.com/", {name: "x"}), now=NOW)
-    assert info.value.code == "invalid_header"
+    assert info.value.code == "reserved_header"
     target = WebhookTarget(url="https://example.com/", method=WebhookMethod.POST, headers={name: "x"})
     sent = request_headers(target, {})
     assert [k for k in sent if k.lower() == name.lower() and sent[k] == "x"] == []
@@ -88,3 +92,16 @@ def test_the_guard_reads_the_host_after_the_userinfo() -> None:
 )
 def test_same_origin(a: str, b: str, same: bool) -> None:
     assert same_origin(a, b) is same
+
+
+def test_the_reserved_headers_of_docs_targets_md_are_the_code_s() -> None:
+    """docs/targets.md lists the headers a job may not set, in its "Reserved headers" paragraph;
+    that list and ``core.headers`` are one: a name the docs call Duetime's is refused, and the
+    code refuses no name the docs do not list."""
+    text = (Path(__file__).parents[2] / "docs" / "targets.md").read_text()
+    paragraph = text[text.index("Reserved headers:") :].split("\n\n", 1)[0]
+    listed = {name.lower() for name in re.findall(r"`([A-Za-z-]+\*?)`", paragraph)}
+    assert listed == set(RESERVED_HEADERS) | {f"{prefix}*" for prefix in RESERVED_HEADER_PREFIXES}
+    table = text[text.index("| header | example | meaning |") :].split("\n\n", 1)[0]
+    sent = {name.lower() for name in re.findall(r"^\| `([A-Za-z-]+)`", table, flags=re.MULTILINE)}
+    assert sent and all(is_reserved_header(name) for name in sent), sent
