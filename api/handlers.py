@@ -383,12 +383,14 @@ class JobsApi:
         """As PATCH does: a schedule the job already has is judged as of the job's creation (a
         bounded cron that has ended is not refused as "never fires" on a PUT that renames it)."""
         try:
-            kept = parse_job_spec(body, now=current.created_at, limits=self._limits)
+            kept = parse_job_spec(
+                body, now=current.created_at, limits=self._limits, keep_name=current.spec.name
+            )
         except InvalidRequest:
             kept = None
         if kept is not None and kept.schedule == current.spec.schedule:
             return kept
-        return parse_job_spec(body, now=now, limits=self._limits)
+        return parse_job_spec(body, now=now, limits=self._limits, keep_name=current.spec.name)
 
     async def _bulk(self, request: web.Request, action: BulkAction) -> web.Response:
         labels, state = parse_bulk_request(await _json_body(request))
@@ -418,7 +420,7 @@ class JobsApi:
         # whose bounded cron has just ended is not refused as "never fires".
         schedule_changed = isinstance(patch, dict) and "schedule" in patch
         anchor = DB_CLOCK.now() if schedule_changed else current.created_at
-        spec = parse_job_spec(merged, now=anchor, limits=self._limits)
+        spec = parse_job_spec(merged, now=anchor, limits=self._limits, keep_name=current.spec.name)
         if isinstance(patch, dict) and ("target" in patch or "on_failure" in patch):
             await self._check_target(spec, owner, main="target" in patch)
         job = await self._registry.update_job(owner, job_id, spec)

@@ -264,7 +264,9 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "type": ["string", "null"],
             "maxLength": limits.name_max,
             "pattern": NAME_PATTERN,
-            "description": "Unique per owner among jobs that are not cancelled (409 `name_taken`).",
+            "description": "Unique per owner among jobs that are not cancelled (409 `name_taken`). "
+            "A new or changed name may not be `.` or `..` nor hold a `/`-separated `.` or `..` "
+            "segment (422 `invalid_name`).",
         },
         "labels": {
             **_LABELS,

@@ -66,6 +66,21 @@ def check_name(name: str, field: str = "name") -> str:
     return name
 
 
+def refuse_dot_segments(name: str, field: str = "name") -> str:
+    """A new name (a create, a rename) may not be ``.`` or ``..`` nor hold such a ``/``-separated
+    segment: by-name URLs would resolve it (``a/../b`` is ``b`` to many clients and proxies), so
+    the job could not be addressed by its name. Jobs named so before the rule keep their name."""
+    if any(segment in (".", "..") for segment in name.split("/")):
+        shown = name if len(name) <= 64 else name[:64] + "…"
+        raise _invalid(
+            field,
+            f"{field} {shown!r} has a '.' or '..' segment; a name may not be . or .. nor hold "
+            "/./ or /../ (dots inside a segment, as in v1.2 or .hidden, are fine)",
+            "invalid_name",
+        )
+    return name
+
+
 def parse_name(value: object) -> str | None:
     """The spec's ``name``: null, or a string in the name grammar."""
     if value is None:

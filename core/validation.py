@@ -38,7 +38,7 @@ from duetime.core.codec import REDACTED
 from duetime.core.errors import InvalidRequest, MalformedRequest
 from duetime.core.headers import is_reserved_header
 from duetime.core.interval import parse_every
-from duetime.core.labels import parse_labels, parse_name
+from duetime.core.labels import parse_labels, parse_name, refuse_dot_segments
 from duetime.core.model import (
     Broker,
     CronSchedule,
@@ -746,10 +746,12 @@ def _parse_payload(value: object, limits: SpecLimits) -> Any:
     return value
 
 
-def _parse_name(value: object, limits: SpecLimits) -> str | None:
+def _parse_name(value: object, limits: SpecLimits, keep_name: str | None) -> str | None:
     name = parse_name(value)
     if name is not None and len(name) > limits.name_max:
         _invalid("name", f"name is {len(name)} characters long; at most {limits.name_max}")
+    if name is not None and name != keep_name:
+        refuse_dot_segments(name)
     return name
 
 
@@ -795,17 +797,21 @@ def _parse_retry(value: object, limits: SpecLimits) -> RetryPolicy:
     )
 
 
-def parse_job_spec(data: object, *, now: datetime, limits: SpecLimits = SpecLimits()) -> JobSpec:
+def parse_job_spec(
+    data: object, *, now: datetime, limits: SpecLimits = SpecLimits(), keep_name: str | None = None
+) -> JobSpec:
     """Judge a decoded POST body (or a merged PATCH) and return the spec with defaults filled in.
 
     ``now`` anchors the run_at horizon and the cron checks (an ``end_at`` in the past never
-    fires). Raises ``MalformedRequest`` or ``InvalidRequest``; see the module docstring.
+    fires). ``keep_name`` is the name the job already has (a PATCH, a PUT that updates): it
+    passes the rules only new names are held to (no ``.``/``..`` segment). Raises
+    ``MalformedRequest`` or ``InvalidRequest``; see the module docstring.
     """
     if now.tzinfo is None:
         raise ValueError("parse_job_spec needs an aware datetime for now")
     obj = _object(data, None, "a JSON object")
     _check_keys(obj, TOP_LEVEL_FIELDS, "")
-    name = _parse_name(obj.get("name"), limits)
+    name = _parse_name(obj.get("name"), limits, keep_name)
     labels = parse_labels(obj["labels"]) if obj.get("labels") is not None else {}
     target = _parse_target(_require(obj, "target", ""), limits)
     payload = _parse_payload(obj.get("payload"), limits)

@@ -7,6 +7,7 @@ States the API cannot reach on its own (completed, dead) and rows as an engine w
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from duetime.api.app import create_app
 from duetime.core.ids import shard_of
 from duetime.core.ssrf import AddressPolicy
+from duetime.core.validation import parse_job_spec
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 
@@ -159,6 +161,44 @@ async def test_put_name_must_match_and_be_valid(client: Client, store: PostgresS
     assert resp.status == 404
     resp = await client.get("/v1/jobs/by-name/nothing-here", headers=headers)
     assert resp.status == 404 and (await resp.json())["error"]["code"] == "not_found"
+
+
+DOT_SEGMENT_NAMES = (".", "..", "a/../b", "a/./b", "../a", "./a", "a/..", "a/.", "a//../b")
+
+
+async def test_a_new_name_with_a_dot_segment_is_refused(client: Client, store: PostgresStore) -> None:
+    headers = await new_owner(store)
+    for name in DOT_SEGMENT_NAMES:
+        resp = await client.post("/v1/jobs", json=spec(name=name), headers=headers)
+        body = await resp.json()
+        assert resp.status == 422, (name, body)
+        assert (body["error"]["code"], body["error"]["field"]) == ("invalid_name", "name"), name
+    # PUT by name: the URL's dot segments are resolved before routing (even percent-encoded), so
+    # such a name never reaches the handler; a body naming one differs from the URL's
+    status, body = await put(client, headers, "x/%2E%2E", spec())
+    assert status in (404, 422) and body["error"]["code"] in ("not_found", "invalid_name"), body
+    status, body = await put(client, headers, "x", spec(name="x/.."))
+    assert status == 422 and body["error"]["field"] == "name", body
+    # a rename to such a name is refused too
+    made = await (await client.post("/v1/jobs", json=spec(name="plain"), headers=headers)).json()
+    resp = await client.patch(f"/v1/jobs/{made['id']}", json={"name": "plain/.."}, headers=headers)
+    assert resp.status == 422 and (await resp.json())["error"]["code"] == "invalid_name"
+    # dots that are not a whole segment are ordinary characters
+    for name in ("...", ".hidden", "a..b", "a/.b/c", "v1.2", "a/b./c"):
+        resp = await client.post("/v1/jobs", json=spec(name=name), headers=headers)
+        assert resp.status == 201, (name, await resp.json())
+
+
+async def test_a_job_stored_with_a_dot_segment_name_keeps_it(client: Client, store: PostgresStore) -> None:
+    """Jobs named before the rule are left as they are: updated without a rename, they keep it."""
+    headers = await new_owner(store)
+    owner = await store.owner_for_key(headers["Authorization"].removeprefix("Bearer "))
+    assert owner is not None
+    base = parse_job_spec(spec(), now=datetime.now(UTC))
+    job, _ = await store.create_job(owner, dataclasses.replace(base, name="old/../name"))
+    resp = await client.patch(f"/v1/jobs/{job.id}", json={"jitter_s": 3}, headers=headers)
+    assert resp.status == 200, await resp.json()
+    assert (await resp.json())["name"] == "old/../name"
 
 
 async def test_a_name_with_a_route_word_is_still_a_name(client: Client, store: PostgresStore) -> None:
