@@ -47,6 +47,8 @@ MAX_BODY_BYTES: Final = 256 * 1024
 READY_TIMEOUT_S: Final = 5.0
 # Query parameters the contract lets a client repeat (GET /v1/jobs?label=a=1&label=b=2 is an AND).
 REPEATABLE_PARAMETERS: Final = frozenset({"label"})
+# Headers whose repetition would let a proxy and this server read different values: 400.
+_SINGLE_HEADERS: Final = ("Authorization", "Idempotency-Key")
 
 
 def _needs_auth(path: str) -> bool:
@@ -71,10 +73,10 @@ def _check_duplicates(request: web.Request) -> None:
     First-one-wins reading lets a proxy and this server see different keys or limits in one
     request. Parameters the contract defines as repeatable (``label``) are exempt.
     """
-    if len(request.headers.getall("Authorization", ())) > 1:
-        raise MalformedRequest(
-            "Send exactly one Authorization header.", code="duplicate_header", field="Authorization"
-        )
+    for header in _SINGLE_HEADERS:
+        if len(request.headers.getall(header, ())) > 1:
+            message = f"Send exactly one {header} header."
+            raise MalformedRequest(message, code="duplicate_header", field=header)
     query = request.query
     if len(query) != len(set(query.keys())):
         for name in query:
@@ -272,18 +274,24 @@ def metrics_handler(token: str | None) -> Callable[[web.Request], Awaitable[web.
     Metrics name routes, owners' traffic volumes and the build: worth keeping from whoever can
     reach the port. The token is the operator's (DUETIME_METRICS_TOKEN), not an owner's API key.
     """
-    expected = None if token is None else f"Bearer {token}".encode()
+    expected = None if token is None else token.encode()
+
+    def authorized(given: list[str]) -> bool:
+        # The scheme is case-insensitive (RFC 9110 §11.1: bearer, BEARER); the token is compared
+        # exactly, in constant time.
+        assert expected is not None
+        scheme, _, credentials = given[0].partition(" ") if len(given) == 1 else ("", "", "")
+        matches = hmac.compare_digest(credentials.encode(errors="replace"), expected)
+        return scheme.lower() == "bearer" and matches
 
     async def metrics(request: web.Request) -> web.Response:
-        if expected is not None:
-            given = request.headers.getall("Authorization", [])
-            if len(given) != 1 or not hmac.compare_digest(given[0].encode(errors="replace"), expected):
-                return error_response(
-                    401,
-                    "unauthorized",
-                    "Send the operator's metrics token as 'Authorization: Bearer <token>'.",
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
+        if expected is not None and not authorized(request.headers.getall("Authorization", [])):
+            return error_response(
+                401,
+                "unauthorized",
+                "Send the operator's metrics token as 'Authorization: Bearer <token>'.",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         return metrics_response()
 
     return metrics

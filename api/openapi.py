@@ -1046,11 +1046,11 @@ def _owner_scale_paths(spec_body: JsonObject, location: JsonObject) -> JsonObjec
 
 
 _E400_EDGE: Final = {
-    "description": "Malformed JSON or a value of the wrong type; or a repeated Authorization header "
-    "(`duplicate_header`) or query parameter (`duplicate_parameter`). A request the HTTP parser "
-    "cannot read (a request line or a header over 8190 bytes, more than 128 headers, a NUL in a "
-    "header) is answered `malformed_request` with a fixed message that echoes nothing of the "
-    "request, and the connection is closed.",
+    "description": "Malformed JSON or a value of the wrong type; or a repeated Authorization or "
+    "Idempotency-Key header (`duplicate_header`) or query parameter (`duplicate_parameter`). "
+    "A request the HTTP parser cannot read (a request line or a header over 8190 bytes, more "
+    "than 128 headers, a NUL in a header) is answered `malformed_request` with a fixed "
+    "message that echoes nothing of the request, and the connection is closed.",
     "content": {"application/json": {"schema": _ref("Error")}},
 }
 _E408: Final = _error(

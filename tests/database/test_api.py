@@ -20,9 +20,10 @@ import asyncpg
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from multidict import CIMultiDict
 
 from duetime._version import __version__
-from duetime.api.app import create_app
+from duetime.api.app import create_app, metrics_app
 from duetime.core.errors import StorageUnavailable
 from duetime.core.ids import shard_of
 from duetime.core.ssrf import AddressPolicy
@@ -632,7 +633,8 @@ async def test_concurrent_retries_with_one_key_make_one_job(client: Client, stor
     assert len({(await r.json())["id"] for r in answers}) == 1
 
 
-# (Leading and trailing spaces never arrive: HTTP strips them from header values.)
+# (Leading and trailing spaces are stripped by the HTTP parser before a handler could see them:
+# tests/database/test_api_limits.py sends them on a raw socket to the API's own runner.)
 @pytest.mark.parametrize("key", ["", "x" * 256, "tab\there", "caf\u00e9"])
 async def test_an_invalid_idempotency_key_answers_422(client: Client, store: PostgresStore, key: str) -> None:
     headers = await new_owner(store)
@@ -983,6 +985,28 @@ async def test_readyz_answers_503_when_a_dependency_is_down(store: PostgresStore
             assert error["code"] in ("not_ready", "storage_unavailable")
             # liveness does not depend on the databases
             assert (await c.get("/healthz")).status == 200
+
+
+async def test_two_idempotency_keys_answer_400(client: Client, store: PostgresStore) -> None:
+    headers = CIMultiDict(await new_owner(store))
+    headers.add("Idempotency-Key", "one")
+    headers.add("Idempotency-Key", "two")
+    resp = await client.post("/v1/jobs", json=queue_spec(), headers=headers)
+    error = await error_of(resp, 400)
+    assert (error["code"], error["field"]) == ("duplicate_header", "Idempotency-Key")
+    assert (await (await client.get("/v1/jobs", headers=await new_owner(store))).json())["items"] == []
+
+
+async def test_the_metrics_token_scheme_is_case_insensitive() -> None:
+    """RFC 9110 §11.1: the auth scheme is case-insensitive; the token itself is not."""
+    async with TestClient(TestServer(metrics_app("tok-123"))) as metrics:
+        for scheme in ("Bearer", "bearer", "BEARER", "bEaReR"):
+            resp = await metrics.get("/metrics", headers={"Authorization": f"{scheme} tok-123"})
+            assert resp.status == 200, scheme
+        for wrong in ("Bearer TOK-123", "Basic tok-123", "Bearer", "tok-123", "Bearer  tok-123"):
+            resp = await metrics.get("/metrics", headers={"Authorization": wrong})
+            assert resp.status == 401, wrong
+        assert (await metrics.get("/metrics")).status == 401
 
 
 async def test_metrics_count_requests_by_route_template(client: Client, store: PostgresStore) -> None:
