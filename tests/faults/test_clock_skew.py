@@ -94,4 +94,5 @@ async def test_a_node_with_a_skewed_clock_starts_runs_on_time_by_the_database(
     assert len(history) == 20 and all(r["lateness_ms"] >= 0 for _, r in history), history
     assert max(gaps) < 1000, "the history's lateness is what the target saw, within a second"
     assert len(tries) == 2, tries
-    assert 0 <= (tries[1] - tries[0]).total_seconds() <= 4, f"the retry came {tries[1] - tries[0]} after"
+    # Backoff 0-2 s plus a claim and a fire; a retry timed by the host's clock would be 20 s off.
+    assert 0 <= (tries[1] - tries[0]).total_seconds() <= 8, f"the retry came {tries[1] - tries[0]} after"
