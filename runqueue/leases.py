@@ -14,9 +14,9 @@ import uuid
 from duetime.core.errors import is_transient
 from duetime.core.runpath import Leased
 from duetime.runqueue import metrics
-from duetime.runqueue.databases import by_database
+from duetime.runqueue.databases import each_database
 from duetime.storage.ports import RunStore
-from duetime.supervisor import STORAGE_RETRIES, SUPERVISOR, error_kind
+from duetime.supervisor import SUPERVISOR
 
 log = logging.getLogger("duetime.leases")
 
@@ -74,17 +74,7 @@ class LeaseKeeper:
         """Extend every held lease once; forget the ones that were taken over. Database by
         database: one that fails is retried at the next beat (leases last three), and the others'
         leases are extended meanwhile; the error is raised once all were tried."""
-        failed: Exception | None = None
-        for part in by_database(self._store, self._held.values()).values():
-            try:
-                await self._beat_part(part)
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                STORAGE_RETRIES.labels("duetime-lease-keeper", error_kind(exc)).inc()
-                failed = exc
-        if failed is not None:
-            raise failed
+        await each_database(self._store, self._held.values(), self._beat_part, task="duetime-lease-keeper")
 
     async def _beat_part(self, items: list[Leased]) -> None:
         for i in range(0, len(items), _CHUNK):

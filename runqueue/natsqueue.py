@@ -45,7 +45,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from duetime.core.errors import is_transient
 from duetime.core.runpath import AttemptReport, FencedRun, Lease, Leased, Published
 from duetime.runqueue import metrics, wire
-from duetime.runqueue.databases import by_database
+from duetime.runqueue.databases import each_database
 from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.ports import RunStore
@@ -415,17 +415,8 @@ class PublishedLeaseKeeper(LeaseKeeper):
         items = [
             lease for lease in self._held.values() if every or expires.get(lease.job_id, 0.0) < due_before
         ]
-        failed: Exception | None = None
-        for part in by_database(self._store, items).values():  # one failing database: only its own
-            try:
-                await self._extend_part(part)
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                STORAGE_RETRIES.labels("duetime-published-lease-keeper", error_kind(exc)).inc()
-                failed = exc
-        if failed is not None:
-            raise failed
+        # One failing database holds back only its own leases' extension.
+        await each_database(self._store, items, self._extend_part, task="duetime-published-lease-keeper")
 
     async def _extend_part(self, items: list[Leased]) -> None:
         expires = self._expires
