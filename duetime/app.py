@@ -139,7 +139,6 @@ class Node:
     _retention: RetentionService | None = None
     _events: EventSender | None = None
     _drain_watch: asyncio.Task[None] | None = None
-    _clock_sync: ClockSync | None = None
     _clock_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -155,12 +154,9 @@ class Node:
         )
         # One clock for the cluster, the database's: measured before anything is timed by it (an
         # engine fires by it, workers date attempts by it, the store computes retry times by it).
-        store = self.store
-        self._clock_sync = ClockSync(
-            store.db_now, process=s.engine_id, max_uncertainty_s=s.clock_max_uncertainty_s
-        )
-        await self._clock_sync.until_known(within_s=max(s.db_connect_timeout_s, 10.0))
-        self._clock_task = SUPERVISOR.spawn("duetime-clock-sync", self._clock_sync.run)
+        sync = ClockSync(self.store.db_now, process=s.engine_id, max_uncertainty_s=s.clock_max_uncertainty_s)
+        await sync.until_known(within_s=max(s.db_connect_timeout_s, 10.0))
+        self._clock_task = SUPERVISOR.spawn("duetime-clock-sync", sync.run)
         policy = address_policy(s)
         if s.run_queue == "nats" and (self.engine or self.workers):
             await self._start_nats_parts(policy)

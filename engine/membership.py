@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
+from typing import NoReturn
 
 from duetime.core.dealing import Deal, deal
 from duetime.core.errors import DuetimeError, is_transient
@@ -174,30 +175,20 @@ class MembershipKeeper:
         serving = engine.serving
         if self._id_lock is not None and not await self._id_lock.held():
             # The lock's session was lost (the home database restarted, or this process was cut
-            # off past the keepalives) and another process took the id meanwhile: it has taken
-            # back this one's claims and runs in flight. This process stops; the other goes on.
-            taken = EngineIdTakenOver(
-                f"engine id {reg.engine_id!r} was taken by another process while this one had lost "
-                "its session with the home database; stopping. Give each engine its own "
-                "DUETIME_ENGINE_ID"
+            # off past the keepalives) and another process took the id meanwhile.
+            self._taken_over(
+                engine, "another process, while this one had lost its session with the home database"
             )
-            log.critical("%s", taken)
-            engine.crashed = taken
-            raise taken
         if not await self._store.heartbeat(reg, serving):
             holder = await self._holder()
             if holder is not None and holder.incarnation != reg.incarnation:
-                # Another process took the id while this one was silent (frozen, cut off) and
-                # has taken back its claims and its runs in flight: fighting over the row would
-                # expire them again under it. This process stops; the other goes on.
-                taken = EngineIdTakenOver(
-                    f"engine id {reg.engine_id!r} was taken over by an engine on host "
-                    f"{holder.host!r} (started {holder.started_at.isoformat()}) while this process "
-                    "was silent; stopping. Give each engine its own DUETIME_ENGINE_ID"
+                # Another process registered under the id while this one was silent (frozen, cut
+                # off): fighting over the row would expire its runs again under it.
+                self._taken_over(
+                    engine,
+                    f"an engine on host {holder.host!r} (started {holder.started_at.isoformat()}) "
+                    "while this process was silent",
                 )
-                log.critical("%s", taken)
-                engine.crashed = taken
-                raise taken
             log.warning("engine id %s was forgotten by the membership; registering again", reg.engine_id)
             await self._store.join(reg)
             self._reported = frozenset()
@@ -211,6 +202,17 @@ class MembershipKeeper:
         if engine.serving != self._reported:
             await self._store.set_serving(reg, engine.serving)
             self._reported = engine.serving
+
+    def _taken_over(self, engine: Engine, by: str) -> NoReturn:
+        """Another process holds this engine's id now and has taken back its claims and runs in
+        flight: this process stops (the engine is marked crashed), the other goes on."""
+        taken = EngineIdTakenOver(
+            f"engine id {self.registration.engine_id!r} was taken over by {by}; stopping. Give each "
+            "engine its own DUETIME_ENGINE_ID"
+        )
+        log.critical("%s", taken)
+        engine.crashed = taken
+        raise taken
 
     def _deal(
         self, records: list[EngineRecord], allowed: frozenset[int], *, report: bool = True

@@ -165,16 +165,15 @@ class ClockSync:
         """Measure until the clock is known, or raise after ``within_s``."""
         deadline = time.monotonic() + within_s
         while True:
+            cause: Exception | None = None
             try:
-                if await self.measure() and self._clock.known:
+                if await self.measure():
                     return
+                why = "every round trip took too long"
             except Exception as exc:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the database's clock could not be read: {exc}") from exc
+                why, cause = str(exc), exc
             if time.monotonic() > deadline:
-                raise RuntimeError(
-                    "the database's clock could not be measured: every round trip took too long"
-                )
+                raise RuntimeError(f"the database's clock could not be measured: {why}") from cause
             await asyncio.sleep(0.2)
 
     async def run(self) -> None:
