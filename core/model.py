@@ -78,12 +78,23 @@ class Broker(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Flow:
+    """Flow control (``target.flow``): every job of one owner naming ``key`` shares these limits
+    across the whole cluster. Calls over them wait; they are not failed and use no attempt."""
+
+    key: str
+    rate_per_s: float
+    parallelism: int
+
+
+@dataclass(frozen=True, slots=True)
 class WebhookTarget:
     url: str
     method: WebhookMethod = WebhookMethod.POST
     headers: dict[str, str] = field(default_factory=dict)
     timeout_s: int = 30
     type: str = "webhook"
+    flow: Flow | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +102,15 @@ class QueueTarget:
     broker: Broker
     topic: str
     type: str = "queue"
+    flow: Flow | None = None
+
+
+class TargetState(enum.StrEnum):
+    """A target host's health as a worker sees it (workers/health.py, docs/targets.md)."""
+
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"  # fewer calls at once: its calls time out or are refused
+    BACKING_OFF = "backing_off"  # no calls until a moment, then one probe at a time
 
 
 Target = WebhookTarget | QueueTarget

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, Literal, Protocol, TypeVar
 
-from duetime.core.model import Job, JobSpec, JobState, Run, Target
+from duetime.core.model import Job, JobSpec, JobState, Run, Target, TargetState
 
 # The run path's records are the core's vocabulary (core/runpath.py); they cross this port as
 # they are, and are re-exported here for the callers that name them by the port.
@@ -46,6 +46,9 @@ __all__ = [
     "FenceItem",
     "FenceRequest",
     "FencedRun",
+    "FlowAsk",
+    "FlowControl",
+    "FlowGrant",
     "IdempotencyRequest",
     "Lease",
     "Leased",
@@ -56,6 +59,9 @@ __all__ = [
     "Registry",
     "RunStore",
     "Skip",
+    "TargetHealth",
+    "TargetHealthReport",
+    "TargetView",
 ]
 
 # ---------------------------------------------------------------------- the registry (API side)
@@ -488,3 +494,91 @@ class EventOutbox(Protocol):
         ...
 
     async def signing_keys(self, owner: str) -> SigningKeys | None: ...
+
+
+# ---------------------------------------------------------------------- flow control (workers)
+
+
+@dataclass(frozen=True, slots=True)
+class FlowAsk:
+    """One worker's request for one flow key (``target.flow``) of one owner.
+
+    ``want``: calls it could start now; ``running``: its calls of this key in flight now (its
+    previous grants it has not finished). The limits are the strictest its waiting runs carry.
+    """
+
+    owner: str
+    key: str
+    rate_per_s: float
+    parallelism: int
+    want: int
+    running: int
+
+
+@dataclass(frozen=True, slots=True)
+class FlowGrant:
+    """How many calls of a flow key the asking worker may start now: each took one rate token
+    and one parallelism slot of the key's cluster-wide limits."""
+
+    owner: str
+    key: str
+    granted: int
+
+
+class FlowControl(Protocol):
+    """The cluster-wide limits of flow keys, kept in the home database (workers/flow.py)."""
+
+    async def take_flow(self, worker: str, asks: Sequence[FlowAsk], *, hold_s: float) -> list[FlowGrant]:
+        """One grant per ask, in order, in one round trip for all of a worker's keys.
+
+        A worker's slots are what it reports ``running`` plus what it is granted now; they count
+        against the key's parallelism for ``hold_s`` seconds unless renewed by the next ask (a
+        worker that dies gives its slots back when they lapse). An ask with ``want`` and
+        ``running`` both 0 gives the worker's slots back at once.
+        """
+        ...
+
+
+# ---------------------------------------------------------------------- target health (workers, API)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetHealthReport:
+    """One worker's view of one host for one owner: the host's state and limit (the same for
+    every owner) and that owner's calls to it over the last five minutes."""
+
+    owner: str
+    host: str  # host:port
+    state: TargetState
+    concurrency_limit: int
+    backoff_until: datetime | None
+    calls_5m: int
+    timeouts_5m: int
+    errors_5m: int
+
+
+@dataclass(frozen=True, slots=True)
+class TargetView:
+    """``GET /v1/targets``' item: one host of the owner's, as all live workers see it together
+    (the worst state, the sum of their limits, the latest back-off, the sums of the counts)."""
+
+    host: str
+    state: TargetState
+    concurrency_limit: int
+    backoff_until: datetime | None
+    calls_5m: int
+    timeouts_5m: int
+    errors_5m: int
+
+
+class TargetHealth(Protocol):
+    """Workers report what they see of target hosts; the API lists it per owner."""
+
+    async def report_target_health(self, worker: str, reports: Sequence[TargetHealthReport]) -> None:
+        """Replace what ``worker`` said before of these (owner, host) pairs; reports older than
+        a few minutes (a worker that stopped) no longer count."""
+        ...
+
+    async def list_targets(self, owner: str, *, limit: int, cursor: str | None) -> Page[TargetView]:
+        """The owner's hosts in host order, from live reports only."""
+        ...
