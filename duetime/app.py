@@ -27,6 +27,7 @@ from duetime.api.app import create_app, metrics_app, metrics_handler
 from duetime.api.request_id import request_id_middleware
 from duetime.api.server import api_runner
 from duetime.core.ssrf import AddressPolicy
+from duetime.core.targethealth import HealthPolicy
 from duetime.core.validation import SpecLimits
 from duetime.engine.due_age import DueAgeSampler
 from duetime.engine.membership import MembershipKeeper
@@ -48,8 +49,8 @@ from duetime.supervisor import SUPERVISOR
 from duetime.workers import tracing
 from duetime.workers.dispatch import Dispatcher
 from duetime.workers.events import EventSender, EventSenderConfig
-from duetime.workers.pool import WorkerPool
-from duetime.workers.remote import RemoteWorker
+from duetime.workers.pool import WorkerOptions, WorkerPool
+from duetime.workers.remote import RemoteWorker, worker_id
 
 log = logging.getLogger("duetime")
 
@@ -113,6 +114,22 @@ def tune_gc() -> None:
     gc.set_threshold(20_000, 20, 100)
 
 
+def worker_options(s: Settings, store: PostgresStore, wid: str) -> WorkerOptions:
+    """What a worker pool takes from the settings besides its concurrency (workers/pool.py)."""
+    return WorkerOptions(
+        worker_id=wid,
+        max_waiting=s.worker_max_waiting,
+        health=HealthPolicy(
+            max_limit=s.target_concurrency,
+            backoff_after=s.target_backoff_after,
+            backoff_s=s.target_backoff_s,
+            backoff_max_s=s.target_backoff_max_s,
+        ),
+        flows=store,
+        reports=store,
+    )
+
+
 @dataclass
 class Node:
     """The parts one process runs: any of api, engine, workers, over one store."""
@@ -173,7 +190,12 @@ class Node:
             )
             await self._dispatcher.start()
             self._pool = WorkerPool(
-                self.store, queue, self._dispatcher, self._keeper, concurrency=s.worker_concurrency
+                self.store,
+                queue,
+                self._dispatcher,
+                self._keeper,
+                concurrency=s.worker_concurrency,
+                options=worker_options(s, self.store, worker_id()),
             )
             self._pool.start()
             self._keeper.start()
@@ -276,6 +298,7 @@ class Node:
                 ack_wait_s=s.nats_ack_wait_s,
                 concurrency=s.worker_concurrency,
                 shutdown_grace_s=s.shutdown_grace_s,
+                options=worker_options(s, self.store, "worker"),
             )
             await self._remote.start()
         if self.engine:

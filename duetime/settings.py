@@ -816,6 +816,42 @@ class Settings:
             shown="10000",
         ),
     )
+    worker_max_waiting: int = field(
+        default=20000,
+        metadata=_meta(
+            "DUETIME_WORKER_MAX_WAITING",
+            "Runs one worker process holds waiting for their host's room or a flow grant, besides "
+            "the calls in flight; past it the worker takes no more runs off the run queue.",
+            _integer(1),
+        ),
+    )
+    target_backoff_after: int = field(
+        default=10,
+        metadata=_meta(
+            "DUETIME_TARGET_BACKOFF_AFTER",
+            "Calls to one host that time out or are refused in a row (no answer between) before "
+            'the host backs off (docs/targets.md, "Target health").',
+            _integer(1),
+        ),
+    )
+    target_backoff_s: float = field(
+        default=5.0,
+        metadata=_meta(
+            "DUETIME_TARGET_BACKOFF_S",
+            "A host's first back-off; doubled each time its probe fails.",
+            _seconds(),
+            shown="5",
+        ),
+    )
+    target_backoff_max_s: float = field(
+        default=120.0,
+        metadata=_meta(
+            "DUETIME_TARGET_BACKOFF_MAX_S",
+            "The longest back-off of a host between two probes.",
+            _seconds(),
+            shown="120",
+        ),
+    )
     shutdown_grace_s: float = field(
         default=30.0,
         metadata=_meta(

@@ -63,6 +63,16 @@ TARGET_LATENCY = Histogram(
     "Target call duration",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
+TARGET_STATES = Gauge("duetime_target_state", "Webhook hosts this worker tracks, by health state", ["state"])
+TARGET_STATE_CHANGES = Counter(
+    "duetime_target_state_changes_total", "Webhook hosts' health changes, by the state entered", ["state"]
+)
+RUNS_WAITING = Gauge(
+    "duetime_runs_waiting",
+    "Runs a worker holds waiting: for their host's room (host), for a host that backs off "
+    "(backing_off), for a flow key's grant (flow)",
+    ["reason"],
+)
 COMPLETIONS = Counter("duetime_completions_total", "Attempts recorded under a valid lease")
 STALE_COMPLETIONS = Counter(
     "duetime_stale_completions_total", "Completions rejected because the lease token no longer matched"

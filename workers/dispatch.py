@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from duetime.core import signing, ssrf
-from duetime.core.model import Broker, Outcome, QueueTarget, Target, WebhookTarget
+from duetime.core.model import Outcome, QueueTarget, Target, WebhookTarget
 from duetime.core.runpath import CallResult, Delivery, Verdict
 from duetime.core.topics import TopicPolicy
 from duetime.storage.dbclock import DB_CLOCK
@@ -68,6 +68,10 @@ class Dispatcher:
         self._policy = policy
         self._total_concurrency = total_concurrency
         self._limiter = HostLimiter(host_concurrency, host_rate_per_s, host_burst)
+        # The worker's per-host queues apply the same limits to runs (workers/pool.py).
+        self.host_concurrency = host_concurrency
+        self.host_rate_per_s = host_rate_per_s
+        self.host_burst = host_burst
         self._total = asyncio.Semaphore(total_concurrency)
         self.broker_timeout_s = broker_timeout_s
         self._queues = QueuePublisher(
@@ -94,25 +98,30 @@ class Dispatcher:
         await self._queues.close()
 
     async def deliver(self, d: Delivery) -> CallResult:
-        """One attempt. Cancellation (worker shutdown) propagates; every other failure is a result."""
-        http = self._http
-        if http is None:
-            raise RuntimeError("Dispatcher.deliver() before start()")
-        target = d.target
+        """One attempt, after waiting for its host's politeness limits here (the failure events'
+        path). Cancellation (worker shutdown) propagates; every other failure is a result."""
         try:
-            key = self._limit_key(target)
+            key = self.host_of(d.target)
         except ValueError:
             now = self._clock()
             return CallResult(Verdict(Outcome.FAILED, False, None, "invalid webhook URL"), now, now)
+        # Host first, then the global cap: a slow host queues behind its own limit without
+        # holding global slots that other hosts could use.
+        async with self._limiter.slot(key), self._total:
+            return await self.call(d)
 
+    async def call(self, d: Delivery) -> CallResult:
+        """One attempt now: the caller (the worker's per-host queues, workers/hostqueues.py) has
+        already given it its host's slot. Cancellation propagates; every other failure is a
+        result."""
+        http = self._http
+        if http is None:
+            raise RuntimeError("Dispatcher.call() before start()")
+        target = d.target
         started_at = self._clock()
         try:
-            # Host first, then the global cap: a slow host queues behind its own limit without
-            # holding global slots that other hosts could use.
-            async with self._limiter.slot(key), self._total:
-                started_at = self._clock()
-                body = signing.encode_body(d.payload)
-                verdict = await self._call(http, d, target, body, started_at)
+            body = signing.encode_body(d.payload)
+            verdict = await self._call(http, d, target, body, started_at)
         except Exception as exc:
             # Our own bug, not the target's: record it as a retryable failure and keep going.
             log.exception("delivery of job %s failed inside the dispatcher", d.job_id)
@@ -120,13 +129,11 @@ class Dispatcher:
         return CallResult(verdict, started_at, max(self._clock(), started_at))
 
     async def deliver_redis_many(self, ds: list[Delivery]) -> BatchResult:
-        """One attempt each for many deliveries to Redis targets, sent together: one limiter slot
-        and one token per call, one batcher call."""
+        """One attempt each for many deliveries to Redis targets, sent together in one batcher
+        call; the caller has given the batch its slot (one) and its rate (one token a run)."""
         started_at = self._clock()
         try:
-            async with self._limiter.slot(f"broker:{Broker.REDIS.value}", len(ds)), self._total:
-                started_at = self._clock()
-                verdicts = await self._queues.publish_redis_many(ds)
+            verdicts = await self._queues.publish_redis_many(ds)
         except Exception as exc:
             log.exception("delivery of %d Redis runs failed inside the dispatcher", len(ds))
             failed = Verdict(Outcome.FAILED, True, None, f"internal error ({type(exc).__name__})")
@@ -141,7 +148,9 @@ class Dispatcher:
         return await self._queues.publish(d, target, body)
 
     @staticmethod
-    def _limit_key(target: Target) -> str:
+    def host_of(target: Target) -> str:
+        """The unit the per-host limits and health are counted in: ``host:port`` of a webhook
+        URL (``ValueError`` when it does not parse), ``broker:<name>`` for a queue."""
         if isinstance(target, QueueTarget):
             return f"broker:{target.broker.value}"
         return webhook.limiter_key(target.url)

@@ -13,26 +13,35 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from duetime.core.errors import StorageUnavailable, is_transient
-from duetime.core.model import Broker, Outcome, QueueTarget, WebhookTarget
+from duetime.core.model import Broker, Outcome, TargetState, WebhookTarget
 from duetime.core.runpath import AttemptReport, CallResult, Delivery, FencedRun, Verdict
 from duetime.core.signing import idempotency_key
+from duetime.core.targethealth import HealthPolicy, Signal, signal_of
 from duetime.runqueue import metrics
 from duetime.runqueue.databases import by_database
 from duetime.runqueue.inprocess import RunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.dbclock import DB_CLOCK
-from duetime.storage.ports import EventOutbox, RunStore, SigningKeys
+from duetime.storage.ports import EventOutbox, FlowAsk, FlowControl, RunStore, SigningKeys, TargetHealth
 from duetime.supervisor import STORAGE_RETRIES, SUPERVISOR, Backoff, error_kind
 from duetime.workers import tracing
 from duetime.workers.dispatch import Dispatcher
+from duetime.workers.hostqueues import FlowKey, HostQueues, Start, default_burst
+from duetime.workers.targets import CallTracker
 
 log = logging.getLogger("duetime.workers")
 
 WATCHDOG_S = 300
+FLOW_HOLD_S = 10.0  # a worker's flow slots lapse this long after its last ask (it died)
+FLOW_TICK_S = 0.1  # asks for flow grants at most this far apart while runs wait for them
+FLOW_MIN_GAP_S = 0.02
+REPORT_BATCH = 2000
+_REDIS_HOST = f"broker:{Broker.REDIS.value}"
+_BAD_URL_HOST = "invalid-url:0"
 
 
 class SecretCache:
@@ -269,7 +278,34 @@ class Completer:
             self._on_recorded(batch)
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    """What a worker pool takes besides its run path: who it is to the cluster (its flow slots
+    and target reports are kept under ``worker_id``), how many runs may wait in its host queues,
+    its hosts' health policy (None: the defaults, at the dispatcher's per-host concurrency), and
+    where flow grants come from and target reports go (None: flow keys are not enforced, nothing
+    is reported; a store without a database, in tests)."""
+
+    worker_id: str = "worker"
+    max_waiting: int = 20_000
+    health: HealthPolicy | None = None
+    flows: FlowControl | None = None
+    reports: TargetHealth | None = None
+    report_every_s: float = 5.0
+
+
 class WorkerPool:
+    """Takes fenced runs off the run queue into a queue per host (workers/hostqueues.py), starts
+    each call when its host, its flow key and the worker's share have room, and hands outcomes
+    to the completer.
+
+    Three loops and a task per call: the taker moves runs from the run queue into the host
+    queues while fewer than ``max_waiting`` wait there (a run waiting for its host holds no call
+    slot, so the taker keeps taking while any host has room); the pump starts what may start,
+    woken by new runs, ended calls, grants and timers; the flow loop asks the cluster for flow
+    keys' grants (workers/flow.py). A fourth reports what this worker sees of target hosts.
+    """
+
     def __init__(
         self,
         store: RunStore,
@@ -281,7 +317,9 @@ class WorkerPool:
         watchdog_s: float = WATCHDOG_S,
         on_recorded: Callable[[list[AttemptReport]], None] | None = None,
         secret_wait_s: float = 300.0,
+        options: WorkerOptions | None = None,
     ) -> None:
+        o = options or WorkerOptions()
         self._store = store
         self._queue = queue
         self._dispatcher = dispatcher
@@ -291,111 +329,243 @@ class WorkerPool:
         self._watchdog_s = watchdog_s
         self._secrets = SecretCache(store)
         self.completer = Completer(store, keeper, on_recorded=on_recorded)
+        self.worker_id = o.worker_id
+        self._max_waiting = o.max_waiting
+        rate = dispatcher.host_rate_per_s
+        burst = dispatcher.host_burst
+        self.queues: HostQueues[FencedRun] = HostQueues(
+            total=concurrency,
+            policy=o.health or HealthPolicy(max_limit=dispatcher.host_concurrency),
+            rate_per_s=rate,
+            burst=float(burst) if burst is not None else default_burst(rate),
+            clock=time.monotonic,
+            batch_of=self._batch_of,
+            on_state=_state_changed,
+        )
+        self._flows = o.flows
+        self._reports = o.reports
+        self._report_every_s = o.report_every_s
+        self._tracker = CallTracker()
         self._tasks: list[asyncio.Task[None]] = []
-        self._closing = False
-        self._inflight = 0
-        self._call_ended = asyncio.Event()  # set when a call ends (see _take)
-        self._taking = asyncio.Lock()  # one worker takes runs at a time (see _take)
-        # A queue that can hand over the runs queued behind one (in process): Redis runs then go
-        # out in batches (see _take). None: one run per worker.
-        self._take_while: Callable[..., list[FencedRun]] | None = getattr(queue, "take_while", None)
+        self._calls: set[asyncio.Task[None]] = set()
+        self._pump_wake = asyncio.Event()
+        self._flow_wake = asyncio.Event()
+        self._room = asyncio.Event()  # set while fewer than max_waiting runs wait
+        self._room.set()
         self._idle = asyncio.Event()
+        # A queue that can hand over the runs queued behind one without waiting (in process and
+        # NATS): the taker moves a burst into the host queues in one step.
+        self._take_while: Callable[..., list[FencedRun]] | None = getattr(queue, "take_while", None)
+        self._batches = getattr(queue, "take_while", None) is not None
+
+    def _batch_of(self, host: str) -> int:
+        """A call to Redis carries up to a pipeline of runs (one slot); any other call one run."""
+        return REDIS_BATCH if self._batches and host == _REDIS_HOST else 1
 
     def start(self) -> None:
         self.completer.start()
-        for i in range(self._concurrency):
-            self._tasks.append(asyncio.create_task(self._work(), name=f"duetime-worker-{i}"))
+        self._tasks = [
+            SUPERVISOR.spawn("duetime-worker-take", self._take_loop),
+            SUPERVISOR.spawn("duetime-worker-pump", self._pump_loop),
+            SUPERVISOR.spawn("duetime-worker-flow", self._flow_loop),
+            SUPERVISOR.spawn("duetime-worker-targets", self._report_loop),
+        ]
+
+    def _busy(self) -> bool:
+        return bool(self._queue.qsize() or self.queues.waiting or self.queues.in_flight)
 
     async def stop(self, grace_s: float) -> None:
         """Drain: runs already fenced are due, so they are called; in-flight calls finish within
         the grace; outcomes are recorded before returning. Anything still unrecorded after the
-        grace keeps its lease and is rescued by the janitor (recorded as lease_expired)."""
-        if self._queue.qsize() or self._inflight:
+        grace (a call still running, a run still waiting for a host that backs off) keeps its
+        lease and is rescued by the janitor (recorded as lease_expired)."""
+        if self._busy():
             self._idle.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), timeout=grace_s)
-        self._closing = True
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        calls = list(self._calls)
+        for call in calls:
+            call.cancel()
+        for call in calls:
+            with contextlib.suppress(asyncio.CancelledError):
+                await call
+        left = self.queues.drain()
+        if left:
+            log.warning(
+                "%d runs still waited for their hosts at shutdown; their leases lapse and the "
+                "janitor retries them",
+                len(left),
+            )
         await self.completer.stop()
+        if self._flows is not None:
+            # The slots this worker held go back to the cluster now, not when they lapse.
+            needs = self.queues.flow_needs()
+            if needs:
+                asks = [
+                    FlowAsk(n.key.owner, n.key.key, n.flow.rate_per_s, n.flow.parallelism, 0, 0)
+                    for n in needs
+                ]
+                with contextlib.suppress(Exception):
+                    await self._flows.take_flow(self.worker_id, asks, hold_s=FLOW_HOLD_S)
 
-    async def _work(self) -> None:
+    # ------------------------------------------------------------------ the taker
+
+    async def _take_loop(self) -> None:
+        """Runs from the run queue into the host queues, while fewer than ``max_waiting`` wait.
+
+        No run may be named by this frame while it waits (nor by the pump's): whatever an idle
+        loop's frame names stays alive, and a run or a batch kept so after a burst kept its spec,
+        its delivery and its report with it (the issue-16 RSS growth)."""
         while True:
-            # No local of this loop may outlive one iteration: an idle worker waits here, and
-            # whatever its frame still names stays alive while it waits. Named runs, reports and
-            # batches of the last iteration were kept by each of the thousand idle workers: up to
-            # 500 fenced runs each (their specs, deliveries and reports), half a million runs of
-            # a node after a burst, never freed (the issue-16 RSS growth).
-            await self._handle(await self._take())
-            if not self._inflight and not self._queue.qsize():
-                self._idle.set()
+            if self.queues.waiting >= self._max_waiting:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            self._take_ready(await self._queue.get())
+            self._pump_wake.set()
 
-    async def _take(self) -> list[FencedRun]:
-        """The next runs to call, taken by one worker at a time, and counted as in flight.
+    def _take_ready(self, first: FencedRun) -> None:
+        """``first`` and the runs queued behind it, as many as there is room for."""
+        self._add(first)
+        room = self._max_waiting - self.queues.waiting
+        if self._take_while is not None:
+            for more in self._take_while(_any, max(room, 0)):
+                self._add(more)
+            return
+        while room > 0:
+            one = self._queue.get_nowait()
+            if one is None:
+                return
+            self._add(one)
+            room -= 1
 
-        The taker waits for the completer's room, for a run, for the room again (it may have
-        shut while the taker waited for the run), and on the Redis path for room among the calls
-        in flight for a batch as large as the queue can fill; then it takes the run and the
-        runs queued behind it, and the next worker becomes the taker. The other workers wait
-        for their turn holding nothing.
-
-        Why one taker: each worker used to check the room after handing over its outcomes and
-        then wait for a run. When the target is faster than the fencer, the thousand workers
-        all wait for runs, having passed the room while it was open, and each then called a
-        batch of up to 500 whatever the completer's backlog: at a million-run burst, once the
-        HOT fence made the completer the slowest stage, 53,000-60,000 outcomes per node waited
-        against a bound of 5,000 (issue 16, ninth session). Workers that checked the room with
-        a run in hand held a thousand runs between them, and with the run queue full each sent
-        its run alone once the calls in flight reached the pool's bound: batches of one, and
-        twice the node's CPU per run. A single taker holds at most one run while it waits, and
-        takes a batch when it takes.
-        """
-        async with self._taking:
-            await self.completer.room()
-            run = await self._queue.get()
-            take_while = self._take_while
-            batched = take_while is not None and _to_redis(run)
-            # Both conditions hold when the loop ends: nothing is awaited after the last check.
-            # Runs in flight stay within the pool's concurrency, as one run per worker did:
-            # without that bound a thousand workers could take the whole run queue each time
-            # the fencer refilled it, and fenced runs (leases held, heartbeats paid, memory
-            # used) would pile up ahead of what the target and the completer take. The taker
-            # waits for room for as large a batch as the queue holds (at most REDIS_BATCH, and
-            # at most the pool's concurrency: a smaller pool waited for room it could never
-            # have), so the calls' sizes do not splinter as they end one by one.
-            while True:
-                free = self._concurrency - self._inflight
-                if not self.completer.has_room():
-                    await self.completer.room()
-                elif batched and free < min(REDIS_BATCH, self._concurrency, 1 + self._queue.qsize()):
-                    self._call_ended.clear()
-                    await self._call_ended.wait()
-                else:
-                    break
-            if take_while is None or not batched:
-                self._inflight += 1
-                return [run]
-            runs = [run, *take_while(_to_redis, min(REDIS_BATCH, self._concurrency - self._inflight) - 1)]
-            self._inflight += len(runs)
-            return runs
-
-    async def _handle(self, runs: list[FencedRun]) -> None:
-        """Call ``runs`` (taken, and counted in flight, by ``_take``) and hand the reports to the
-        completer. A batch of Redis runs goes out as one call (one coroutine, one limiter slot,
-        one batcher call) instead of a worker, a slot and a future chain per run."""
+    def _add(self, run: FencedRun) -> None:
+        target = run.spec.parsed.target
         try:
-            if self._take_while is not None and _to_redis(runs[0]):
+            host = self._dispatcher.host_of(target)
+        except ValueError:
+            host = _BAD_URL_HOST  # fails at once when called ("invalid webhook URL")
+        flow = target.flow if self._flows is not None else None
+        self.queues.add(run, owner=run.owner, host=host, flow=flow)
+        if flow is not None:
+            self._flow_wake.set()
+
+    # ------------------------------------------------------------------ the pump
+
+    async def _pump_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        queues = self.queues
+        while True:
+            self._pump_wake.clear()
+            if not self.completer.has_room():
+                # Outcomes wait to be written: no call starts until there is room for its own.
+                await self.completer.room()
+            self._start_calls(loop, queues.pump())
+            if queues.waiting < self._max_waiting:
+                self._room.set()
+            wake = queues.next_wake()
+            if wake is None:
+                await self._pump_wake.wait()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._pump_wake.wait(), max(0.0, wake - time.monotonic()))
+
+    def _start_calls(self, loop: asyncio.AbstractEventLoop, starts: list[Start[FencedRun]]) -> None:
+        for start in starts:
+            task = loop.create_task(self._run(start))
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+
+    async def _run(self, start: Start[FencedRun]) -> None:
+        runs = start.items
+        try:
+            if start.host == _REDIS_HOST and self._batches:
                 reports = await self.call_redis_many(runs)
             else:
                 reports = [await self.call(runs[0])]
-        finally:
-            self._inflight -= len(runs)
-            self._call_ended.set()
+        except BaseException:
+            self.queues.ended(start, Signal.ANSWERED)
+            self._pump_wake.set()
+            raise
+        self.queues.ended(start, _signal(reports))
+        if not start.host.startswith("broker:"):
+            now = time.monotonic()
+            for report in reports:
+                self._tracker.add(report.run.owner, start.host, report.verdict, now)
         for report in reports:
             self.completer.add(report)
+        self._pump_wake.set()
+        if not self._busy():
+            self._idle.set()
+
+    # ------------------------------------------------------------------ flow keys
+
+    async def _flow_loop(self) -> None:
+        """Asks the cluster for grants of the flow keys runs wait for, every ``FLOW_TICK_S`` while
+        any wait (one round trip for all of them), and gives slots back when none wait."""
+        flows = self._flows
+        if flows is None:
+            return
+        backoff = Backoff(0.2, 5.0)
+        while True:
+            needs = self.queues.flow_needs()
+            if not needs:
+                self._flow_wake.clear()
+                await self._flow_wake.wait()
+                continue
+            asks = [
+                FlowAsk(n.key.owner, n.key.key, n.flow.rate_per_s, n.flow.parallelism, n.want, n.running)
+                for n in needs
+            ]
+            try:
+                grants = await flows.take_flow(self.worker_id, asks, hold_s=FLOW_HOLD_S)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                STORAGE_RETRIES.labels("duetime-worker-flow", error_kind(exc)).inc()
+                await asyncio.sleep(backoff.next())
+                continue
+            backoff.reset()
+            for grant in grants:
+                if grant.granted:
+                    self.queues.grant(FlowKey(grant.owner, grant.key), grant.granted)
+            self._pump_wake.set()
+            self._flow_wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._flow_wake.wait(), FLOW_TICK_S)
+            await asyncio.sleep(FLOW_MIN_GAP_S)
+
+    # ------------------------------------------------------------------ target health
+
+    async def _report_loop(self) -> None:
+        """What this worker sees of its webhook hosts: the state gauge, and every few seconds the
+        reports ``GET /v1/targets`` reads (one round trip per batch)."""
+        while True:
+            await asyncio.sleep(self._report_every_s)
+            states = self.queues.host_states()
+            counts = {state: 0 for state in TargetState}
+            for host, (state, _, _) in states.items():
+                if not host.startswith("broker:"):
+                    counts[state] += 1
+            for state, n in counts.items():
+                metrics.TARGET_STATES.labels(state.value).set(n)
+            for reason, n in self.queues.waiting_by_reason().items():
+                metrics.RUNS_WAITING.labels(reason).set(n)
+            reports = self._tracker.reports(states, time.monotonic(), DB_CLOCK.now())
+            if self._reports is None or not reports:
+                continue
+            try:
+                for i in range(0, len(reports), REPORT_BATCH):
+                    await self._reports.report_target_health(self.worker_id, reports[i : i + REPORT_BATCH])
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                STORAGE_RETRIES.labels("duetime-worker-targets", error_kind(exc)).inc()
 
     async def call_redis_many(self, runs: list[FencedRun]) -> list[AttemptReport]:
         """One attempt each for runs whose target is a Redis stream, sent together. Queue
@@ -522,6 +692,23 @@ def _run_info(d: Delivery) -> tracing.RunInfo:
 REDIS_BATCH = 500  # one pipeline's worth (workers/queues.py _RedisBatcher max_batch)
 
 
-def _to_redis(run: FencedRun) -> bool:
-    target = run.spec.parsed.target
-    return isinstance(target, QueueTarget) and target.broker is Broker.REDIS
+def _any(run: FencedRun) -> bool:
+    return True
+
+
+def _signal(reports: list[AttemptReport]) -> Signal:
+    """What a call said of its host; a batch (one pipeline) says "overloaded" only if all of it
+    did (one connection, one answer)."""
+    if len(reports) == 1:
+        return signal_of(reports[0].verdict)
+    if all(signal_of(r.verdict) is Signal.OVERLOADED for r in reports):
+        return Signal.OVERLOADED
+    return Signal.ANSWERED
+
+
+def _state_changed(host: str, before: TargetState, after: TargetState) -> None:
+    metrics.TARGET_STATE_CHANGES.labels(after.value).inc()
+    if after is TargetState.BACKING_OFF:
+        log.warning("target %s backs off: its calls keep timing out or being refused; its runs wait", host)
+    elif before is TargetState.BACKING_OFF:
+        log.info("target %s answers again: %s", host, after.value)

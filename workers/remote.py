@@ -14,12 +14,13 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from dataclasses import replace
 
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.runqueue.natsqueue import NatsRunConsumer
 from duetime.storage.ports import RunStore
 from duetime.workers.dispatch import Dispatcher
-from duetime.workers.pool import WorkerPool
+from duetime.workers.pool import WorkerOptions, WorkerPool
 
 
 def worker_id() -> str:
@@ -43,8 +44,10 @@ class RemoteWorker:
         ack_wait_s: float,
         concurrency: int,
         shutdown_grace_s: float,
+        options: WorkerOptions | None = None,
     ) -> None:
         self.id = worker_id()
+        options = replace(options or WorkerOptions(), worker_id=self.id)
         self._grace = shutdown_grace_s
         self.keeper = LeaseKeeper(store, lease_s=lease_s, heartbeat_s=heartbeat_s)
         self.queue = NatsRunConsumer(
@@ -55,7 +58,8 @@ class RemoteWorker:
             holder=self.id,
             lease_s=lease_s,
             ack_wait_s=ack_wait_s,
-            concurrency=concurrency,
+            # The runs it holds: those called and those waiting in the host queues for their host.
+            concurrency=concurrency + options.max_waiting,
         )
         self.pool = WorkerPool(
             store,
@@ -64,6 +68,7 @@ class RemoteWorker:
             self.keeper,
             concurrency=concurrency,
             on_recorded=self.queue.recorded,
+            options=options,
         )
 
     async def start(self) -> None:

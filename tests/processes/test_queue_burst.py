@@ -177,7 +177,7 @@ async def test_workers_send_a_redis_burst_in_batches_one_entry_and_one_report_pe
 
     pool.call = call  # type: ignore[method-assign]
     pool.completer.add = add  # type: ignore[method-assign]
-    workers = [asyncio.create_task(pool._work()) for _ in range(8)]
+    workers = [asyncio.create_task(pool._take_loop()), asyncio.create_task(pool._pump_loop())]
     try:
         await asyncio.wait_for(all_in.wait(), timeout=60)
         entries: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(good)  # type: ignore[assignment]
@@ -230,7 +230,7 @@ async def test_batched_workers_keep_runs_in_flight_within_the_pool_concurrency()
     dispatcher = _HeldDispatcher(workers=10, queue=queue)
     pool = WorkerPool(None, queue, dispatcher, None, concurrency=10)  # type: ignore[arg-type]
     pool.completer.add = lambda report: None  # type: ignore[method-assign]
-    workers = [asyncio.create_task(pool._work()) for _ in range(10)]
+    workers = [asyncio.create_task(pool._take_loop()), asyncio.create_task(pool._pump_loop())]
     try:
         await asyncio.wait_for(dispatcher.all_busy.wait(), timeout=30)
         taken = sum(dispatcher.sizes)

@@ -5,8 +5,8 @@ in flight. A worker that found the bound reached sent its one run alone, and wit
 full (the fencer ahead of the target, as at a million-run burst once fences got cheap) the
 thousand workers each sending one run at a time was a state the pool stayed in: 8,979 calls for
 10,000 runs here (on `main` too), and twice the node's CPU per run at a million (issue 16, ninth
-session). Runs are now taken by one worker at a time, which waits for room for a whole batch
-(``WorkerPool._take``): 20 calls of 500."""
+session). Runs now wait in the Redis host's queue and the pump starts them a pipeline at a time
+(workers/hostqueues.py)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,11 @@ async def test_a_full_run_queue_goes_out_in_batches_not_one_run_at_a_time() -> N
     in_flight = [0]
     async with running(node):
         await recorded(
-            node, RUNS, poll_s=0.005, timeout_s=90, sample=lambda: in_flight.append(node.pool._inflight)
+            node,
+            RUNS,
+            poll_s=0.005,
+            timeout_s=90,
+            sample=lambda: in_flight.append(node.pool.queues.in_flight),
         )
     most_in_flight = max(in_flight)
     assert sum(redis.sizes) == RUNS

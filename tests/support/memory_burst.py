@@ -18,6 +18,7 @@ from duetime.runqueue import metrics
 from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.memory import MemoryStore
+from duetime.workers.dispatch import Dispatcher
 from duetime.workers.pool import WorkerPool
 
 
@@ -32,6 +33,10 @@ class RedisThatSucceeds:
     """The dispatcher's Redis batch path, answering every XADD with success after a moment."""
 
     broker_timeout_s = 10.0
+    host_concurrency = 256
+    host_rate_per_s = 10000.0
+    host_burst = None
+    host_of = staticmethod(Dispatcher.host_of)
 
     async def deliver_redis_many(self, deliveries: list[Delivery]) -> _Sent:
         started = datetime.now(UTC)
