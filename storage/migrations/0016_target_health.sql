@@ -11,7 +11,7 @@
 -- host is compared byte by byte (COLLATE "C"): the list's keyset pagination then follows the
 -- primary key's order whatever the database's collation, and the same order as the in-memory
 -- store's. reported_at is the database's clock, never a worker's, and no index reads it, so the
--- upsert that rewrites a row every few seconds stays a HOT update (fillfactor leaves the room).
+-- upsert that rewrites a row every few seconds can stay a HOT update (fillfactor leaves room).
 -- Numbered 0016: 0015 is flow control's; the runner applies whatever is missing by number, so
 -- either may reach a database first.
 CREATE TABLE target_health (
