@@ -34,12 +34,13 @@ from duetime.api.openapi import build_openapi
 from duetime.api.preview import PreviewApi
 from duetime.api.render import dumps, json_response
 from duetime.api.request_id import request_id_middleware
+from duetime.api.targets import TargetsApi
 from duetime.core.errors import DuetimeError, MalformedRequest, StorageUnavailable
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.topics import TopicPolicy
 from duetime.core.validation import SpecLimits
 from duetime.exposition import metrics_response
-from duetime.storage.base import Registry
+from duetime.storage.ports import ApiStore
 
 log = logging.getLogger("duetime.api")
 
@@ -179,7 +180,7 @@ def _make_middleware(
 
 
 def create_app(
-    registry: Registry,
+    registry: ApiStore,
     *,
     policy: AddressPolicy,
     limits: SpecLimits | None = None,
@@ -195,7 +196,8 @@ def create_app(
     metrics_token: str | None = None,
     serve_metrics: bool = True,
 ) -> web.Application:
-    """The API as an aiohttp application; the caller owns the registry's lifetime.
+    """The API as an aiohttp application; the caller owns the registry's lifetime (the store:
+    the registry of jobs and the target health it lists).
 
     ``readiness`` is an extra probe for /readyz (brokers, engines): it raises when not ready.
     ``key_cache_ttl_s`` bounds how long a revoked key keeps working on this process.
@@ -234,6 +236,7 @@ def create_app(
     )
     app.router.add_routes(jobs_api.routes())
     app.router.add_routes(PreviewApi(registry, limits=spec_limits).routes())
+    app.router.add_routes(TargetsApi(registry).routes())
 
     openapi_body = dumps(build_openapi(spec_limits))
 

@@ -76,7 +76,8 @@ def _query(request: web.Request, name: str) -> str | None:
     return value if value else None
 
 
-def _limit(request: web.Request) -> int:
+def limit_of(request: web.Request) -> int:
+    """``limit``: 1 to ``MAX_LIMIT``, ``DEFAULT_LIMIT`` when not given (every list of /v1)."""
     text = _query(request, "limit")
     if text is None:
         return DEFAULT_LIMIT
@@ -87,7 +88,8 @@ def _limit(request: web.Request) -> int:
     return int(text)
 
 
-def _cursor(request: web.Request) -> str | None:
+def cursor_of(request: web.Request) -> str | None:
+    """``cursor`` as sent, when it has the shape of one we issue (storage judges the rest)."""
     text = _query(request, "cursor")
     if text is not None and _CURSOR_SHAPE.fullmatch(text) is None:
         raise InvalidRequest(
@@ -298,7 +300,7 @@ class JobsApi:
         return json_response(job_to_json(job))
 
     async def list_jobs(self, request: web.Request) -> web.Response:
-        state, limit, cursor = _state(request), _limit(request), _cursor(request)
+        state, limit, cursor = _state(request), limit_of(request), cursor_of(request)
         labels = parse_label_query([v for v in request.query.getall("label", []) if v])
         prefix = _query(request, "name_prefix")
         page = await self._registry.list_jobs(
@@ -482,7 +484,7 @@ class JobsApi:
         raw_since = request.query.get("since") or None
         since = None if raw_since is None else parse_time(raw_since, "since")
         page = await self._registry.list_owner_runs(
-            request[OWNER], outcome=outcome, since=since, limit=_limit(request), cursor=_cursor(request)
+            request[OWNER], outcome=outcome, since=since, limit=limit_of(request), cursor=cursor_of(request)
         )
         return json_response(
             {
@@ -493,6 +495,6 @@ class JobsApi:
 
     async def list_runs(self, request: web.Request) -> web.Response:
         owner, job_id = request[OWNER], job_id_of(request)
-        limit, cursor = _limit(request), _cursor(request)
+        limit, cursor = limit_of(request), cursor_of(request)
         page = await self._registry.list_runs(owner, job_id, limit=limit, cursor=cursor)
         return json_response(runs_page_to_json(page))

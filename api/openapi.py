@@ -581,6 +581,13 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "additionalProperties": False,
             "properties": {"items": {"type": "array", "items": _ref("Run")}, "next_cursor": cursor},
         },
+        "Target": _target_schema(),
+        "TargetPage": {
+            "type": "object",
+            "required": ["items", "next_cursor"],
+            "additionalProperties": False,
+            "properties": {"items": {"type": "array", "items": _ref("Target")}, "next_cursor": cursor},
+        },
         "Error": {
             "type": "object",
             "required": ["error"],
@@ -605,6 +612,41 @@ def _schemas(limits: SpecLimits) -> JsonObject:
     }
     schemas.update(_preview_schemas())
     return schemas
+
+
+def _target_schema() -> JsonObject:
+    count: JsonObject = {"type": "integer", "minimum": 0}
+    return {
+        "type": "object",
+        "required": ["host", "state", "concurrency_limit", "backoff_until", "last_5m"],
+        "additionalProperties": False,
+        "description": "One host of the owner's webhook jobs, as the live workers see it together.",
+        "properties": {
+            "host": {"type": "string", "description": "`host:port` (an IPv6 address in brackets)."},
+            "state": {
+                "enum": ["healthy", "degraded", "backing_off"],
+                "description": "The worst any worker reports: `degraded`, fewer calls at once (its "
+                "calls time out or are refused); `backing_off`, none until `backoff_until`, then one "
+                "probe at a time. Runs held back are delayed, not failed.",
+            },
+            "concurrency_limit": {
+                **count,
+                "description": "Calls to the host at once, the sum over the workers.",
+            },
+            "backoff_until": {
+                **_OPT_TIME,
+                "description": "The latest end of a back-off among the workers backing off; null "
+                "when none is.",
+            },
+            "last_5m": {
+                "type": "object",
+                "required": ["calls", "timeouts", "errors"],
+                "additionalProperties": False,
+                "description": "The owner's calls to the host over the last five minutes, all workers.",
+                "properties": {"calls": count, "timeouts": count, "errors": count},
+            },
+        },
+    }
 
 
 def _preview_schemas() -> JsonObject:
@@ -940,6 +982,21 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                 ],
                 "responses": {
                     "200": _json("A page of runs, each with its job_id.", _ref("OwnerRunPage")),
+                    "401": _E401,
+                    "422": _E422,
+                    "503": _E503,
+                },
+            }
+        },
+        "/v1/targets": {
+            "get": {
+                "operationId": "list_targets",
+                "summary": "The hosts of the owner's webhook jobs as the workers see them (health, "
+                "limit, back-off, the last five minutes' calls), in host order, one page at a time. "
+                "Only reports of the last two minutes count: a worker that stopped drops out.",
+                "parameters": _page_params(),
+                "responses": {
+                    "200": _json("A page of hosts.", _ref("TargetPage")),
                     "401": _E401,
                     "422": _E422,
                     "503": _E503,

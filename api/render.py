@@ -17,6 +17,7 @@ from duetime.api.errors import JSON_CONTENT_TYPE
 from duetime.core.codec import format_time, run_to_json, spec_to_json
 from duetime.core.model import Job, Run
 from duetime.storage.base import Backfill, Page
+from duetime.storage.ports import TargetView
 
 
 def job_to_json(job: Job) -> dict[str, Any]:
@@ -37,6 +38,20 @@ def jobs_page_to_json(page: Page[Job]) -> dict[str, Any]:
 
 def runs_page_to_json(page: Page[Run]) -> dict[str, Any]:
     return {"items": [run_to_json(run) for run in page.items], "next_cursor": page.next_cursor}
+
+
+def target_to_json(view: TargetView) -> dict[str, Any]:
+    return {
+        "host": view.host,
+        "state": view.state.value,
+        "concurrency_limit": view.concurrency_limit,
+        "backoff_until": None if view.backoff_until is None else format_time(view.backoff_until),
+        "last_5m": {"calls": view.calls_5m, "timeouts": view.timeouts_5m, "errors": view.errors_5m},
+    }
+
+
+def targets_page_to_json(page: Page[TargetView]) -> dict[str, Any]:
+    return {"items": [target_to_json(view) for view in page.items], "next_cursor": page.next_cursor}
 
 
 def backfill_to_json(job_id: uuid.UUID, start: datetime, end: datetime, result: Backfill) -> dict[str, Any]:

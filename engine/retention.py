@@ -5,7 +5,10 @@ Every ``interval_s`` it deletes, on each database, run history older than
 ``DUETIME_FINISHED_JOB_RETENTION_S`` (with their history and Idempotency-Keys), ``batch`` rows
 per statement, each statement its own short transaction, with a pause between batches: a clean-up
 of millions of rows is many small deletes that the run path's claims and completions pass
-between, never one long one. ``0`` keeps that kind forever.
+between, never one long one. ``0`` keeps that kind forever. Each round also deletes the target
+health reports of workers that stopped over an hour ago (``storage.target_rules.PURGE_S``): a
+running worker deletes its own stale reports, but one that never comes back (a pod of an earlier
+deployment) would leave its rows for good.
 
 It runs beside every engine; a try-lock per database and batch (see the storage part) makes one
 of them do the work and lets the others skip. The clock is injected so tests can age rows
@@ -28,6 +31,7 @@ from prometheus_client import Counter, Histogram
 from duetime.core.errors import DuetimeError, is_transient
 from duetime.storage.dbclock import DB_CLOCK
 from duetime.storage.ports import HistorySweep
+from duetime.storage.target_rules import PURGE_S
 from duetime.supervisor import SUPERVISOR
 
 log = logging.getLogger("duetime.retention")
@@ -57,6 +61,8 @@ class RetentionStore(Protocol):
         self, dsn: str, *, before: datetime, limit: int
     ) -> tuple[int, int] | None: ...
 
+    async def purge_target_health(self, *, older_than_s: float) -> int: ...
+
 
 @dataclass(frozen=True, slots=True)
 class RetentionConfig:
@@ -68,6 +74,7 @@ class RetentionConfig:
 
     @property
     def enabled(self) -> bool:
+        """Whether history or finished jobs are deleted (the rounds run either way: see ``start``)."""
         return self.run_retention_s > 0 or self.finished_job_retention_s > 0
 
 
@@ -76,6 +83,7 @@ class RoundReport:
     runs: int = 0
     jobs: int = 0
     skipped_databases: int = 0  # another process held the database's maintenance lock
+    target_reports: int = 0  # target health reports of workers long gone
 
 
 def _wall_clock() -> datetime:
@@ -119,8 +127,20 @@ class RetentionService:
                     raise
                 log.warning("retention skipped %s this round: %s", dsn.split("@")[-1], exc)
                 report.skipped_databases += 1
+        if not self._stopping.is_set():
+            await self._target_reports(report)
         ROUND_SECONDS.observe(time.perf_counter() - started)
         return report
+
+    async def _target_reports(self, report: RoundReport) -> None:
+        """One statement on the home database, whatever the settings of history and jobs: the
+        reports are the workers' working data, not the owners' records those settings keep."""
+        try:
+            report.target_reports = await self._store.purge_target_health(older_than_s=PURGE_S)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            log.warning("retention skipped the target health reports this round: %s", exc)
 
     async def _jobs(self, dsn: str, report: RoundReport) -> bool:
         cfg = self._config
@@ -161,7 +181,8 @@ class RetentionService:
                 await asyncio.wait_for(self._stopping.wait(), timeout=self._config.pause_s)
 
     def start(self) -> None:
-        if self._config.enabled and self._task is None:
+        """Loop the rounds; also with history and jobs kept forever, for the target reports."""
+        if self._task is None:
             self._task = SUPERVISOR.spawn("duetime-retention", self._loop)
 
     async def stop(self) -> None:
@@ -177,6 +198,11 @@ class RetentionService:
                 if report.runs or report.jobs:
                     log.info(
                         "retention deleted %d history rows and %d finished jobs", report.runs, report.jobs
+                    )
+                if report.target_reports:
+                    log.info(
+                        "retention deleted %d target health reports of workers gone for an hour",
+                        report.target_reports,
                     )
             except DuetimeError as exc:
                 log.warning("retention round failed, the next one retries: %s", exc)

@@ -1,5 +1,5 @@
-"""``MemoryStore``: the ``Registry`` and ``RunStore`` ports in memory, for tests of what sits on
-top of storage (engine, workers, API) without a database.
+"""``MemoryStore``: the ``Registry``, ``RunStore``, ``EventOutbox`` and ``TargetHealth`` ports in
+memory, for tests of what sits on top of storage (engine, workers, API) without a database.
 
 Faithful, not approximate: it keeps the same rows PostgreSQL keeps (state, phase, lease token,
 holder, lease expiry, occurrence rows, history), answers with the same records and errors, and
@@ -30,7 +30,7 @@ from duetime.core.errors import InvalidRequest, NotFound, StorageUnavailable
 from duetime.core.failures import FailureEvent
 from duetime.core.ids import SHARDS, new_job_id, shard_of
 from duetime.core.lifecycle import OwnerStep, RowPlan, initial_plan, owner_step, split_point, update_step
-from duetime.core.model import Job, JobSpec, JobState, Overlap, Phase, Run
+from duetime.core.model import Job, JobSpec, JobState, Overlap, Phase, Run, TargetState
 from duetime.core.runpath import (
     AttemptReport,
     Claim,
@@ -56,6 +56,8 @@ from duetime.storage.ports import (
     OwnerRun,
     Page,
     SigningKeys,
+    TargetHealthReport,
+    TargetView,
 )
 from duetime.storage.postgres.completion import (
     BatchWriter,
@@ -78,6 +80,14 @@ from duetime.storage.registry_rules import (
     refuse_apply,
     require_failed_occurrence,
     run_cursor,
+)
+from duetime.storage.target_rules import (
+    LIVE_S,
+    STALE_S,
+    encode_target_cursor,
+    latest_per_pair,
+    target_cursor,
+    worst,
 )
 
 
@@ -201,6 +211,14 @@ class _EventRow:
 
 
 @dataclass(frozen=True, slots=True)
+class _TargetRow:
+    """One row of ``target_health`` (migration 0016): a worker's report and when it came."""
+
+    report: TargetHealthReport
+    reported_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class _HistoryRow:
     run_id: int
     job_id: uuid.UUID
@@ -275,6 +293,7 @@ class MemoryStore:
         self._listeners: set[_Listener] = set()
         self._events: dict[int, _EventRow] = {}
         self._next_event_seq = 1
+        self._targets: dict[tuple[str, str, str], _TargetRow] = {}  # (owner, host, worker)
         self.available = True  # False: every call raises StorageUnavailable (an outage)
 
     # ------------------------------------------------------------------ plumbing
@@ -1271,5 +1290,46 @@ class MemoryStore:
         self._check()
         return self._expire(self._running_of(engine_id, shards)).applied
 
+    # ------------------------------------------------------------------ target health
+
+    async def report_target_health(self, worker: str, reports: Sequence[TargetHealthReport]) -> None:
+        self._check()
+        now = self._now()
+        stale = now - timedelta(seconds=STALE_S)
+        for key, row in list(self._targets.items()):
+            if key[2] == worker and row.reported_at < stale:
+                del self._targets[key]
+        for report in latest_per_pair(reports):
+            self._targets[(report.owner, report.host, worker)] = _TargetRow(report, now)
+
+    async def list_targets(self, owner: str, *, limit: int, cursor: str | None) -> Page[TargetView]:
+        self._check()
+        after = target_cursor(cursor)
+        live = self._now() - timedelta(seconds=LIVE_S)
+        by_host: dict[str, list[TargetHealthReport]] = {}
+        for (row_owner, host, _), row in self._targets.items():
+            if row_owner == owner and host > after and row.reported_at > live:
+                by_host.setdefault(host, []).append(row.report)
+        hosts = sorted(by_host)[: limit + 1]
+        page = [_target_view(host, by_host[host]) for host in hosts[:limit]]
+        next_cursor = encode_target_cursor(page[-1].host) if len(hosts) > limit else None
+        return Page(page, next_cursor)
+
     async def close(self) -> None:
         self._listeners.clear()
+
+
+def _target_view(host: str, reports: list[TargetHealthReport]) -> TargetView:
+    """What the live workers' reports of one host say together (``list_targets``)."""
+    backing_off = [
+        r.backoff_until for r in reports if r.state is TargetState.BACKING_OFF and r.backoff_until is not None
+    ]
+    return TargetView(
+        host=host,
+        state=worst(r.state for r in reports),
+        concurrency_limit=sum(r.concurrency_limit for r in reports),
+        backoff_until=max(backing_off, default=None),
+        calls_5m=sum(r.calls_5m for r in reports),
+        timeouts_5m=sum(r.timeouts_5m for r in reports),
+        errors_5m=sum(r.errors_5m for r in reports),
+    )

@@ -1,7 +1,8 @@
 """The storage ports: what the API, the engine and the workers may ask of storage, as Protocols,
 and the typed records that cross them.
 
-The API talks to a ``Registry``; the engine and workers talk to a ``RunStore``. Both are
+The API talks to a ``Registry`` (and lists target health: ``ApiStore`` is both); the engine and
+workers talk to a ``RunStore``. Both are
 implemented by ``storage.postgres.PostgresStore`` (the real thing, built only by the composition
 root) and by ``storage.memory.MemoryStore`` (a faithful in-memory fake for tests); the contract
 suite in tests/contract/ runs the same cases against both, so the fake cannot drift. Methods are
@@ -36,6 +37,7 @@ from duetime.core.runpath import (
 )
 
 __all__ = [
+    "ApiStore",
     "AttemptReport",
     "Backfill",
     "Claim",
@@ -582,3 +584,11 @@ class TargetHealth(Protocol):
     async def list_targets(self, owner: str, *, limit: int, cursor: str | None) -> Page[TargetView]:
         """The owner's hosts in host order, from live reports only."""
         ...
+
+
+# ---------------------------------------------------------------------- what the API is given
+
+
+class ApiStore(Registry, TargetHealth, Protocol):
+    """Everything the API asks of storage: the registry, and the target health it lists. The
+    composition root hands it the concrete store (``PostgresStore``; ``MemoryStore`` in tests)."""

@@ -43,6 +43,29 @@ def decode_cursor(cursor: str, size: int) -> bytes:
     return raw
 
 
+def encode_text_cursor(key: str) -> str:
+    """A cursor that carries a text key (a host name): its UTF-8, as ``encode_cursor`` writes it."""
+    return encode_cursor(key.encode())
+
+
+def decode_text_cursor(cursor: str, *, max_bytes: int) -> str:
+    """The text key of a cursor ``encode_text_cursor`` made; anything else is refused.
+
+    Only the exact string we would have issued passes (base64 decoding drops characters outside
+    its alphabet, so ``"!!!"`` would otherwise read as an empty key), and never a key that could
+    not have come from a row: empty, too long, not UTF-8, or holding a control character (a NUL
+    would make PostgreSQL fail the query with a 500).
+    """
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        key = raw.decode("utf-8")
+    except (binascii.Error, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor") from exc
+    if not 0 < len(raw) <= max_bytes or not key.isprintable() or encode_text_cursor(key) != cursor:
+        raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor")
+    return key
+
+
 def job_cursor(cursor: str | None) -> uuid.UUID:
     """The id a page of jobs starts after."""
     return uuid.UUID(bytes=decode_cursor(cursor, 16)) if cursor else FIRST_JOB

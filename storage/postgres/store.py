@@ -25,6 +25,7 @@ from duetime.storage.postgres.retention import RetentionPart
 from duetime.storage.postgres.runpath import RunPathPart
 from duetime.storage.postgres.selection import SelectionPart
 from duetime.storage.postgres.sessions import SessionBounds
+from duetime.storage.postgres.target_health import TargetHealthPart
 from duetime.storage.shardmap import ShardMap
 
 
@@ -38,6 +39,7 @@ class PostgresStore(
     RetentionPart,
     KeysPart,
     EventsPart,
+    TargetHealthPart,
 ):
     """Registry + run store on asyncpg pools, one pool per distinct database in the shard map."""
 

@@ -27,7 +27,7 @@ from duetime.api.app import create_app, metrics_app
 from duetime.core.errors import StorageUnavailable
 from duetime.core.ids import shard_of
 from duetime.core.ssrf import AddressPolicy
-from duetime.storage.base import Registry
+from duetime.storage.ports import ApiStore
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 
@@ -275,7 +275,7 @@ async def test_list_refuses_an_unknown_state_and_a_foreign_cursor(
     # The last two are 32 bytes, /v1/runs' size: all ones (run id 2**64-1) and a time past 9999.
     foreign = ["!!!", "not a cursor", "é", "AAAA", "x" * 2000, "__________8", "_____________________w"]
     foreign += ["_" * 42 + "8", "f_________8" + "A" * 32]
-    for path in ("/v1/jobs", f"/v1/jobs/{job['id']}/runs", "/v1/runs"):
+    for path in ("/v1/jobs", f"/v1/jobs/{job['id']}/runs", "/v1/runs", "/v1/targets"):
         for cursor in foreign:
             resp = await client.get(path, params={"cursor": cursor}, headers=headers)
             if resp.status == 200:  # a cursor past the end is an empty last page, never an error
@@ -930,7 +930,7 @@ class _FlakyKeys:
 
 async def test_a_failed_key_lookup_answers_503_and_is_not_remembered(store: PostgresStore) -> None:
     flaky = _FlakyKeys(store)
-    async with serve(create_app(cast(Registry, flaky), policy=AddressPolicy())) as c:
+    async with serve(create_app(cast(ApiStore, flaky), policy=AddressPolicy())) as c:
         headers = await new_owner(store)
         answers = await asyncio.gather(*(c.get("/v1/jobs", headers=headers) for _ in range(10)))
         for resp in answers:
@@ -947,7 +947,7 @@ async def test_an_unexpected_error_answers_500_and_storage_trouble_503(
     store: PostgresStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     failing = _FailingReads(store)
-    async with serve(create_app(cast(Registry, failing), policy=AddressPolicy())) as c:
+    async with serve(create_app(cast(ApiStore, failing), policy=AddressPolicy())) as c:
         headers = await new_owner(store)
         resp = await c.get(f"/v1/jobs/{uuid.uuid4()}", headers=headers)
         error = await error_of(resp, 500)

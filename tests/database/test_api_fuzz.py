@@ -43,9 +43,11 @@ from duetime.api.app import create_app
 from duetime.api.openapi import build_openapi
 from duetime.api.server import api_runner
 from duetime.core.ids import shard_of
+from duetime.core.model import TargetState
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.topics import TopicPolicy, TopicRule
 from duetime.core.validation import SpecLimits
+from duetime.storage.ports import TargetHealthReport
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 
@@ -136,6 +138,7 @@ class LiveApi:
             owner = await store.owner_for_key(self.api_key)
             assert owner is not None
             self.job_ids = await _seed_jobs(store, self._dsn, owner)
+            await _seed_targets(store, owner)
             self._ready.set()
             await self._stop.wait()
         finally:
@@ -185,6 +188,18 @@ async def _seed_jobs(store: PostgresStore, dsn: str, owner: str) -> list[str]:
     finally:
         await conn.close()
     return ids
+
+
+async def _seed_targets(store: PostgresStore, owner: str) -> None:
+    """Hosts in every state, for GET /v1/targets to answer with (for the two minutes reports live)."""
+    until = datetime.now(UTC) + timedelta(minutes=5)
+    await store.report_target_health(
+        "fuzz-worker",
+        [
+            TargetHealthReport(owner, f"h{n}.example:443", state, 8 - n, until if n == 2 else None, 9, n, n)
+            for n, state in enumerate(TargetState)
+        ],
+    )
 
 
 @pytest.fixture(scope="module")

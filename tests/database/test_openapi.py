@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -18,7 +19,9 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from openapi_spec_validator import OpenAPIV31SpecValidator
 
 from duetime.api.app import create_app
+from duetime.core.model import TargetState
 from duetime.core.ssrf import AddressPolicy
+from duetime.storage.ports import TargetHealthReport
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 
@@ -67,7 +70,7 @@ def test_every_v1_route_is_described_and_nothing_else(
         (path, method) for path, item in document["paths"].items() for method in item if method in METHODS
     }
     assert routed == described
-    assert len(routed) == 19
+    assert len(routed) == 20
 
 
 def test_every_operation_declares_auth_errors_and_its_own_answers(document: dict[str, Any]) -> None:
@@ -91,7 +94,7 @@ def test_every_operation_declares_auth_errors_and_its_own_answers(document: dict
                 schema = answer["content"]["application/json"]["schema"]
                 if int(status) >= 400:
                     assert schema == {"$ref": "#/components/schemas/Error"}, (path, method, status)
-    assert len(operation_ids) == 19
+    assert len(operation_ids) == 20
     ops = document["paths"]
     assert set(ops["/v1/jobs"]["post"]["responses"]) >= {"200", "201"}
     assert "202" in ops["/v1/jobs/{job_id}/trigger"]["post"]["responses"]
@@ -105,7 +108,8 @@ async def test_live_answers_conform_to_the_schemas(
     served: tuple[web.Application, Client, PostgresStore], document: dict[str, Any]
 ) -> None:
     _, client, store = served
-    api_key, _ = await store.create_api_key(f"owner-{uuid.uuid4().hex[:12]}")
+    owner = f"owner-{uuid.uuid4().hex[:12]}"
+    api_key, _ = await store.create_api_key(owner)
     headers = {"Authorization": f"Bearer {api_key}"}
     specs = [
         {
@@ -135,6 +139,20 @@ async def test_live_answers_conform_to_the_schemas(
         runs = await (await client.get(f"/v1/jobs/{job['id']}/runs", headers=headers)).json()
         run_page.validate(runs)
     page_schema.validate(await (await client.get("/v1/jobs?limit=1", headers=headers)).json())
+    until = datetime(2030, 1, 1, tzinfo=UTC)
+    await store.report_target_health(
+        "w-openapi",
+        [
+            TargetHealthReport(owner, "1.1.1.1:443", TargetState.HEALTHY, 8, None, 3, 0, 1),
+            TargetHealthReport(owner, "[2001:db8::1]:80", TargetState.BACKING_OFF, 0, until, 9, 9, 0),
+        ],
+    )
+    targets = await (await client.get("/v1/targets?limit=1", headers=headers)).json()
+    target_page = _schema_validator(document, "TargetPage")
+    target_page.validate(targets)
+    target_page.validate(await (await client.get("/v1/targets", headers=headers)).json())
+    assert targets["next_cursor"] is not None
+    assert not target_page.is_valid({**targets, "items": [{**targets["items"][0], "state": "down"}]})
     for resp in (
         await client.get("/v1/jobs"),
         await client.get(f"/v1/jobs/{uuid.uuid4()}", headers=headers),

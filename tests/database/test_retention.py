@@ -13,9 +13,12 @@ import asyncpg
 import pytest
 
 from duetime.core.ids import new_job_id, shard_of
+from duetime.core.model import TargetState
 from duetime.engine.retention import RetentionConfig, RetentionService
+from duetime.storage.ports import TargetHealthReport
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
+from duetime.storage.target_rules import PURGE_S
 
 DAY = 86_400
 T = datetime(2027, 3, 1, 12, 0, tzinfo=UTC)  # the fake clock's now
@@ -128,6 +131,29 @@ async def test_zero_keeps_forever(fresh: tuple[str, PostgresStore]) -> None:
         report = await _service(store, finished_job_retention_s=0).run_round()
         assert (report.jobs, report.runs) == (0, 1)
         assert await conn.fetchval("SELECT count(*) FROM jobs") == 1
+    finally:
+        await conn.close()
+
+
+async def test_target_reports_of_workers_gone_for_an_hour_go_whatever_the_settings(
+    fresh: tuple[str, PostgresStore],
+) -> None:
+    """Reports are stamped and aged by the database's clock, not the service's (fake) one."""
+    dsn, store = fresh
+    reports = [TargetHealthReport("o", f"h{i}:443", TargetState.HEALTHY, 8, None, 1, 0, 0) for i in range(3)]
+    for worker in ("gone", "quiet", "live"):
+        await store.report_target_health(worker, reports)
+    conn = await asyncpg.connect(dsn)
+    try:
+        age = "UPDATE target_health SET reported_at = now() - make_interval(secs => $2) WHERE worker = $1"
+        await conn.execute(age, "gone", PURGE_S + 5)
+        await conn.execute(age, "quiet", PURGE_S - 60)  # stale, but its own next report deletes it
+        # History and finished jobs kept forever: the reports go all the same.
+        report = await _service(store, run_retention_s=0, finished_job_retention_s=0).run_round()
+        assert report.target_reports == 3
+        left = await conn.fetch("SELECT DISTINCT worker FROM target_health ORDER BY worker")
+        assert [r["worker"] for r in left] == ["live", "quiet"]
+        assert (await _service(store).run_round()).target_reports == 0
     finally:
         await conn.close()
 

@@ -32,6 +32,11 @@ class _Store:
             raise StorageUnavailable("the job database is unavailable right now")
         return (0, 0)
 
+    async def purge_target_health(self, *, older_than_s: float) -> int:
+        if "a" in self.down:  # the home database
+            raise StorageUnavailable("the job database is unavailable right now")
+        return 0
+
 
 async def test_a_database_away_is_skipped_and_the_others_swept() -> None:
     store = _Store()
