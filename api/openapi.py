@@ -159,6 +159,42 @@ def _schemas(limits: SpecLimits) -> JsonObject:
     attempts_low, attempts_high = limits.max_attempts_range
     grace_low, grace_high = limits.misfire_grace_s_range
     jitter_low, jitter_high = limits.jitter_s_range
+    rate_low, rate_high = limits.flow_rate_range
+    parallelism_low, parallelism_high = limits.flow_parallelism_range
+    flow: JsonObject = {
+        "type": "object",
+        "required": ["key", "rate_per_s", "parallelism"],
+        "additionalProperties": False,
+        "description": "Flow control: all of the owner's jobs whose target names the same `key` share "
+        "these limits across the whole cluster (within 10 %). Calls over them wait: they are not "
+        "failed, use no attempt, and the wait shows in `lateness_ms`. Two owners' keys never mix. "
+        'See docs/targets.md, "Flow control".',
+        "properties": {
+            "key": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": limits.flow_key_max,
+                "description": "Any printable text (no control or invisible formatting characters).",
+            },
+            "rate_per_s": {
+                "type": "number",
+                "minimum": rate_low,
+                "maximum": rate_high,
+                "description": "Calls started per second, for all the key's jobs together.",
+            },
+            "parallelism": {
+                "type": "integer",
+                "minimum": parallelism_low,
+                "maximum": parallelism_high,
+                "description": "Calls in flight at once, for all the key's jobs together.",
+            },
+        },
+    }
+    flow_in: JsonObject = {
+        "oneOf": [{"type": "null"}, _ref("Flow")],
+        "default": None,
+        "description": "Optional flow control; `null` or left out: none.",
+    }
     webhook_in: JsonObject = {
         "type": "object",
         "required": ["type", "url"],
@@ -173,6 +209,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "method": {"enum": ["POST", "PUT"], "default": "POST"},
             "headers": {**header_map, "description": "Sent with every call; shown as `<redacted>`."},
             "timeout_s": {"type": "integer", "minimum": timeout_low, "maximum": timeout_high, "default": 30},
+            "flow": flow_in,
         },
     }
     queue_in: JsonObject = {
@@ -183,6 +220,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "type": {"const": "queue"},
             "broker": {"enum": ["nats", "redis"]},
             "topic": {"type": "string", "minLength": 1, "maxLength": limits.topic_max},
+            "flow": flow_in,
         },
     }
     one_off: JsonObject = {
@@ -345,13 +383,17 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "method": {"enum": ["POST", "PUT"]},
             "headers": {"type": "object", "additionalProperties": {"const": "<redacted>"}},
             "timeout_s": {"type": "integer"},
+            "flow": {**_ref("Flow"), "description": "Shown only when the target has flow control."},
         },
     }
     queue_out: JsonObject = {
         "type": "object",
         "required": ["type", "broker", "topic"],
         "additionalProperties": False,
-        "properties": queue_in["properties"],
+        "properties": {
+            **queue_in["properties"],
+            "flow": {**_ref("Flow"), "description": "Shown only when the target has flow control."},
+        },
     }
     cron_out: JsonObject = {
         "type": "object",
@@ -506,6 +548,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
         "OnFailure": on_failure_out,
         "WebhookTarget": webhook_out,
         "QueueTarget": queue_out,
+        "Flow": flow,
         "CronSchedule": cron_out,
         "EverySchedule": every_out,
         "Retry": retry_out,

@@ -19,6 +19,7 @@ from duetime.core.model import (
     DateRange,
     DstGap,
     DstOverlap,
+    Flow,
     IntervalSchedule,
     JobSpec,
     Misfire,
@@ -74,28 +75,48 @@ def _opt_time(value: datetime | None) -> str | None:
     return None if value is None else format_time(value)
 
 
+def flow_to_json(flow: Flow) -> dict[str, Any]:
+    return {"key": flow.key, "rate_per_s": flow.rate_per_s, "parallelism": flow.parallelism}
+
+
+def flow_from_json(data: dict[str, Any] | None) -> Flow | None:
+    if data is None:
+        return None
+    return Flow(key=data["key"], rate_per_s=float(data["rate_per_s"]), parallelism=int(data["parallelism"]))
+
+
 def target_to_json(target: Target, *, redact: bool = False) -> dict[str, Any]:
+    """A target's fields; ``flow`` only when it has one, so a spec stored before flow control
+    existed and the same spec written now are the same JSON (PUT's "nothing changed" compares
+    them, and the API shows no field an owner never set)."""
+    out: dict[str, Any]
     if isinstance(target, WebhookTarget):
         headers = {k: (REDACTED if redact else v) for k, v in target.headers.items()}
-        return {
+        out = {
             "type": "webhook",
             "url": target.url,
             "method": target.method.value,
             "headers": headers,
             "timeout_s": target.timeout_s,
         }
-    return {"type": "queue", "broker": target.broker.value, "topic": target.topic}
+    else:
+        out = {"type": "queue", "broker": target.broker.value, "topic": target.topic}
+    if target.flow is not None:
+        out["flow"] = flow_to_json(target.flow)
+    return out
 
 
 def target_from_json(data: dict[str, Any]) -> Target:
+    flow = flow_from_json(data.get("flow"))
     if data["type"] == "webhook":
         return WebhookTarget(
             url=data["url"],
             method=WebhookMethod(data.get("method", "POST")),
             headers=dict(data.get("headers") or {}),
             timeout_s=int(data.get("timeout_s", 30)),
+            flow=flow,
         )
-    return QueueTarget(broker=Broker(data["broker"]), topic=data["topic"])
+    return QueueTarget(broker=Broker(data["broker"]), topic=data["topic"], flow=flow)
 
 
 def exclude_to_json(ranges: tuple[DateRange, ...]) -> list[Any]:

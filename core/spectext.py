@@ -33,6 +33,7 @@ from duetime.core.model import (
     CronSchedule,
     DstGap,
     DstOverlap,
+    Flow,
     IntervalSchedule,
     JobSpec,
     Misfire,
@@ -50,9 +51,16 @@ from duetime.core.model import (
 __all__ = ["spec_from_text"]
 
 
+class _Flow(msgspec.Struct):
+    key: str
+    rate_per_s: float
+    parallelism: int
+
+
 class _Queue(msgspec.Struct, tag_field="type", tag="queue"):
     broker: Broker
     topic: str
+    flow: _Flow | None = None
 
 
 class _Webhook(msgspec.Struct, tag_field="type", tag="webhook"):
@@ -60,6 +68,7 @@ class _Webhook(msgspec.Struct, tag_field="type", tag="webhook"):
     method: WebhookMethod = WebhookMethod.POST
     headers: dict[str, str] | None = None
     timeout_s: int = 30
+    flow: _Flow | None = None
 
 
 class _Schedule(msgspec.Struct):
@@ -131,10 +140,15 @@ def spec_from_text(text: str | bytes) -> JobSpec:
 
 
 def _target(t: _Queue | _Webhook) -> Target:
+    flow = None if t.flow is None else Flow(t.flow.key, t.flow.rate_per_s, t.flow.parallelism)
     if isinstance(t, _Queue):
-        return QueueTarget(broker=t.broker, topic=t.topic)
+        return QueueTarget(broker=t.broker, topic=t.topic, flow=flow)
     return WebhookTarget(
-        url=t.url, method=t.method, headers={} if t.headers is None else t.headers, timeout_s=t.timeout_s
+        url=t.url,
+        method=t.method,
+        headers={} if t.headers is None else t.headers,
+        timeout_s=t.timeout_s,
+        flow=flow,
     )
 
 

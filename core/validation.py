@@ -45,6 +45,7 @@ from duetime.core.model import (
     DateRange,
     DstGap,
     DstOverlap,
+    Flow,
     IntervalSchedule,
     JobSpec,
     Misfire,
@@ -80,6 +81,9 @@ class SpecLimits:
     header_value_max: int = 8192  # characters
     url_max: int = 2048  # characters
     topic_max: int = 255  # characters
+    flow_key_max: int = 100  # characters (code points) of target.flow.key
+    flow_rate_range: tuple[float, float] = (0.01, 10000.0)  # target.flow.rate_per_s, calls a second
+    flow_parallelism_range: tuple[int, int] = (1, 10000)  # target.flow.parallelism, calls at once
     max_attempts_range: tuple[int, int] = (1, 100)
     jitter_s_range: tuple[int, int] = (0, 3600)
     misfire_grace_s_range: tuple[int, int] = (0, 86400)
@@ -109,8 +113,9 @@ TOP_LEVEL_FIELDS = (
 )
 ON_FAILURE_FIELDS = ("target", "after")
 FAILURE_COUNT_RANGE = (1, 1000)  # on_failure.after and pause_after_failures
-WEBHOOK_FIELDS = ("type", "url", "method", "headers", "timeout_s")
-QUEUE_FIELDS = ("type", "broker", "topic")
+WEBHOOK_FIELDS = ("type", "url", "method", "headers", "timeout_s", "flow")
+QUEUE_FIELDS = ("type", "broker", "topic", "flow")
+FLOW_FIELDS = ("key", "rate_per_s", "parallelism")
 CRON_FIELDS = ("cron", "timezone", "start_at", "end_at", "dst_gap", "dst_overlap", "exclude")
 EVERY_FIELDS = ("every", "start_at", "end_at", "timezone", "exclude")
 SCHEDULE_FIELDS = (
@@ -259,6 +264,19 @@ def _positive_number(value: object, field: str, high: float) -> float:
     if not 0 < value <= high:
         shown = value if abs(value) < 10**12 else "a very large number"
         _invalid(field, f"{field} must be greater than 0 and at most {high:g}, got {shown}")
+    return float(value)
+
+
+def _bounded_number(value: object, field: str, bounds: tuple[float, float]) -> float:
+    """A JSON number (integer or fraction) from ``low`` to ``high``, both included."""
+    low, high = bounds
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        _wrong_type(field, f"a number from {low:g} to {high:g}", value)
+    if isinstance(value, float):
+        _finite(value, field)
+    if not low <= value <= high:
+        shown = value if abs(value) < 10**12 else "a very large number"
+        _invalid(field, f"{field} must be from {low:g} to {high:g}, got {shown}")
     return float(value)
 
 
@@ -458,6 +476,36 @@ def _parse_topic(value: object, field: str, broker: Broker, limits: SpecLimits) 
     return topic
 
 
+def _parse_flow(value: object, field: str, limits: SpecLimits) -> Flow | None:
+    """``target.flow``: the cluster-wide limits the owner's jobs naming one key share.
+
+    ``null`` is the same as leaving it out (no flow control). Every field is required: a default
+    rate or parallelism would be a limit the owner never chose, shared by jobs they did not mean
+    to tie together.
+    """
+    if value is None:
+        return None
+    obj = _object(value, field, 'an object {"key", "rate_per_s", "parallelism"}')
+    _check_keys(obj, FLOW_FIELDS, field)
+    key = _string(_require(obj, "key", field), f"{field}.key")
+    if not 1 <= len(key) <= limits.flow_key_max:
+        _invalid(
+            f"{field}.key",
+            f"{field}.key must be 1 to {limits.flow_key_max} characters, got {len(key)}",
+        )
+    if not key.isprintable():
+        _invalid(
+            f"{field}.key",
+            f"{field}.key must be printable text: no control characters, line breaks, tabs or "
+            "invisible formatting characters",
+        )
+    rate = _bounded_number(_require(obj, "rate_per_s", field), f"{field}.rate_per_s", limits.flow_rate_range)
+    parallelism = _integer(
+        _require(obj, "parallelism", field), f"{field}.parallelism", limits.flow_parallelism_range
+    )
+    return Flow(key=key, rate_per_s=rate, parallelism=parallelism)
+
+
 def _parse_target(value: object, limits: SpecLimits, at: str = "target") -> Target:
     """A target object; ``at`` is its path in the spec (``target``, ``on_failure.target``)."""
     obj = _object(value, at)
@@ -476,12 +524,14 @@ def _parse_target(value: object, limits: SpecLimits, at: str = "target") -> Targ
             if "timeout_s" in obj
             else 30
         )
-        return WebhookTarget(url=url, method=method, headers=headers, timeout_s=timeout_s)
+        flow = _parse_flow(obj.get("flow"), f"{at}.flow", limits)
+        return WebhookTarget(url=url, method=method, headers=headers, timeout_s=timeout_s, flow=flow)
     if kind == "queue":
         _check_keys(obj, QUEUE_FIELDS, at)
         broker = _choice(_require(obj, "broker", at), f"{at}.broker", Broker)
         topic = _parse_topic(_require(obj, "topic", at), f"{at}.topic", broker, limits)
-        return QueueTarget(broker=broker, topic=topic)
+        flow = _parse_flow(obj.get("flow"), f"{at}.flow", limits)
+        return QueueTarget(broker=broker, topic=topic, flow=flow)
     _invalid(f"{at}.type", f'{at}.type must be "webhook" or "queue", got {kind[:30]!r}')
 
 

@@ -56,6 +56,7 @@ __all__ = [
     "DuetimeConnectionError",
     "DuetimeTimeoutError",
     "EveryScheduleSpec",
+    "FlowSpec",
     "Job",
     "JobSpec",
     "NotFoundError",
@@ -91,18 +92,28 @@ T = TypeVar("T")
 # --- what owners send: the job spec as typed dicts ----------------------------------------------
 
 
+class FlowSpec(TypedDict):
+    """Flow control: the owner's jobs naming ``key`` share these limits across the cluster."""
+
+    key: str
+    rate_per_s: float
+    parallelism: int
+
+
 class WebhookTargetSpec(TypedDict):
     type: Literal["webhook"]
     url: str
     method: NotRequired[Literal["POST", "PUT"]]
     headers: NotRequired[dict[str, str]]
     timeout_s: NotRequired[int]
+    flow: NotRequired[FlowSpec | None]
 
 
 class QueueTargetSpec(TypedDict):
     type: Literal["queue"]
     broker: Literal["nats", "redis"]
     topic: str
+    flow: NotRequired[FlowSpec | None]
 
 
 class OneOffScheduleSpec(TypedDict):

@@ -1,5 +1,6 @@
-"""``MemoryStore``: the ``Registry``, ``RunStore``, ``EventOutbox`` and ``TargetHealth`` ports in
-memory, for tests of what sits on top of storage (engine, workers, API) without a database.
+"""``MemoryStore``: the storage ports (``Registry``, ``RunStore``, ``EventOutbox``,
+``FlowControl``, ``TargetHealth``) in memory, for tests of what sits on top of storage (engine,
+workers, API) without a database.
 
 Faithful, not approximate: it keeps the same rows PostgreSQL keeps (state, phase, lease token,
 holder, lease expiry, occurrence rows, history), answers with the same records and errors, and
@@ -44,12 +45,15 @@ from duetime.core.runpath import (
 )
 from duetime.core.schedule import next_occurrence
 from duetime.core.states import OwnerAction, owner_move
+from duetime.storage.flow_rules import IDLE_BUCKET_S, bucket_capacity, check_asks, grant, refilled
 from duetime.storage.ports import (
     Backfill,
     BulkAction,
     BulkResult,
     CompletionStats,
     EventSettlement,
+    FlowAsk,
+    FlowGrant,
     IdempotencyRequest,
     NameHolderChanged,
     OutboxEvent,
@@ -210,6 +214,22 @@ class _EventRow:
     last_error: str | None = None
 
 
+@dataclass(slots=True)
+class _FlowBucket:
+    """One row of ``flow_buckets`` (migration 0015): a flow key's token bucket."""
+
+    tokens: float
+    refilled_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class _FlowHolder:
+    """One row of ``flow_holders``: a worker's slots of a flow key, until they lapse."""
+
+    held: int
+    expires_at: datetime
+
+
 @dataclass(frozen=True, slots=True)
 class _TargetRow:
     """One row of ``target_health`` (migration 0016): a worker's report and when it came."""
@@ -294,6 +314,8 @@ class MemoryStore:
         self._events: dict[int, _EventRow] = {}
         self._next_event_seq = 1
         self._targets: dict[tuple[str, str, str], _TargetRow] = {}  # (owner, host, worker)
+        self._flow_buckets: dict[tuple[str, str], _FlowBucket] = {}
+        self._flow_holders: dict[tuple[str, str], dict[str, _FlowHolder]] = {}
         self.available = True  # False: every call raises StorageUnavailable (an outage)
 
     # ------------------------------------------------------------------ plumbing
@@ -1314,6 +1336,49 @@ class MemoryStore:
         page = [_target_view(host, by_host[host]) for host in hosts[:limit]]
         next_cursor = encode_target_cursor(page[-1].host) if len(hosts) > limit else None
         return Page(page, next_cursor)
+
+    # ------------------------------------------------------------------ flow control
+
+    async def take_flow(self, worker: str, asks: Sequence[FlowAsk], *, hold_s: float) -> list[FlowGrant]:
+        """As ``duetime_take_flow`` does (migration 0015), ask by ask; nothing awaits in between,
+        which is what the function's row locks give there."""
+        self._check()
+        check_asks(asks)
+        now = self._now()
+        until = now + timedelta(seconds=hold_s)
+        grants: list[FlowGrant] = []
+        for ask in asks:
+            ident = (ask.owner, ask.key)
+            bucket = self._flow_buckets.get(ident)
+            if bucket is None:
+                bucket = self._flow_buckets[ident] = _FlowBucket(bucket_capacity(ask.rate_per_s), now)
+            else:
+                elapsed_s = (now - bucket.refilled_at).total_seconds()
+                bucket.tokens = refilled(bucket.tokens, elapsed_s, ask.rate_per_s)
+                bucket.refilled_at = max(bucket.refilled_at, now)
+            holders = self._flow_holders.setdefault(ident, {})
+            others = sum(h.held for w, h in holders.items() if w != worker and h.expires_at > now)
+            granted = grant(ask, tokens=bucket.tokens, others_held=others)
+            bucket.tokens -= granted
+            if ask.running + granted > 0:
+                holders[worker] = _FlowHolder(ask.running + granted, until)
+            else:
+                holders.pop(worker, None)
+            grants.append(FlowGrant(owner=ask.owner, key=ask.key, granted=granted))
+        self._sweep_flow(now)
+        return grants
+
+    def _sweep_flow(self, now: datetime) -> None:
+        """What the function's sweep deletes: lapsed holders, and buckets idle long enough to be
+        full (the next ask makes them again, full: the same bucket)."""
+        for ident, holders in list(self._flow_holders.items()):
+            for lapsed in [w for w, h in holders.items() if h.expires_at <= now]:
+                del holders[lapsed]
+            if not holders:
+                del self._flow_holders[ident]
+        idle = now - timedelta(seconds=IDLE_BUCKET_S)
+        for ident in [i for i, b in self._flow_buckets.items() if b.refilled_at < idle]:
+            del self._flow_buckets[ident]
 
     async def close(self) -> None:
         self._listeners.clear()

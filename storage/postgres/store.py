@@ -14,6 +14,7 @@ import asyncpg
 
 from duetime.storage.postgres.completion import CompletionPart
 from duetime.storage.postgres.events import EventsPart
+from duetime.storage.postgres.flow import FlowPart
 from duetime.storage.postgres.hints import DueConnections, Hints, listen_due
 from duetime.storage.postgres.inserts import InsertBatcher
 from duetime.storage.postgres.keys import KeysPart
@@ -40,8 +41,10 @@ class PostgresStore(
     KeysPart,
     EventsPart,
     TargetHealthPart,
+    FlowPart,
 ):
-    """Registry + run store on asyncpg pools, one pool per distinct database in the shard map."""
+    """Registry + run store (and the outbox and flow control) on asyncpg pools, one pool per
+    distinct database in the shard map."""
 
     def __init__(
         self,

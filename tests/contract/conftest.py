@@ -5,9 +5,9 @@ The PostgreSQL stores run on databases of the suite's own: cases here leave due 
 rows behind (a lapsed claim is claimable again), and an engine of another suite sharing a database
 would claim them.
 
-A case sees the store only through the ports (``Registry``, ``RunStore`` and the others); what it reads of a
-row it reads through them too. Time is real (leases of a fraction of a second lapse by sleeping),
-so the same case holds for both stores.
+A case sees the store only through the ports (``Registry``, ``RunStore`` and the others); what it
+reads of a row it reads through them too. Time is real (leases of a fraction of a second lapse by
+sleeping), so the same case holds for both stores.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import pytest
 
 from duetime.core.model import CronSchedule, JobSpec, OneOffSchedule, WebhookTarget
 from duetime.storage.memory import MemoryStore
-from duetime.storage.ports import EventOutbox, Registry, RunStore, TargetHealth
+from duetime.storage.ports import EventOutbox, FlowControl, Registry, RunStore, TargetHealth
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from tests.conftest import _create_db, _drop_db
 
 
-class Store(Registry, RunStore, EventOutbox, TargetHealth, Protocol):
+class Store(Registry, RunStore, EventOutbox, FlowControl, TargetHealth, Protocol):
     """The ports, as the composition root's store offers them."""
 
 

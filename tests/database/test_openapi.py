@@ -111,7 +111,7 @@ async def test_live_answers_conform_to_the_schemas(
     owner = f"owner-{uuid.uuid4().hex[:12]}"
     api_key, _ = await store.create_api_key(owner)
     headers = {"Authorization": f"Bearer {api_key}"}
-    specs = [
+    specs: list[dict[str, Any]] = [
         {
             "target": {"type": "webhook", "url": "https://1.1.1.1/x", "headers": {"A": "b"}},
             "schedule": {"cron": "*/10 * * * * *", "timezone": "America/New_York", "dst_gap": "skip"},
@@ -123,6 +123,22 @@ async def test_live_answers_conform_to_the_schemas(
             "target": {"type": "queue", "broker": "redis", "topic": "stream:jobs"},
             "schedule": {"run_at": "2030-01-01T00:00:00.250+02:00"},
             "misfire": "skip",
+        },
+        {
+            "target": {
+                "type": "queue",
+                "broker": "nats",
+                "topic": "billing.invoices",
+                "flow": {"key": "billing-api", "rate_per_s": 2.5, "parallelism": 4},
+            },
+            "schedule": {"every": "1h"},
+            "on_failure": {
+                "target": {
+                    "type": "webhook",
+                    "url": "https://1.1.1.1/f",
+                    "flow": {"key": "pager", "rate_per_s": 1, "parallelism": 1},
+                }
+            },
         },
     ]
     job_schema, page_schema = _schema_validator(document, "Job"), _schema_validator(document, "JobPage")
@@ -164,6 +180,10 @@ async def test_live_answers_conform_to_the_schemas(
     # The schemas are strict enough to catch a wrong answer.
     assert not job_schema.is_valid({**job, "state": "running"})
     assert not job_schema.is_valid({**job, "target": {**job["target"], "extra": 1}})
+    assert job["target"]["flow"] == {"key": "billing-api", "rate_per_s": 2.5, "parallelism": 4}
+    assert not job_schema.is_valid({**job, "target": {**job["target"], "flow": None}})
+    assert not job_schema.is_valid({**job, "target": {**job["target"], "flow": {"key": "k"}}})
+    assert not spec_schema.is_valid({**specs[2], "target": {**specs[2]["target"], "flow": {"key": ""}}})
     assert not error_schema.is_valid({"error": {"code": "Not Snake", "message": "x"}})
 
 

@@ -70,12 +70,12 @@ async def test_hanging_hosts_leave_healthy_hosts_on_time(
         assert report.ok, report.explain()
         assert not report.duplicates, report.explain()
     late: dict[str, list[float]] = {}
-    for rec in healthy.records():
-        if rec.attempt != 1:
+    for call in healthy.records():
+        if call.attempt != 1:
             continue
-        who = "same owner" if rec.path.endswith("/a") else "other owner"
-        late.setdefault(f"{who}, wave at +{(rec.scheduled_for - due).seconds} s", []).append(
-            (rec.arrived - rec.scheduled_for).total_seconds()
+        who = "same owner" if call.path.endswith("/a") else "other owner"
+        late.setdefault(f"{who}, wave at +{(call.scheduled_for - due).seconds} s", []).append(
+            (call.arrived - call.scheduled_for).total_seconds()
         )
     print(json.dumps({"scenario": "noisy hosts", "worst_lateness_s": {k: max(v) for k, v in late.items()}}))
     assert sorted(late) == sorted(

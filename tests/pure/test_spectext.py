@@ -22,6 +22,7 @@ from duetime.core.model import (
     DateRange,
     DstGap,
     DstOverlap,
+    Flow,
     IntervalSchedule,
     JobSpec,
     Misfire,
@@ -47,14 +48,18 @@ _json = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_words, inner, max_size=3),
     max_leaves=8,
 )
+_flows = st.none() | st.builds(
+    Flow, key=_words, rate_per_s=st.floats(0.01, 10000.0), parallelism=st.integers(1, 10000)
+)
 _targets = st.one_of(
-    st.builds(QueueTarget, broker=st.sampled_from(Broker), topic=_words),
+    st.builds(QueueTarget, broker=st.sampled_from(Broker), topic=_words, flow=_flows),
     st.builds(
         WebhookTarget,
         url=_words.map(lambda s: "https://example.com/" + s),
         method=st.sampled_from(WebhookMethod),
         headers=st.dictionaries(_words, _words, max_size=2),
         timeout_s=st.integers(1, 900),
+        flow=_flows,
     ),
 )
 
@@ -169,6 +174,23 @@ _ODD = [
     _with(target={"type": "carrier-pigeon", "broker": "redis", "topic": "t"}),
     _with(target={"type": "webhook", "url": "https://x.example/", "headers": None}),
     _with(target={"broker": "redis", "topic": "t"}),
+    _with(target={"type": "queue", "broker": "redis", "topic": "t", "flow": None}),
+    _with(target={"type": "queue", "broker": "redis", "topic": "t", "flow": {}}),
+    _with(target={"type": "queue", "broker": "nats", "topic": "t", "flow": {"key": "k", "rate_per_s": 5}}),
+    _with(
+        target={
+            "type": "webhook",
+            "url": "https://x.example/",
+            "flow": {"key": "k", "rate_per_s": 5, "parallelism": 2.0},
+        }
+    ),
+    _with(
+        target={
+            "type": "webhook",
+            "url": "https://x.example/",
+            "flow": {"key": "k", "rate_per_s": True, "parallelism": 2},
+        }
+    ),
     _with(schedule={"run_at": "2026-12-02T01:00:00+01:00"}),
     _with(schedule={"run_at": "2026-12-02T00:00:00"}),
     _with(schedule={"run_at": None}),

@@ -42,10 +42,10 @@ def test_answers_grow_the_limit_back_one_per_limits_worth() -> None:
     assert h.limit == 32
     for _ in range(32):
         h.ended(OK, 1.0)
-    assert h.limit == 33 and h.state is TargetState.DEGRADED
+    assert (h.limit, h.state) == (33, TargetState.DEGRADED)
     for _ in range(10_000):
         h.ended(OK, 2.0)
-    assert h.limit == 64 and h.state is TargetState.HEALTHY
+    assert (h.limit, h.state) == (64, TargetState.HEALTHY)
 
 
 def test_failures_in_a_row_back_off_then_one_probe_at_a_time() -> None:
@@ -69,7 +69,8 @@ def test_failures_in_a_row_back_off_then_one_probe_at_a_time() -> None:
     assert h.backoff_until == 45.4 + 20.0
     # the probe is answered: healthy at the full limit, and the next back-off starts short again
     assert h.ended(OK, 66.0) is TargetState.HEALTHY
-    assert h.allowed(66.0) == 64 and h.backoff_until is None
+    assert h.allowed(66.0) == 64
+    assert h.wakes_at() is None
     for i in range(5):
         h.ended(BAD, 70.0 + i)
     assert h.backoff_until == 74.0 + 5.0
