@@ -537,6 +537,10 @@ class FlowControl(Protocol):
         against the key's parallelism for ``hold_s`` seconds unless renewed by the next ask (a
         worker that dies gives its slots back when they lapse). An ask with ``want`` and
         ``running`` both 0 gives the worker's slots back at once.
+
+        One ask per (owner, key) per call, and one call at a time per ``worker`` (each call sets
+        the worker's slots of a key, it does not add to them); a repeated key or a negative count
+        raises ``ValueError`` (storage/flow_rules.py).
         """
         ...
 
