@@ -528,7 +528,7 @@ class FlowGrant:
 
 
 class FlowControl(Protocol):
-    """The cluster-wide limits of flow keys, kept in the home database (workers/flow.py)."""
+    """The cluster-wide limits of flow keys, kept in the home database (workers/pool.py, its flow loop)."""
 
     async def take_flow(self, worker: str, asks: Sequence[FlowAsk], *, hold_s: float) -> list[FlowGrant]:
         """One grant per ask, in order, in one round trip for all of a worker's keys.

@@ -18,7 +18,7 @@ The rules, in the order they are checked for the run at the head of a lane:
   except that a host with fewer than its fair share (``total`` / hosts with work) in flight may
   always start one more. Slow hosts can hold the worker's calls, but never all of them: a host
   that turns up with work gets its share at once.
-* **The flow key's grants** (workers/flow.py asks the cluster for them): one credit a call.
+* **The flow key's grants** (the pool's flow loop asks the cluster for them): one credit a call.
 
 Pure: the clock is an argument, and nothing here awaits. ``WorkerPool`` (workers/pool.py) feeds it
 runs, calls ``pump`` for what to start, and reports each call's end; tests drive it with a fake
@@ -159,7 +159,7 @@ class _Flow(Generic[T]):
 
 @dataclass(frozen=True, slots=True)
 class FlowNeed:
-    """What one flow key of this worker needs from the cluster (workers/flow.py asks for it)."""
+    """What one flow key of this worker needs from the cluster (the pool's flow loop asks for it)."""
 
     key: FlowKey
     flow: Flow
@@ -374,7 +374,7 @@ class HostQueues(Generic[T]):
         self._wake(self._over_share, limit=n)
 
     def grant(self, key: FlowKey, granted: int) -> None:
-        """The cluster granted ``granted`` calls of a flow key (workers/flow.py)."""
+        """The cluster granted ``granted`` calls of a flow key (the pool's flow loop)."""
         f = self._flows.get(key)
         if f is None:
             return

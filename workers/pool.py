@@ -303,7 +303,7 @@ class WorkerPool:
     queues while fewer than ``max_waiting`` wait there (a run waiting for its host holds no call
     slot, so the taker keeps taking while any host has room); the pump starts what may start,
     woken by new runs, ended calls, grants and timers; the flow loop asks the cluster for flow
-    keys' grants (workers/flow.py). A fourth reports what this worker sees of target hosts.
+    keys' grants (workers/pool.py, its flow loop). A fourth reports what this worker sees of target hosts.
     """
 
     def __init__(
