@@ -17,8 +17,20 @@ from typing import Any
 
 import pytest
 
-from tests.faults.harness import NodeProc, account, expected_for, node_env, one_off, owner_on, whole_second
+from tests.faults.harness import (
+    NodeProc,
+    Owner,
+    account,
+    expected_for,
+    free_ports,
+    metric,
+    node_env,
+    one_off,
+    owner_on,
+    whole_second,
+)
 from tests.faults.recorder import RecorderProcess
+from tests.support.wait import settles, until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -29,6 +41,16 @@ WAVE_GAP_S = 4
 # Generous for a loaded two-core machine; the runs queued behind the slow hosts started at least
 # SLOW_S late before the change.
 LATE_BOUND_S = 3.0
+
+
+async def _targets(owner: Owner) -> list[dict[str, Any]]:
+    status, body = await owner.call("GET", "/v1/targets?limit=1000")
+    assert status == 200, body
+    return body["items"]  # type: ignore[no-any-return]
+
+
+async def _target_calls(owner: Owner) -> dict[str, int]:
+    return {t["host"]: t["last_5m"]["calls"] for t in await _targets(owner)}
 
 
 async def test_hanging_hosts_leave_healthy_hosts_on_time(
@@ -63,6 +85,12 @@ async def test_hanging_hosts_leave_healthy_hosts_on_time(
                 reports.append(await account(a, rec, [e for j in theirs_slow for e in expected_for(j)]))
             reports.append(await account(a, healthy, [e for j in mine for e in expected_for(j)]))
             reports.append(await account(b, healthy, [e for j in theirs for e in expected_for(j)]))
+            # What the workers saw, as each owner reads it: its own hosts and calls only.
+            hosts = {r.url.removeprefix("http://"): r for r in recorders}
+            want_a = {h: (SLOW_RUNS if r in slow else 2 * WAVE_RUNS) for h, r in hosts.items()}
+            await settles(lambda: _target_calls(a), want_a, within=30, what="owner a's /v1/targets")
+            healthy_host = healthy.url.removeprefix("http://")
+            await settles(lambda: _target_calls(b), {healthy_host: 2 * WAVE_RUNS}, within=30, what="b's")
     finally:
         await node.stop()
         await asyncio.gather(*(r.stop() for r in recorders))
@@ -84,3 +112,66 @@ async def test_hanging_hosts_leave_healthy_hosts_on_time(
     for group, values in late.items():
         assert len(values) == WAVE_RUNS, group
         assert max(values) <= LATE_BOUND_S, (group, sorted(values)[-5:])
+
+
+async def test_a_host_that_refuses_backs_off_and_its_runs_wait_without_using_attempts(
+    fault_db: str, api: NodeProc, recorder: RecorderProcess, tmp_path: Path
+) -> None:
+    [closed] = free_ports(1)  # nobody listens: every connection is refused
+    env = node_env(
+        fault_db,
+        DUETIME_ENGINE_ID=f"refused-{uuid.uuid4().hex[:6]}",
+        DUETIME_TARGET_BACKOFF_AFTER="3",
+        DUETIME_TARGET_BACKOFF_S="60",  # longer than the test: the runs must wait, not fail
+    )
+    node = NodeProc(env, "engine", tmp_path / "e.log")
+    try:
+        await node.ready()
+        async with owner_on(api.url, fault_db) as owner:
+            due = whole_second(2)
+            down = one_off(f"http://127.0.0.1:{closed}/down", due)
+            down["retry"] = {"max_attempts": 5, "backoff_initial_s": 0.1, "backoff_max_s": 0.2}
+            down_jobs = await owner.create_many([down] * 10)
+            up_jobs = await owner.create_many(
+                [one_off(f"{recorder.url}/ok/up", due + timedelta(seconds=2))] * 10
+            )
+            host = f"127.0.0.1:{closed}"
+
+            async def state() -> str:
+                return next((t["state"] for t in await _targets(owner) if t["host"] == host), "unseen")
+
+            await settles(state, "backing_off", within=30, what=f"{host}'s state in /v1/targets")
+            [target] = [t for t in await _targets(owner) if t["host"] == host]
+            assert target["backoff_until"] is not None and target["concurrency_limit"] == 1, target
+            assert await metric(node.url, "duetime_target_state") >= 1
+            await until(
+                lambda: _waiting(node), within=10, what="duetime_runs_waiting{reason=backing_off} > 0"
+            )
+
+            async def attempts() -> dict[str, list[int]]:
+                views = await owner.views(j["id"] for j in down_jobs)
+                return {k: sorted(r.attempt for r in v.history) for k, v in views.items()}
+
+            # Every down job's first attempt failed before the host backed off; its retry waits:
+            # no second attempt, no job dead, for as long as we look.
+            first = {j["id"]: [1] for j in down_jobs}
+            await settles(attempts, first, within=20, what="the down jobs' attempts")
+            await asyncio.sleep(3)
+            assert await attempts() == first
+            assert await owner.ids("dead") == set()
+            await owner.settle(within=30, exclude=[j["id"] for j in down_jobs])
+            done = await owner.views(j["id"] for j in up_jobs)
+            assert {v.state for v in done.values()} == {"completed"}  # the other host was not held up
+    finally:
+        await node.stop()
+
+
+async def _waiting(node: NodeProc) -> bool:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, http.get(node.url + "/metrics") as resp:
+        text = await resp.text()
+    for line in text.splitlines():
+        if line.startswith('duetime_runs_waiting{reason="backing_off"}'):
+            return float(line.rsplit(" ", 1)[1]) > 0
+    return False
