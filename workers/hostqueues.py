@@ -387,22 +387,24 @@ class HostQueues(Generic[T]):
     # ------------------------------------------------------------------ reading
 
     def flow_needs(self) -> list[FlowNeed]:
-        """Every flow key with runs waiting or slots held; a key with neither is reported once
-        more with nothing (so its slots go back to the cluster at once), then forgotten."""
+        """Every flow key with runs waiting or calls in flight; a key with neither is reported
+        once more with nothing (its slots, credits not used included, go back to the cluster at
+        once), then forgotten. Credits beyond the runs waiting are dropped: they would hold slots
+        no run needs."""
         needs = []
         done = []
         for key, f in self._flows.items():
             waiting = f.lane.size if f.lane is not None else 0
-            want = max(0, waiting - f.credits)
-            needs.append(FlowNeed(key, f.flow, want, f.running + f.credits))
             if waiting == 0 and f.running == 0:
+                needs.append(FlowNeed(key, f.flow, 0, 0))
                 done.append(key)
+                continue
+            f.credits = min(f.credits, waiting)
+            needs.append(FlowNeed(key, f.flow, waiting - f.credits, f.running + f.credits))
         for key in done:
             f = self._flows.pop(key)
             if f.lane is not None and self._lanes.get(key) is f.lane:
                 del self._lanes[key]
-            # Credits not used (granted just before the runs went elsewhere) are given back by
-            # the report above: running + credits is what this worker said it holds.
         return needs
 
     def host_states(self) -> dict[str, tuple[TargetState, int, float | None]]:

@@ -178,3 +178,16 @@ def test_hosts_seen_once_are_forgotten() -> None:
         for s in q.pump():
             q.ended(s, OK)
     assert q.hosts() <= 2048
+
+
+def test_credits_no_run_needs_go_back_with_the_key() -> None:
+    q = queues()
+    flow = Flow("k", rate_per_s=1.0, parallelism=5)
+    q.add("x", owner="a", host="h:80", flow=flow)
+    q.grant(FlowKey("a", "k"), 3)  # more than it waits for (a run went elsewhere meanwhile)
+    [s] = q.pump()
+    [need] = q.flow_needs()
+    assert (need.want, need.running) == (0, 1)  # the call in flight; the spare credits dropped
+    q.ended(s, OK)
+    assert [(n.want, n.running) for n in q.flow_needs()] == [(0, 0)]
+    assert q.flow_needs() == []
