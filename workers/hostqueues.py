@@ -58,6 +58,7 @@ class Start(Generic[T]):
     host: str
     items: list[T]
     flow: FlowKey | None
+    owners: list[str]  # each item's owner, in order
 
 
 class _Bucket:
@@ -116,7 +117,10 @@ class _Lane(Generic[T]):
     def head(self) -> tuple[T, _Host[T]]:
         return self.owners[self.ring[0]][0]
 
-    def pop(self) -> T:
+    def head_owner(self) -> str:
+        return self.ring[0]
+
+    def pop(self) -> tuple[str, T]:
         owner = self.ring.popleft()
         q = self.owners[owner]
         item, _ = q.popleft()
@@ -125,7 +129,15 @@ class _Lane(Generic[T]):
         else:
             del self.owners[owner]
         self.size -= 1
-        return item
+        return owner, item
+
+    def first_owner(self, wanted: Callable[[str], bool]) -> bool:
+        """Bring the first owner (in turn order) that is ``wanted`` to the head; False if none."""
+        for i, owner in enumerate(self.ring):
+            if wanted(owner):
+                self.ring.rotate(-i)
+                return True
+        return False
 
     def items(self) -> Iterator[T]:
         for q in self.owners.values():
@@ -134,7 +146,7 @@ class _Lane(Generic[T]):
 
 
 class _Host(Generic[T]):
-    __slots__ = ("blocked", "bucket", "calls", "health", "key", "runs", "waiting")
+    __slots__ = ("blocked", "bucket", "by_owner", "calls", "health", "key", "owner_calls", "runs", "waiting")
 
     def __init__(self, key: str, health: HostHealth, bucket: _Bucket) -> None:
         self.key = key
@@ -144,6 +156,15 @@ class _Host(Generic[T]):
         self.runs = 0  # runs in flight
         self.waiting = 0  # runs waiting for it, in any lane
         self.blocked: deque[_Lane[T]] = deque()  # lanes waiting for this host
+        self.by_owner: dict[str, int] = {}  # runs waiting or in flight, per owner with any
+        self.owner_calls: dict[str, int] = {}  # calls in flight, per owner
+
+    def owner_share(self, allowed: int) -> int:
+        """An owner's share of the host's calls at once: its limit over the owners with work."""
+        return max(1, allowed // max(1, len(self.by_owner)))
+
+    def under_share(self, owner: str, allowed: int) -> bool:
+        return self.owner_calls.get(owner, 0) < self.owner_share(allowed)
 
 
 class _Flow(Generic[T]):
@@ -191,6 +212,8 @@ class HostQueues(Generic[T]):
     _timers: list[tuple[float, int, str]] = field(default_factory=list)
     _timer_seq: int = 0
     _active_hosts: int = 0  # hosts with runs waiting or in flight
+    _owner_load: dict[str, int] = field(default_factory=dict)  # runs waiting or in flight, per owner
+    _owner_flight: dict[str, int] = field(default_factory=dict)  # runs in flight, per owner
     in_flight: int = 0  # runs
     waiting: int = 0  # runs
     _sweep_at: int = _SWEEP_FLOOR
@@ -203,6 +226,9 @@ class HostQueues(Generic[T]):
             self._active_hosts += 1
         h.waiting += 1
         self.waiting += 1
+        new_owner = owner not in h.by_owner
+        h.by_owner[owner] = h.by_owner.get(owner, 0) + 1
+        self._owner_load[owner] = self._owner_load.get(owner, 0) + 1
         if flow is None:
             lane = self._lanes.get(host)
             if lane is None:
@@ -218,7 +244,9 @@ class HostQueues(Generic[T]):
             if lane is None:
                 lane = f.lane = self._lanes[fk] = _Lane(fk, None, f)
         lane.push(owner, item, h)
-        if lane.state is _LaneState.IDLE:
+        if lane.state is _LaneState.IDLE or (new_owner and lane.state is _LaneState.BLOCKED):
+            # A lane blocked on its full host is tried again when an owner new to the host
+            # arrives: that owner may have a share of the host's calls the others hold.
             lane.state = _LaneState.READY
             self._ring.append(lane)
 
@@ -278,13 +306,18 @@ class HostQueues(Generic[T]):
     def _start_one(self, lane: _Lane[T], now: float) -> Start[T] | None:
         _, host = lane.head()
         health = host.health
-        if host.calls >= health.allowed(now):
+        allowed = health.allowed(now)
+        host_full = host.calls >= allowed
+        worker_full = self.in_flight >= self.total and host.runs >= self._fair_share()
+        if (host_full or worker_full) and not self._owner_may_pass(
+            lane, host, allowed, host_full, worker_full
+        ):
+            if not host_full:
+                return self._block(lane, self._over_share)
             wake = health.wakes_at()
             if wake is not None and host.calls == 0:
                 self._timer(wake, host.key)
             return self._block(lane, host.blocked)
-        if self.in_flight >= self.total and host.runs >= self._fair_share():
-            return self._block(lane, self._over_share)
         flow = lane.flow
         if flow is not None and flow.credits <= 0:
             lane.state = _LaneState.BLOCKED  # woken by grant()
@@ -294,11 +327,18 @@ class HostQueues(Generic[T]):
             self._timer(bucket.ready_at(now), host.key)
             return self._block(lane, host.blocked)
         n = 1
-        if lane.host is not None:
+        if lane.host is not None and host.calls < allowed:
             n = max(1, min(self.batch_of(host.key), lane.size, int(bucket.tokens)))
             if self.in_flight < self.total:
                 n = max(1, min(n, self.total - self.in_flight))
-        items = [lane.pop() for _ in range(n)]
+        owners: list[str] = []
+        items: list[T] = []
+        for _ in range(n):
+            owner, item = lane.pop()
+            owners.append(owner)
+            items.append(item)
+            host.owner_calls[owner] = host.owner_calls.get(owner, 0) + 1
+            self._owner_flight[owner] = self._owner_flight.get(owner, 0) + 1
         if flow is not None:
             flow.credits -= n
             flow.running += n
@@ -308,7 +348,31 @@ class HostQueues(Generic[T]):
         host.waiting -= n
         self.waiting -= n
         self.in_flight += n
-        return Start(host.key, items, flow.key if flow is not None else None)
+        return Start(host.key, items, flow.key if flow is not None else None, owners)
+
+    def _owner_may_pass(
+        self, lane: _Lane[T], host: _Host[T], allowed: int, host_full: bool, worker_full: bool
+    ) -> bool:
+        """Owners' shares: a full host still takes a call of an owner below its share of the
+        host's limit (the limit over the owners with work for the host), up to twice the limit;
+        a full worker still starts a call of an owner below its share of the worker's (the
+        total over the owners with work), up to twice the total. One owner's slow or numerous
+        calls then cannot hold every slot against the others. Not while the host backs off or is
+        probed (``allowed`` ≤ 1). Brings that owner's run to the lane's head."""
+        if host_full and (allowed <= 1 or host.calls >= 2 * allowed or len(host.by_owner) < 2):
+            return False
+        if worker_full and (self.in_flight >= 2 * self.total or len(self._owner_load) < 2):
+            return False
+        worker_share = max(1, self.total // max(1, len(self._owner_load)))
+
+        def may(owner: str) -> bool:
+            if host_full and not host.under_share(owner, allowed):
+                return False
+            return not worker_full or self._owner_flight.get(owner, 0) < worker_share
+
+        if lane.host is None:  # a flow lane is one owner's
+            return may(lane.head_owner())
+        return lane.first_owner(may)
 
     @staticmethod
     def _block(lane: _Lane[T], on: deque[_Lane[T]]) -> Start[T] | None:
@@ -355,6 +419,19 @@ class HostQueues(Generic[T]):
         host.calls -= 1
         host.runs -= n
         self.in_flight -= n
+        for owner in start.owners:
+            left = host.owner_calls[owner] - 1
+            if left:
+                host.owner_calls[owner] = left
+            else:
+                del host.owner_calls[owner]
+            load = host.by_owner[owner] - 1
+            if load:
+                host.by_owner[owner] = load
+            else:
+                del host.by_owner[owner]
+            _decrement(self._owner_flight, owner)
+            _decrement(self._owner_load, owner)
         if host.runs == 0 and host.waiting == 0:
             self._active_hosts -= 1
         before = host.health.state
@@ -439,6 +516,8 @@ class HostQueues(Generic[T]):
         for h in self._hosts.values():
             h.waiting = 0
             h.blocked.clear()
+            h.by_owner = dict(h.owner_calls)
+        self._owner_load = dict(self._owner_flight)
         self._ring.clear()
         self._over_share.clear()
         self.waiting = 0
@@ -447,6 +526,14 @@ class HostQueues(Generic[T]):
 
     def hosts(self) -> int:
         return len(self._hosts)
+
+
+def _decrement(counts: dict[str, int], key: str) -> None:
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
 
 
 def _strictest(a: Flow, b: Flow) -> Flow:

@@ -61,12 +61,37 @@ def test_slow_hosts_never_take_the_whole_worker() -> None:
     assert len(started(q.pump())) == 10  # the worker's share, spread over the five
     assert q.pump() == []
     for i in range(5):
-        q.add(f"ok{i}", owner="b", host="ok:80", flow=None)
-    got = started(q.pump())
-    # a fair share is 10 // 6 hosts = 1 at a time while the worker is full
-    assert got == ["ok0"]
+        q.add(f"ok{i}", owner="a", host="ok:80", flow=None)
+    # the same owner's new host: a fair share is 10 // 6 hosts = 1 at a time while it is full
+    assert started(q.pump()) == ["ok0"]
     assert q.pump() == []
     assert q.in_flight == 11
+
+
+def test_one_owners_slow_calls_leave_another_owner_its_share_of_the_worker() -> None:
+    q = queues(total=10, limit=256)
+    for h in range(5):
+        for i in range(100):
+            q.add(f"hang{h}-{i}", owner="a", host=f"hang{h}:80", flow=None)
+    assert len(started(q.pump())) == 10
+    for i in range(8):
+        q.add(f"b{i}", owner="b", host="ok:80", flow=None)
+    # owner b's share of the worker is 10 // 2 owners = 5, at once
+    assert started(q.pump()) == [f"b{i}" for i in range(5)]
+    assert q.pump() == []
+
+
+def test_one_owners_slow_calls_leave_another_owner_its_share_of_a_host() -> None:
+    """Owner a holds every call its host allows (slow calls); owner b's run to the same host
+    starts at once, past the host's limit, as b is below its share of it."""
+    q = queues(limit=4)
+    for i in range(10):
+        q.add(f"a{i}", owner="a", host="h:80", flow=None)
+    assert len(started(q.pump())) == 4
+    q.add("b0", owner="b", host="h:80", flow=None)
+    q.add("b1", owner="b", host="h:80", flow=None)
+    assert started(q.pump()) == ["b0", "b1"]  # b's share: 4 // 2 owners
+    assert q.pump() == []  # a is over its share; the host stays within twice its limit
 
 
 def test_owners_take_turns_on_one_host() -> None:
