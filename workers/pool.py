@@ -668,7 +668,7 @@ class WorkerPool:
         limit = own + self._watchdog_s
         try:
             async with asyncio.timeout(limit):
-                result = await self._dispatcher.deliver(delivery)
+                result = await self._dispatcher.call(delivery)
         except TimeoutError:
             log.error("a call to job %s hung past %s s; recorded as timed out", run.job_id, limit)
             error = f"the call did not finish within {limit} s (worker watchdog)"

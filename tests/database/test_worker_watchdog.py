@@ -24,7 +24,7 @@ from duetime.workers.pool import WorkerPool
 class HangingDispatcher(Dispatcher):
     """Stands in for a client library that never answers (not a stand-in for a service)."""
 
-    async def deliver(self, d: Delivery) -> CallResult:
+    async def call(self, d: Delivery) -> CallResult:
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
 

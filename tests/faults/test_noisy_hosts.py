@@ -175,3 +175,40 @@ async def _waiting(node: NodeProc) -> bool:
         if line.startswith('duetime_runs_waiting{reason="backing_off"}'):
             return float(line.rsplit(" ", 1)[1]) > 0
     return False
+
+
+async def test_one_owners_slow_calls_to_a_shared_host_leave_another_owner_its_share(
+    fault_db: str, api: NodeProc, tmp_path: Path
+) -> None:
+    """Issue 32, item 2: owner a holds every call a shared host allows with calls that take 8 s;
+    owner b's runs to the same host start at once (before the owners' shares they waited for a's
+    calls to end, 8 s and more)."""
+    shared = RecorderProcess(tmp_path / "shared.jsonl")
+    await shared.start()
+    env = node_env(
+        fault_db, DUETIME_ENGINE_ID=f"shared-{uuid.uuid4().hex[:6]}", DUETIME_TARGET_CONCURRENCY="32"
+    )
+    node = NodeProc(env, "engine", tmp_path / "e.log")
+    try:
+        await node.ready()
+        async with owner_on(api.url, fault_db) as a, owner_on(api.url, fault_db) as b:
+            due = whole_second(4)
+            slow = one_off(f"{shared.url}/slow/{SLOW_S}/a", due)
+            slow["target"]["timeout_s"] = SLOW_S + 10
+            await a.create_many([slow] * 100)
+            later = due + timedelta(seconds=2)
+            theirs = await b.create_many([one_off(f"{shared.url}/slow/{SLOW_S}/b", later)] * 8)
+            await b.settle(within=60)
+            report = await account(b, shared, [e for j in theirs for e in expected_for(j)])
+            await a.settle(within=120)
+    finally:
+        await node.stop()
+        await shared.stop()
+    assert report.ok and not report.duplicates, report.explain()
+    late = sorted(
+        (c.arrived - c.scheduled_for).total_seconds() for c in shared.records() if c.path.endswith("/b")
+    )
+    print(json.dumps({"scenario": "shared host", "owner_b_lateness_s": late}))
+    assert len(late) == 8
+    # b's share of the host is 32 // 2 = 16: all eight start at once
+    assert max(late) <= LATE_BOUND_S, late
