@@ -454,7 +454,9 @@ class JobsApi:
         if body.strip():
             require_json_content_type(request)
             scheduled_for = parse_replay_request(parse_json(body))
-            job = await self._registry.replay_occurrence(owner, job_id, scheduled_for)
+            job = await self._registry.replay_occurrence(
+                owner, job_id, scheduled_for, max_pending=self._limits.max_pending_triggers
+            )
             return json_response(job_to_json(job), status=202)
         job = await self._registry.replay_job(owner, job_id)
         return json_response(job_to_json(job))

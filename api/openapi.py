@@ -946,8 +946,10 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                     "replay_job",
                     "Without a body: send a dead job back to scheduled with its attempts reset; it "
                     'runs now. With `{"scheduled_for"}`: one failed occurrence of a recurring job '
-                    "runs once more, now, with its own Idempotency-Key (202; 409 "
-                    "`occurrence_not_failed` when its last attempt did not fail).",
+                    "runs once more with its own Idempotency-Key, following the job's `overlap` as a "
+                    "backfilled run does (202; 409 `occurrence_not_failed` when its last attempt did "
+                    "not fail, `too_many_replays` when DUETIME_MAX_PENDING_TRIGGERS replayed or "
+                    "backfilled runs already wait).",
                     {
                         "200": job_ok,
                         "202": _json("Accepted: the occurrence runs now; the job as it is.", _ref("Job")),

@@ -679,7 +679,9 @@ class Settings:
         metadata=_meta(
             "DUETIME_MAX_PENDING_TRIGGERS",
             "Triggered runs (POST …/trigger) one job may have waiting behind the run in progress; "
-            "one more answers 409 `too_many_triggers`.",
+            "one more answers 409 `too_many_triggers`. Also the replayed and backfilled runs a job "
+            "may have waiting for a replay (POST …/replay with a body) to be taken: 409 "
+            "`too_many_replays`.",
             _integer(1, 100_000),
         ),
     )

@@ -82,6 +82,7 @@ from duetime.storage.registry_rules import (
     name_taken,
     owner_runs_cursor,
     refuse_apply,
+    replay_plan,
     require_failed_occurrence,
     run_cursor,
 )
@@ -627,7 +628,9 @@ class MemoryStore:
         assert step is not None, f"{what.value} is never a no-op"
         return self._write(row, plan=step.plan, revoke=step.revoke)
 
-    async def replay_occurrence(self, owner: str, job_id: uuid.UUID, scheduled_for: datetime) -> Job:
+    async def replay_occurrence(
+        self, owner: str, job_id: uuid.UUID, scheduled_for: datetime, *, max_pending: int = 0
+    ) -> Job:
         self._check()
         row = self._owned(owner, job_id)
         owner_move(OwnerAction.BACKFILL, JobState(row.state))
@@ -646,7 +649,10 @@ class MemoryStore:
         final = max(attempts, key=lambda h: (h.run.attempt, h.run_id)).run.outcome.value if attempts else None
         require_failed_occurrence(final, codec.format_time(scheduled_for))
         now = self._now()
-        self._insert_occurrence(row, now, scheduled_for, seq=None, now=now)
+        children = self._children(job_id)
+        last_seq = max((c.backfill_seq or 0 for c in children), default=0)
+        plan = replay_plan(codec.spec_from_json(row.spec), len(children), last_seq, now, max_pending)
+        self._insert_occurrence(row, plan.due_at, scheduled_for, seq=plan.seq, now=now)
         self._wake([row.shard])
         return row.job()
 

@@ -257,10 +257,15 @@ class Registry(Protocol):
         """Queue a run of every occurrence of a recurring job in [start, end) (see core.backfill)."""
         ...
 
-    async def replay_occurrence(self, owner: str, job_id: uuid.UUID, scheduled_for: datetime) -> Job:
-        """Run one failed occurrence of a recurring job once more, now, in a row of its own (its
-        own ``scheduled_for``, so its own Idempotency-Key). Conflict ``occurrence_not_failed``
-        when the history has no failed final attempt for it."""
+    async def replay_occurrence(
+        self, owner: str, job_id: uuid.UUID, scheduled_for: datetime, *, max_pending: int = 0
+    ) -> Job:
+        """Run one failed occurrence of a recurring job once more, in a row of its own (its own
+        ``scheduled_for``, so its own Idempotency-Key), as a backfilled run: now under ``overlap:
+        allow``, else at the end of the job's line of occurrence rows. Conflict
+        ``occurrence_not_failed`` when the history has no failed final attempt for it;
+        ``too_many_replays`` when ``max_pending`` (> 0) replayed or backfilled runs already wait
+        (storage/registry_rules.py ``replay_plan``)."""
         ...
 
     async def list_runs(

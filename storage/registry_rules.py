@@ -10,11 +10,12 @@ import base64
 import binascii
 import hashlib
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from duetime.core.errors import Conflict, InvalidRequest
 from duetime.core.lifecycle import RowPlan
-from duetime.core.model import JobState
+from duetime.core.model import JobSpec, JobState, Overlap
 
 #: The cursor of a first page of jobs (ids are listed in ascending order, after the cursor).
 FIRST_JOB = uuid.UUID(int=0)
@@ -175,6 +176,36 @@ def check_pending_triggers(waiting: int, max_pending: int) -> None:
             f"per job ({max_pending}, DUETIME_MAX_PENDING_TRIGGERS); wait for them to run",
             code="too_many_triggers",
         )
+
+
+def replay_plan(spec: JobSpec, pending: int, last_seq: int, now: datetime, max_pending: int) -> ReplayRun:
+    """Where a replayed occurrence goes, by the rules both stores keep (issue 32, item 1).
+
+    At most ``max_pending`` (> 0; DUETIME_MAX_PENDING_TRIGGERS) replayed or backfilled runs of a
+    job wait at a time (409 ``too_many_replays``): a replay is a call of someone's URL, and a
+    thousand of them ran at once. It follows the job's ``overlap`` as a backfilled run does: under
+    ``allow`` it runs now; under ``skip`` and ``buffer_one`` it joins the end of the job's line of
+    occurrence rows (``seq``), released when the one before it ends, and runs now only when the
+    line is empty.
+    """
+    if 0 < max_pending <= pending:
+        raise Conflict(
+            f"this job already has {pending} replayed or backfilled runs waiting, the most this "
+            f"server queues per job ({max_pending}, DUETIME_MAX_PENDING_TRIGGERS); wait for them to run",
+            code="too_many_replays",
+        )
+    if spec.overlap is Overlap.ALLOW:
+        return ReplayRun(due_at=now, seq=None)
+    return ReplayRun(due_at=now if pending == 0 else None, seq=last_seq + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayRun:
+    """A replayed occurrence row: when it is due (None: after the row before it in the line) and
+    its place in the job's line (None: not in it)."""
+
+    due_at: datetime | None
+    seq: int | None
 
 
 def check_trigger_step(before: RowPlan, after: RowPlan, max_pending: int) -> None:

@@ -34,6 +34,7 @@ from duetime.storage.registry_rules import (
     hash_key,
     job_cursor,
     owner_runs_cursor,
+    replay_plan,
     require_failed_occurrence,
     run_cursor,
 )
@@ -257,7 +258,9 @@ class RegistryPart(StoreBase):
             assert step is not None, f"{what.value} is never a no-op"
             return await self._write(action, plan=step.plan, revoke=step.revoke)
 
-    async def replay_occurrence(self, owner: str, job_id: uuid.UUID, scheduled_for: datetime) -> Job:
+    async def replay_occurrence(
+        self, owner: str, job_id: uuid.UUID, scheduled_for: datetime, *, max_pending: int = 0
+    ) -> Job:
         now = utcnow()
         async with self._locked(owner, job_id) as action:
             row, conn = action.row, action.conn
@@ -272,6 +275,8 @@ class RegistryPart(StoreBase):
                 )
             final = await conn.fetchval(Q["final_outcome_of_occurrence"], job_id, scheduled_for)
             require_failed_occurrence(final, codec.format_time(scheduled_for))
+            waiting = await conn.fetchrow(Q["occurrences_of"], job_id)
+            plan = replay_plan(spec, int(waiting["pending"]), int(waiting["last_seq"]), now, max_pending)
             shard = row["shard"]
             await conn.execute(
                 Q["insert_occurrences"],
@@ -279,10 +284,10 @@ class RegistryPart(StoreBase):
                 [shard],
                 [owner],
                 [row["spec"]],
-                [now],
+                [plan.due_at],
                 [scheduled_for],
                 [job_id],
-                [None],
+                [plan.seq],
             )
             action.wake = RowPlan(state=JobState.SCHEDULED, next_run_at=now, scheduled_for=None, attempt=0)
             return job_from_row(row)

@@ -674,3 +674,35 @@ async def test_the_memory_store_lapses_leases_by_its_injected_clock() -> None:
     assert (await store.rescue_expired(run.shard, limit=10)).applied == 1
     [lapsed] = (await store.list_runs(o, jid, limit=10, cursor=None)).items
     assert lapsed.outcome is Outcome.LEASE_EXPIRED and lapsed.finished_at == clock.t
+
+
+async def test_replays_wait_in_the_jobs_line_under_skip_and_are_capped(store: Store) -> None:
+    """Issue 32, item 1: 1,105 replays of one failed occurrence of an ``overlap: skip`` job all
+    ran at once. Replays now follow the job's overlap as backfilled runs do (one at a time, each
+    released when the one before it ends) and at most ``max_pending`` wait."""
+    o, e = new_owner(), engine_id()
+    job, _ = await store.create_job(o, cron("0 * * * *", overlap=Overlap.SKIP))
+    jid = uuid.UUID(job.id)
+    await store.trigger_job(o, jid)
+    [run] = await fence(store, (await claim(store, e, [jid])).values())
+    await store.complete_runs([report(run, Outcome.FAILED, retryable=False)])
+    for _ in range(3):
+        await store.replay_occurrence(o, jid, run.scheduled_for, max_pending=3)
+    with pytest.raises(Conflict) as caught:
+        await store.replay_occurrence(o, jid, run.scheduled_for, max_pending=3)
+    assert caught.value.code == "too_many_replays"
+    for _ in range(3):
+        got = [
+            r
+            for r in await store.claim_due(run.shard, e, lookahead_s=0, lease_s=30, limit=500)
+            if r.owner == o
+        ]
+        assert len(got) == 1, "one replay at a time, as the job's overlap says"
+        [again] = await fence(store, got)
+        assert again.scheduled_for == run.scheduled_for
+        await store.complete_runs([report(again, Outcome.FAILED, retryable=False)])
+    assert [
+        r for r in await store.claim_due(run.shard, e, lookahead_s=0, lease_s=30, limit=500) if r.owner == o
+    ] == []
+    # the line is empty again: a replay is taken once more
+    await store.replay_occurrence(o, jid, run.scheduled_for, max_pending=3)

@@ -68,3 +68,31 @@ async def test_a_failed_occurrence_runs_once_more(owner: Owner, receiver: Receiv
     status, body = await owner.call("POST", path)  # no body: the dead-job replay, 409 for this one
     assert status == 409, body
     await owner.call("DELETE", f"/v1/jobs/{job['id']}")
+
+
+async def test_replays_are_capped_per_job(owner: Owner, receiver: Receiver) -> None:
+    """Issue 32, item 1: 1,105 replays of one failed occurrence all answered 202 and ran at once.
+    At most DUETIME_MAX_PENDING_TRIGGERS (100) replayed runs now wait per job; under
+    ``overlap: skip`` they run one after another (tests/contract: one at a time)."""
+    receiver.behaviour["/gone"] = lambda n: 404  # never retried: each replay is one call
+    job = await owner.create(
+        {
+            "target": {"type": "webhook", "url": f"{receiver.url}/gone"},
+            "schedule": {"every": "1h"},
+            "overlap": "skip",
+        }
+    )
+    [first] = await receiver.wait_for("/gone", 1, within=15)
+    occurrence = first.headers["Duetime-Scheduled-For"]
+    for _ in range(100):
+        if await owner.runs(job["id"]):
+            break
+        await asyncio.sleep(0.1)
+    path = f"/v1/jobs/{job['id']}/replay"
+    answers = await asyncio.gather(
+        *(owner.call("POST", path, {"scheduled_for": occurrence}) for _ in range(130))
+    )
+    statuses = [status for status, _ in answers]
+    refused = [body["error"]["code"] for status, body in answers if status == 409]
+    assert statuses.count(202) >= 100 and refused, statuses
+    assert set(refused) == {"too_many_replays"}, refused
