@@ -29,6 +29,9 @@ benchmark counts completions from the database (history rows) and claims from th
 report (fire lateness at the engine, RSS per run waiting in the wheel, fence statements, GC time)
 are null in the JSON and "n/a" in the table.
 
+``--hosts H`` (webhook) spreads the jobs over H loopback ports of the receiver, each a host to the
+workers' per-host limits; ``--target-delay-ms MS`` makes it answer each call MS after it arrived.
+
 ``--kill-engine-at S`` (cluster only) measures failover: S seconds after T it SIGKILLs engine-0,
 having read from the membership which shards it served, and reports per such shard the time from
 the kill to the first start of a run of that shard, and the lateness of the runs of those shards
@@ -729,7 +732,8 @@ class BurstTarget:
 
     name = "?"
 
-    async def setup(self) -> Target:
+    async def setup(self) -> list[Target]:
+        """The targets the jobs are spread over (one each but for a webhook with ``--hosts``)."""
         raise NotImplementedError
 
     async def starts(self) -> list[tuple[str, float]]:
@@ -748,14 +752,17 @@ class BurstTarget:
 
 
 class WebhookBurstTarget(BurstTarget):
+    """One receiver process listening on ``hosts`` loopback ports, each a distinct host to the
+    workers' per-host limits, answering ``delay_s`` after a call arrives."""
+
     name = "webhook"
 
-    def __init__(self) -> None:
-        self.receiver = ReceiverProcess()
+    def __init__(self, hosts: int = 1, delay_s: float = 0.0) -> None:
+        self.receiver = ReceiverProcess(hosts=hosts, delay_s=delay_s)
 
-    async def setup(self) -> Target:
+    async def setup(self) -> list[Target]:
         await asyncio.to_thread(self.receiver.start)
-        return WebhookTarget(url=self.receiver.url + "/hook", timeout_s=30)
+        return [WebhookTarget(url=url + "/hook", timeout_s=30) for url in self.receiver.urls]
 
     async def starts(self) -> list[tuple[str, float]]:
         return [(job_id_of_key(k), ns / 1e9) for k, _a, _t, ns in await self.receiver.dump()]
@@ -778,9 +785,9 @@ class RedisBurstTarget(BurstTarget):
         # Reading back a million entries is slow for Redis too: a generous per-read timeout.
         self._r = aioredis.Redis.from_url(REDIS_URL, socket_timeout=300)
 
-    async def setup(self) -> Target:
+    async def setup(self) -> list[Target]:
         await self._r.delete(self.key)
-        return QueueTarget(broker=Broker.REDIS, topic=self.key)
+        return [QueueTarget(broker=Broker.REDIS, topic=self.key)]
 
     async def count(self) -> int | None:
         n: int = await self._r.xlen(self.key)
@@ -814,13 +821,13 @@ class NatsBurstTarget(BurstTarget):
         self.subject = f"duetime.burst.{tag}"
         self._nc: Any = None
 
-    async def setup(self) -> Target:
+    async def setup(self) -> list[Target]:
         import nats
 
         self._nc = await nats.connect(NATS_URL)
         js = self._nc.jetstream()
         await js.add_stream(name=self.stream, subjects=[self.subject])
-        return QueueTarget(broker=Broker.NATS, topic=self.subject)
+        return [QueueTarget(broker=Broker.NATS, topic=self.subject)]
 
     async def count(self) -> int | None:
         info = await self._nc.jetstream().stream_info(self.stream)
@@ -858,9 +865,9 @@ class NatsBurstTarget(BurstTarget):
             await self._nc.close()
 
 
-def make_target(name: str) -> BurstTarget:
+def make_target(name: str, *, hosts: int = 1, delay_ms: float = 0.0) -> BurstTarget:
     if name == "webhook":
-        return WebhookBurstTarget()
+        return WebhookBurstTarget(hosts, delay_ms / 1000.0)
     if name == "redis":
         return RedisBurstTarget()
     if name == "nats":
@@ -886,7 +893,8 @@ def burst_owners(n: int, owners: int) -> Iterator[str]:
     return (f"bench-{i % owners}" for i in range(n))
 
 
-async def seed_bulk(settings: Settings, spec: JobSpec, n: int, owners: int = 1) -> list[str]:
+async def seed_bulk(settings: Settings, specs: Sequence[JobSpec], n: int, owners: int = 1) -> list[str]:
+    """``n`` jobs, the ``specs`` taking turns (one per target host), owners as ``burst_owners``."""
     now = datetime.now(UTC)
     dsns = settings.shard_dsns()
     last = [0.0]
@@ -896,7 +904,7 @@ async def seed_bulk(settings: Settings, spec: JobSpec, n: int, owners: int = 1) 
             last[0] = time.monotonic()
             print(f"  seeded {done}/{n}", file=sys.stderr, flush=True)
 
-    jobs = (BulkJob(owner, spec) for owner in burst_owners(n, owners))
+    jobs = (BulkJob(owner, specs[i % len(specs)]) for i, owner in enumerate(burst_owners(n, owners)))
     ids = await seed_jobs(dsns, jobs, now, progress=progress)
     await analyze_jobs(dsns)
     return [str(i) for i in ids]
@@ -924,16 +932,18 @@ async def api_process(settings_env: dict[str, str]) -> AsyncIterator[str]:
             proc.stdout.feed_eof()
 
 
-async def seed_api(url: str, api_key: str, spec: JobSpec, n: int, clients: int) -> list[str]:
+async def seed_api(url: str, api_key: str, specs: Sequence[JobSpec], n: int, clients: int) -> list[str]:
+    """``n`` jobs through the API from ``clients`` concurrent clients, the ``specs`` taking turns."""
     import aiohttp
 
-    body = json.dumps(codec.spec_to_json(spec)).encode()
+    bodies = [json.dumps(codec.spec_to_json(spec)).encode() for spec in specs]
     headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
     ids: list[str] = []
     next_i = [0]
 
     async def client(http: aiohttp.ClientSession) -> None:
         while next_i[0] < n:
+            body = bodies[next_i[0] % len(bodies)]
             next_i[0] += 1
             async with http.post(url + "/v1/jobs", data=body, headers=headers) as resp:
                 data = await resp.json()
@@ -981,6 +991,10 @@ class BurstArgs:
     after_drain_s: float = 60.0
     # bulk, queue targets: the jobs' owners take turns among this many (burst_owners)
     owners: int = 1
+    # webhook: the receiver's ports (each a host to the workers), the jobs taking turns; and how
+    # long it takes to answer
+    hosts: int = 1
+    target_delay_ms: float = 0.0
 
 
 def default_lead(a: BurstArgs, lookahead_s: float) -> float:
@@ -1009,8 +1023,8 @@ async def run_burst(a: BurstArgs) -> dict[str, Any]:
     if a.topology not in ("all-in-one", "cluster"):
         raise ValueError(f"unknown topology {a.topology!r}")
     load_start = os.getloadavg()[0]
-    target = make_target(a.target)
-    spec_target = await target.setup()
+    target = make_target(a.target, hosts=a.hosts, delay_ms=a.target_delay_ms)
+    spec_targets = await target.setup()
     rss = _RssWatch()
     try:
         async with scratch_database("duetime_burst") as dsn:
@@ -1032,7 +1046,7 @@ async def run_burst(a: BurstArgs) -> dict[str, Any]:
             store = await PostgresStore.open(ShardMap.single(dsn), pool_size=4)
             api_key, _secret = await store.create_api_key("bench")
             await store.close()
-            old = await seed_old(a, dsn, spec_target)
+            old = await seed_old(a, dsn, spec_targets[0])
             fleet: Fleet
             if a.topology == "cluster":
                 fleet = BurstCluster(
@@ -1057,7 +1071,7 @@ async def run_burst(a: BurstArgs) -> dict[str, Any]:
                     dsn=dsn,
                     fleet=fleet,
                     target=target,
-                    spec_target=spec_target,
+                    spec_targets=spec_targets,
                     lead=lead,
                     api_key=api_key,
                     rss=rss,
@@ -1081,7 +1095,7 @@ async def _measure(
     dsn: str,
     fleet: Fleet,
     target: BurstTarget,
-    spec_target: Target,
+    spec_targets: Sequence[Target],
     lead: float,
     api_key: str,
     rss: _RssWatch,
@@ -1089,14 +1103,15 @@ async def _measure(
 ) -> dict[str, Any]:
     t_due = (datetime.now(UTC) + timedelta(seconds=lead)).replace(microsecond=0)
     t_due_s = t_due.timestamp()
-    spec = burst_spec(spec_target, t_due, attempts=1 if a.kill_engine_at_s is None else 5)
+    attempts = 1 if a.kill_engine_at_s is None else 5
+    specs = [burst_spec(t, t_due, attempts=attempts) for t in spec_targets]
     writes_before = await table_writes([dsn])
     reg_started = time.time()
     if a.seed_mode == "bulk":
-        ids = await seed_bulk(settings, spec, a.jobs, a.owners)
+        ids = await seed_bulk(settings, specs, a.jobs, a.owners)
     else:
         async with api_process({k: v for k, v in env.items() if k != "DUETIME_HTTP_PORT"}) as url:
-            ids = await seed_api(url, api_key, spec, a.jobs, a.clients)
+            ids = await seed_api(url, api_key, specs, a.jobs, a.clients)
     reg_done = time.time()
     reg_s = reg_done - reg_started
     ahead_s = t_due_s - reg_done
@@ -1449,6 +1464,8 @@ def summarise(
         "workers": a.workers if a.topology == "cluster" else None,
         "seed_mode": a.seed_mode,
         "owners": a.owners,
+        "hosts": a.hosts,
+        "target_delay_ms": a.target_delay_ms,
         "seeding": seed_desc,
         "settings": a.settings_env,
         "registration_per_s": round(a.jobs / reg_s),
@@ -1479,12 +1496,16 @@ def summarise(
         name = f"burst-{a.target}-{a.jobs}-{a.topology}-{a.seed_mode}-p{a.processes}"
         if a.topology == "cluster":
             name += f"-w{a.workers}"
+        if a.hosts > 1:
+            name += f"-h{a.hosts}"
+        if a.target_delay_ms:
+            name += f"-{a.target_delay_ms:g}ms"
         if a.label:
             name += f"-{a.label}"
         path = write_burst_plot(
             OUT_DIR / f"{name}.png",
-            title=f"{a.jobs} runs due at T, {a.target}, {a.topology}, P={a.processes}"
-            + (f", W={a.workers}" if a.topology == "cluster" else ""),
+            title=f"{a.jobs} runs due at T, {target_desc(a.target, a.hosts, a.target_delay_ms)}, "
+            f"{a.topology}, P={a.processes}" + (f", W={a.workers}" if a.topology == "cluster" else ""),
             starts_per_s=starts_ps,
             completions_per_s={k: v for k, v in completions_ps.items() if k >= -2},
             claims_per_s=None,
@@ -1492,6 +1513,13 @@ def summarise(
         )
         result["plot"] = str(path)
     return result
+
+
+def target_desc(target: str, hosts: int, delay_ms: float) -> str:
+    """``webhook``, or ``webhook (8 hosts, answering in 200 ms)`` when either is not the default."""
+    extra = [f"{hosts} hosts"] if hosts > 1 else []
+    extra += [f"answering in {delay_ms:g} ms"] if delay_ms else []
+    return f"{target} ({', '.join(extra)})" if extra else target
 
 
 def report(result: dict[str, Any]) -> None:
@@ -1513,7 +1541,8 @@ def report(result: dict[str, Any]) -> None:
         [
             (
                 "runs due at T",
-                f"{result['jobs']} → {result['target']}, {shape}",
+                f"{result['jobs']} → "
+                f"{target_desc(result['target'], result['hosts'], result['target_delay_ms'])}, {shape}",
             ),
             ("registration", f"{result['registration_per_s']}/s ({result['seeding']})"),
             ("registered ahead of T", f"{result['registered_ahead_s']} s"),
@@ -1729,7 +1758,25 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
         help="all-in-one: keep the nodes running S seconds after the last outcome, sampling their "
         "memory (the RSS a drain leaves behind); 0 stops them at once",
     )
+    p.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        help="webhook: the receiver listens on this many loopback ports, each a host to the workers; "
+        "the jobs take turns among them",
+    )
+    p.add_argument(
+        "--target-delay-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="webhook: the receiver answers each call this long after it arrived (default: at once)",
+    )
     a = p.parse_args(argv)
+    if (a.hosts != 1 or a.target_delay_ms) and a.target != "webhook":
+        p.error("--hosts and --target-delay-ms need --target webhook")
+    if a.hosts < 1 or a.target_delay_ms < 0:
+        p.error("--hosts must be at least 1 and --target-delay-ms at least 0")
     if a.kill_engine_at is not None and a.topology != "cluster":
         p.error("--kill-engine-at needs --topology cluster")
     if a.owners > 1 and (a.seed_mode != "bulk" or a.target == "webhook"):
@@ -1759,6 +1806,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BurstArgs:
         pg_statements=a.pg_statements,
         after_drain_s=a.after_drain,
         owners=a.owners,
+        hosts=a.hosts,
+        target_delay_ms=a.target_delay_ms,
     )
 
 

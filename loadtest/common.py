@@ -14,6 +14,7 @@ import secrets
 import socket
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -112,34 +113,78 @@ def free_port() -> int:
 # ---------------------------------------------------------------- receiver process
 
 
-def _receiver_main(port: int, ready: Any, status: int) -> None:
+@dataclass(frozen=True, slots=True)
+class ReceivedCall:
+    """One call as a receiver saw it: the contract headers, its arrival instant (the receiver's
+    clock, ns since the epoch) and the port it came to (which "host" it was for)."""
+
+    key: str
+    attempt: int
+    token: int
+    arrived_ns: int
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class InflightSample:
+    """Requests open at each port of a receiver at one instant (received, not answered yet)."""
+
+    at_ns: int
+    open_by_port: dict[int, int]
+
+
+def _receiver_main(ports: list[int], ready: Any, status: int, delay_s: float, sample_s: float | None) -> None:
     """A uvloop webhook receiver in its own process, so its timing is not the engine's loop.
 
-    Records (idempotency key, attempt, fencing token, arrival ns) per call; GET /__dump returns
-    them all as JSON lines.
+    Listens on every port of ``ports`` (each a "host" to the workers' per-host limits). Records
+    (idempotency key, attempt, fencing token, arrival ns, port) per call, and answers ``status``
+    ``delay_s`` later (a slow or hanging target). GET /__dump returns the calls as lines; with
+    ``sample_s``, GET /__inflight returns the requests open per port, sampled that often.
     """
     import uvloop
     from aiohttp import web
 
     records: list[str] = []
+    open_now = dict.fromkeys(ports, 0)
+    samples: list[str] = []
 
-    async def handle(request: web.Request) -> web.Response:
-        arrived = time.time_ns()
-        if request.path == "/__dump":
-            return web.Response(text="\n".join(records))
-        h = request.headers
-        await request.read()
-        records.append(
-            f"{h.get('Idempotency-Key')}\t{h.get('Duetime-Attempt')}\t{h.get('Duetime-Fencing-Token')}\t{arrived}"
-        )
-        return web.Response(status=status)
+    def handler(port: int) -> Any:
+        async def handle(request: web.Request) -> web.Response:
+            arrived = time.time_ns()
+            if request.path == "/__dump":
+                return web.Response(text="\n".join(records))
+            if request.path == "/__inflight":
+                return web.Response(text="\n".join(samples))
+            h = request.headers
+            await request.read()
+            records.append(
+                f"{h.get('Idempotency-Key')}\t{h.get('Duetime-Attempt')}\t{h.get('Duetime-Fencing-Token')}"
+                f"\t{arrived}\t{port}"
+            )
+            if delay_s > 0:
+                open_now[port] += 1
+                try:
+                    await asyncio.sleep(delay_s)
+                finally:
+                    open_now[port] -= 1
+            return web.Response(status=status)
+
+        return handle
+
+    async def sample() -> None:
+        assert sample_s is not None
+        while True:
+            samples.append(f"{time.time_ns()}\t" + ",".join(f"{p}:{n}" for p, n in open_now.items()))
+            await asyncio.sleep(sample_s)
 
     async def main() -> None:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", handle)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
+        for port in ports:
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", handler(port))
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
+        _sampler = asyncio.create_task(sample()) if sample_s else None  # held: tasks are weak refs
         ready.set()
         await asyncio.Event().wait()
 
@@ -147,27 +192,70 @@ def _receiver_main(port: int, ready: Any, status: int) -> None:
 
 
 class ReceiverProcess:
-    def __init__(self, status: int = 200) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+    """A webhook receiver in its own process (``_receiver_main``). ``hosts`` ports, each a
+    distinct ``127.0.0.1:port`` host to the workers; ``delay_s``: it answers that long after a
+    call arrived (0: at once); ``sample_s``: how often it samples its open requests (None: never).
+    ``url``/``port`` are the first host's."""
+
+    def __init__(
+        self, status: int = 200, *, delay_s: float = 0.0, hosts: int = 1, sample_s: float | None = None
+    ) -> None:
+        if hosts < 1:
+            raise ValueError("a receiver needs at least one host (port)")
+        self.ports = [free_port() for _ in range(hosts)]
+        while len(set(self.ports)) < hosts:  # a port freed and handed out again
+            self.ports = [free_port() for _ in range(hosts)]
+        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        self.port = self.ports[0]
+        self.url = self.urls[0]
         ctx = mp.get_context("spawn")
         self._ready = ctx.Event()
-        self._proc = ctx.Process(target=_receiver_main, args=(self.port, self._ready, status), daemon=True)
+        self._proc = ctx.Process(
+            target=_receiver_main,
+            args=(self.ports, self._ready, status, delay_s, sample_s),
+            daemon=True,
+        )
 
     def start(self) -> None:
         self._proc.start()
         if not self._ready.wait(30):
             raise RuntimeError("receiver process did not start")
 
-    async def dump(self) -> list[tuple[str, int, int, int]]:
+    @property
+    def pid(self) -> int | None:
+        pid: int | None = self._proc.pid
+        return pid
+
+    async def _get(self, path: str) -> str:
         import aiohttp
 
-        async with aiohttp.ClientSession() as http, http.get(self.url + "/__dump") as resp:
-            text = await resp.text()
+        timeout = aiohttp.ClientTimeout(total=300)
+        async with aiohttp.ClientSession(timeout=timeout) as http, http.get(self.url + path) as resp:
+            return await resp.text()
+
+    async def dump(self) -> list[tuple[str, int, int, int]]:
+        """(idempotency key, attempt, fencing token, arrival ns) per call, in arrival order."""
         out = []
-        for line in text.splitlines():
-            key, attempt, token, arrived = line.split("\t")
+        for line in (await self._get("/__dump")).splitlines():
+            key, attempt, token, arrived, _port = line.split("\t")
             out.append((key, int(attempt), int(token), int(arrived)))
+        return out
+
+    async def calls(self) -> list[ReceivedCall]:
+        """Every call with the port (host) it came to, in arrival order."""
+        out = []
+        for line in (await self._get("/__dump")).splitlines():
+            key, attempt, token, arrived, port = line.split("\t")
+            out.append(ReceivedCall(key, int(attempt), int(token), int(arrived), int(port)))
+        return out
+
+    async def inflight(self) -> list[InflightSample]:
+        """The open-request samples (``sample_s``), oldest first."""
+        out = []
+        for line in (await self._get("/__inflight")).splitlines():
+            at, _, counts = line.partition("\t")
+            by_port = {int(p): int(n) for p, _, n in (c.partition(":") for c in counts.split(",") if c)}
+            out.append(InflightSample(int(at), by_port))
         return out
 
     def stop(self) -> None:

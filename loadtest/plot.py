@@ -119,3 +119,70 @@ def write_memory_plot(
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def write_noisy_plot(
+    path: Path,
+    *,
+    title: str,
+    lateness_s: Mapping[str, Sequence[float]],
+    bar_s: float,
+    inflight: Sequence[tuple[float, int]],
+    healthy_arrivals_s: Mapping[str, Sequence[float]],
+) -> Path:
+    """Two panels for ``loadtest.noisy_neighbours``: the healthy hosts' start lateness per wave and
+    owner (boxes: quartiles, whiskers: p1 and p99, log scale, the bar as a red line); and against
+    seconds from T, the hanging hosts' calls in flight (left axis) with the healthy hosts' calls
+    per second (right axis), which shows whether the healthy ones wait for the hanging ones."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (late, time_ax) = plt.subplots(1, 2, figsize=(11, 3.8), dpi=80)
+    labels = [k for k, v in lateness_s.items() if v]
+    if labels:
+        late.boxplot(
+            [[max(x, 0.001) for x in lateness_s[k]] for k in labels],
+            whis=(1, 99),
+            showfliers=True,
+            flierprops={"markersize": 2},
+        )
+        late.set_xticks(range(1, len(labels) + 1), labels, fontsize=8)
+        late.set_yscale("log")
+    late.axhline(bar_s, color="red", linewidth=0.8)
+    late.set_ylabel("start lateness (s)")
+    late.set_title("healthy hosts: lateness per wave and owner", fontsize=9)
+    shown = [(t, n) for t, n in inflight if t >= -2.0]
+    if shown:
+        time_ax.plot(
+            [t for t, _ in shown], [n for _, n in shown], "-", color="grey", label="hanging in flight"
+        )
+    time_ax.set_xlabel("seconds from T (the first wave's due instant)")
+    time_ax.set_ylabel("hanging hosts' calls in flight")
+    time_ax.axvline(0, color="grey", linewidth=0.8)
+    rates = time_ax.twinx()
+    for i, (label, arrivals) in enumerate(healthy_arrivals_s.items()):
+        series = per_second(arrivals, 0.0)
+        if not series:
+            continue
+        xs = list(range(min(*series, 0), max(series) + 2))  # the quiet seconds too, as zeros
+        rates.plot(
+            xs,
+            [series.get(x, 0) for x in xs],
+            color=f"C{i}",
+            linestyle=("-", "--", ":", "-.")[i % 4],
+            drawstyle="steps-post",
+            label=f"{label} calls/s",
+        )
+    rates.set_ylim(bottom=0)
+    rates.set_ylabel("healthy calls per second")
+    handles = time_ax.get_legend_handles_labels()[0] + rates.get_legend_handles_labels()[0]
+    names = time_ax.get_legend_handles_labels()[1] + rates.get_legend_handles_labels()[1]
+    time_ax.legend(handles, names, fontsize=7, loc="upper right")
+    time_ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -22,6 +22,7 @@ from loadtest.burst import (
     old_history_during,
     parse_args,
     redis_entry_ms,
+    target_desc,
     wheel_bytes_per_run,
     writes_per_run,
 )
@@ -185,3 +186,16 @@ def test_owners_take_turns_and_need_a_queue_target_in_bulk() -> None:
         parse_args(["--owners", "10", "--target", "webhook"])
     with pytest.raises(SystemExit):
         parse_args(["--owners", "10", "--seed-mode", "api"])
+
+
+def test_hosts_and_target_delay_are_webhook_only_and_default_to_one_host_answering_at_once() -> None:
+    default = parse_args([])
+    assert (default.hosts, default.target_delay_ms) == (1, 0.0)
+    slow = parse_args(["--target", "webhook", "--hosts", "8", "--target-delay-ms", "200"])
+    assert (slow.hosts, slow.target_delay_ms) == (8, 200.0)
+    assert target_desc("webhook", 8, 200.0) == "webhook (8 hosts, answering in 200 ms)"
+    assert target_desc("webhook", 1, 0.0) == "webhook"
+    with pytest.raises(SystemExit):
+        parse_args(["--hosts", "8"])  # the default target is Redis
+    with pytest.raises(SystemExit):
+        parse_args(["--target", "webhook", "--hosts", "0"])
