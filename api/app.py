@@ -31,6 +31,7 @@ from duetime.api.handlers import OWNER, JobsApi
 from duetime.api.limits import JobBytesCap, JobCap, OwnerRateLimiter
 from duetime.api.metrics import UNMATCHED_ROUTE, observe
 from duetime.api.openapi import build_openapi
+from duetime.api.paging import PageCursors
 from duetime.api.preview import PreviewApi
 from duetime.api.render import dumps, json_response
 from duetime.api.request_id import request_id_middleware
@@ -225,18 +226,21 @@ def create_app(
         ],
     )
     topics = topic_policy if topic_policy is not None else TopicPolicy()
+    # One seal for every list of this process: the installation's key is read once, lazily.
+    cursors = PageCursors(registry.cursor_key)
     jobs_api = JobsApi(
         registry,
         policy=policy,
         limits=spec_limits,
         topics=topics,
         bulk_max=bulk_max,
+        cursors=cursors,
         cap=cap,
         byte_cap=byte_cap,
     )
     app.router.add_routes(jobs_api.routes())
     app.router.add_routes(PreviewApi(registry, limits=spec_limits).routes())
-    app.router.add_routes(TargetsApi(registry).routes())
+    app.router.add_routes(TargetsApi(registry, cursors=cursors).routes())
 
     openapi_body = dumps(build_openapi(spec_limits))
 

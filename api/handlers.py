@@ -17,7 +17,9 @@ from typing import Any, Final
 from aiohttp import web
 
 from duetime.api.body import parse_json, require_json_content_type
+from duetime.api.cursors import SEALED_SHAPE, refused
 from duetime.api.limits import JobBytesCap, JobCap
+from duetime.api.paging import PageCursors
 from duetime.api.render import (
     backfill_to_json,
     job_to_json,
@@ -60,8 +62,6 @@ OWNER: Final = web.RequestKey("owner", str)
 DEFAULT_LIMIT: Final = 100
 MAX_LIMIT: Final = 1000
 _DIGITS: Final = re.compile(r"[0-9]{1,7}")
-# Cursors we issue are short printable ASCII; anything else is refused before it reaches storage.
-_CURSOR_SHAPE: Final = re.compile(r"[\x21-\x7e]{1,1024}")
 _STATES: Final = {s.value: s for s in JobState}
 _PASSED_URLS_TTL_S: Final = 10.0
 _PASSED_URLS_MAX: Final = 10_000
@@ -89,14 +89,11 @@ def limit_of(request: web.Request) -> int:
 
 
 def cursor_of(request: web.Request) -> str | None:
-    """``cursor`` as sent, when it has the shape of one we issue (storage judges the rest)."""
+    """``cursor`` as sent, when it has the shape of a sealed cursor (base64url of a bounded
+    length); ``PageCursors.open`` judges the rest, and the store's rules what is inside."""
     text = _query(request, "cursor")
-    if text is not None and _CURSOR_SHAPE.fullmatch(text) is None:
-        raise InvalidRequest(
-            "cursor is not one this API issued; pass next_cursor back unchanged.",
-            code="invalid_cursor",
-            field="cursor",
-        )
+    if text is not None and SEALED_SHAPE.fullmatch(text) is None:
+        raise refused()
     return text
 
 
@@ -208,10 +205,12 @@ class JobsApi:
         limits: SpecLimits,
         topics: TopicPolicy | None = None,
         bulk_max: int = 10_000,
+        cursors: PageCursors,
         cap: JobCap | None = None,
         byte_cap: JobBytesCap | None = None,
     ) -> None:
         self._registry = registry
+        self._cursors = cursors
         self._topics = topics if topics is not None else TopicPolicy()
         self._cap = cap
         self._byte_cap = byte_cap
@@ -300,18 +299,19 @@ class JobsApi:
         return json_response(job_to_json(job))
 
     async def list_jobs(self, request: web.Request) -> web.Response:
-        state, limit, cursor = _state(request), limit_of(request), cursor_of(request)
+        owner, state, limit, sent = request[OWNER], _state(request), limit_of(request), cursor_of(request)
         labels = parse_label_query([v for v in request.query.getall("label", []) if v])
         prefix = _query(request, "name_prefix")
+        name_prefix = None if prefix is None else check_name_prefix(prefix)
         page = await self._registry.list_jobs(
-            request[OWNER],
+            owner,
             state=state,
             limit=limit,
-            cursor=cursor,
+            cursor=await self._cursors.open(owner, sent),
             labels=labels or None,
-            name_prefix=None if prefix is None else check_name_prefix(prefix),
+            name_prefix=name_prefix,
         )
-        return json_response(jobs_page_to_json(page))
+        return json_response(jobs_page_to_json(await self._cursors.seal(owner, page)))
 
     async def get_job_by_name(self, request: web.Request) -> web.Response:
         job = await self._registry.get_job_by_name(request[OWNER], name_of(request, for_write=False))
@@ -485,9 +485,12 @@ class JobsApi:
             )
         raw_since = request.query.get("since") or None
         since = None if raw_since is None else parse_time(raw_since, "since")
+        owner, limit = request[OWNER], limit_of(request)
+        cursor = await self._cursors.open(owner, cursor_of(request))
         page = await self._registry.list_owner_runs(
-            request[OWNER], outcome=outcome, since=since, limit=limit_of(request), cursor=cursor_of(request)
+            owner, outcome=outcome, since=since, limit=limit, cursor=cursor
         )
+        page = await self._cursors.seal(owner, page)
         return json_response(
             {
                 "items": [{**run_to_json(r.run), "job_id": str(r.job_id)} for r in page.items],
@@ -497,6 +500,7 @@ class JobsApi:
 
     async def list_runs(self, request: web.Request) -> web.Response:
         owner, job_id = request[OWNER], job_id_of(request)
-        limit, cursor = limit_of(request), cursor_of(request)
+        limit = limit_of(request)
+        cursor = await self._cursors.open(owner, cursor_of(request))
         page = await self._registry.list_runs(owner, job_id, limit=limit, cursor=cursor)
-        return json_response(runs_page_to_json(page))
+        return json_response(runs_page_to_json(await self._cursors.seal(owner, page)))

@@ -142,8 +142,9 @@ def _page_params() -> list[JsonObject]:
             "name": "cursor",
             "in": "query",
             "required": False,
-            "description": "`next_cursor` from the previous page, passed back unchanged. "
-            "A cursor this API did not issue answers 422 `invalid_cursor`.",
+            "description": "`next_cursor` from the previous page, passed back unchanged by the same "
+            "owner. Cursors are opaque and bound to the owner they were issued to; any other "
+            "(another owner's, changed, or from before an upgrade) answers 422 `invalid_cursor`.",
             "schema": {"type": "string"},
         },
     ]
@@ -509,7 +510,10 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "last_run": {"oneOf": [_ref("Run"), {"type": "null"}]},
         },
     }
-    cursor: JsonObject = {"type": ["string", "null"], "description": "null on the last page."}
+    cursor: JsonObject = {
+        "type": ["string", "null"],
+        "description": "Opaque, for this owner only; null on the last page.",
+    }
     backfill_in: JsonObject = {
         "type": "object",
         "required": ["from", "to"],

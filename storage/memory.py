@@ -317,6 +317,8 @@ class MemoryStore:
         self._targets: dict[tuple[str, str, str], _TargetRow] = {}  # (owner, host, worker)
         self._flow_buckets: dict[tuple[str, str], _FlowBucket] = {}
         self._flow_holders: dict[tuple[str, str], dict[str, _FlowHolder]] = {}
+        # The installation's cursor key: one store here is one installation.
+        self._cursor_key = secrets.token_bytes(32)
         self.available = True  # False: every call raises StorageUnavailable (an outage)
 
     # ------------------------------------------------------------------ plumbing
@@ -811,6 +813,10 @@ class MemoryStore:
         return (
             None if secret is None else SigningKeys(current=secret, previous=None, previous_valid_until=None)
         )
+
+    async def cursor_key(self) -> bytes:
+        self._check()
+        return self._cursor_key
 
     async def ping(self) -> None:
         self._check()

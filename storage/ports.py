@@ -302,6 +302,14 @@ class Registry(Protocol):
 
     async def signing_secret(self, owner: str) -> str | None: ...
 
+    async def cursor_key(self) -> bytes:
+        """The installation's 32-byte key for sealing page cursors (api/cursors.py).
+
+        One per installation, the same for every API process, so a cursor one process issued
+        opens on any other behind the same load balancer; made at the first call (concurrent
+        first calls agree on one) and never changed, so cursors stay valid across restarts."""
+        ...
+
     async def ping(self) -> None:
         """Raises StorageUnavailable when any database in the shard map cannot be reached."""
         ...

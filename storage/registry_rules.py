@@ -2,6 +2,9 @@
 in-memory store): how an API key is stored and what a page cursor is. One copy, so the stores
 cannot answer differently. (Which owner action a job's state allows, and what a refusal says, is
 the core's owner table: ``core.states.owner_move``.)
+
+A cursor here is the store's own: raw keys in base64url. Clients never see one: the API seals
+each for the owner it answers and opens it again before it reaches a store (api/cursors.py).
 """
 
 from __future__ import annotations

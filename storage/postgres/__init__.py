@@ -15,6 +15,7 @@
 - ``keys``: API keys listed, signing secrets rotated
 - ``due_age``: each shard's oldest due row no engine has claimed (a gauge's reading)
 - ``target_health``: workers' reports of the hosts they call, listed per owner (home database)
+- ``server_keys``: the installation's own keys (the page cursors' sealing key), home database
 - ``store``: ``PostgresStore``, composed of those parts
 
 Their SQL lives in ``storage/sql/<concept>.sql``.

@@ -25,6 +25,7 @@ from duetime.storage.postgres.queue_leases import QueueLeasePart
 from duetime.storage.postgres.retention import RetentionPart
 from duetime.storage.postgres.runpath import RunPathPart
 from duetime.storage.postgres.selection import SelectionPart
+from duetime.storage.postgres.server_keys import ServerKeysPart
 from duetime.storage.postgres.sessions import SessionBounds
 from duetime.storage.postgres.target_health import TargetHealthPart
 from duetime.storage.shardmap import ShardMap
@@ -42,6 +43,7 @@ class PostgresStore(
     EventsPart,
     TargetHealthPart,
     FlowPart,
+    ServerKeysPart,
 ):
     """Registry + run store (and the outbox and flow control) on asyncpg pools, one pool per
     distinct database in the shard map."""

@@ -11,6 +11,7 @@ import pytest
 from duetime.core.errors import Conflict, InvalidRequest, NotFound
 from duetime.core.model import JobState
 from duetime.storage.ports import IdempotencyRequest
+from duetime.storage.postgres import PostgresStore
 from tests.contract.conftest import Store, cron, new_owner, now, one_off
 
 
@@ -186,3 +187,18 @@ async def test_queued_triggers_stop_at_the_cap_with_too_many_triggers(store: Sto
         await store.trigger_job(o, jid, max_pending=2)
     assert info.value.code == "too_many_triggers"
     await store.trigger_job(o, jid)  # no cap given: accepted
+
+
+async def test_the_cursor_key_is_one_stable_32_byte_key(store: Store) -> None:
+    """Every API process seals cursors with it (api/cursors.py), so it must not change between
+    calls, nor differ between two stores (two processes) on one installation."""
+    key = await store.cursor_key()
+    assert isinstance(key, bytes) and len(key) == 32
+    assert await store.cursor_key() == key
+    assert key != bytes(32)
+    if isinstance(store, PostgresStore):
+        other = await PostgresStore.open(store.shard_map, pool_size=1)
+        try:
+            assert await other.cursor_key() == key
+        finally:
+            await other.close()

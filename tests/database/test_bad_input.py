@@ -12,6 +12,7 @@ and its 413/415 cases; ``tests/pure/test_validation.py`` judges hundreds more sp
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from duetime.api.app import create_app
+from duetime.api.cursors import CursorSeal
 from duetime.core.ssrf import AddressPolicy
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
@@ -71,7 +73,10 @@ class Case:
     field: str | None
     says: str  # a fragment of the message that tells the client what to do
     method: str = "POST"
-    path: str = "/v1/jobs"  # "{id}" is replaced by a real job of the owner
+    # "{id}" is replaced by a real job of the owner, "{sealed:X}" by the store's cursor X sealed for
+    # the owner as the API seals the cursors it issues (api/cursors.py): a forged cursor that
+    # passes the seal, to reach the stores' own checks of what is inside.
+    path: str = "/v1/jobs"
     headers: dict[str, str] = dc_field(default_factory=dict)
 
 
@@ -521,9 +526,9 @@ CASES = [
         422,
         "invalid_cursor",
         "cursor",
-        "pass next_cursor",
+        "pass next_cursor from the previous page",  # the store's check, past the seal
         method="GET",
-        path="/v1/jobs/{id}/runs?cursor=_____________w",
+        path="/v1/jobs/{id}/runs?cursor={sealed:_____________w}",
     ),
     Case(
         "owner-runs-cursor-run-id-above-int64",
@@ -532,12 +537,34 @@ CASES = [
         422,
         "invalid_cursor",
         "cursor",
-        "pass next_cursor",
+        "pass next_cursor from the previous page",  # the store's check, past the seal
         method="GET",
-        path="/v1/runs?cursor=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA__________8",
+        path="/v1/runs?cursor={sealed:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA__________8}",
     ),
     Case(
         "owner-runs-cursor-run-id-2-63",
+        "forged cursors",
+        None,
+        422,
+        "invalid_cursor",
+        "cursor",
+        "pass next_cursor from the previous page",  # the store's check, past the seal
+        method="GET",
+        path="/v1/runs?cursor={sealed:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAgAAAAAAAAAA}",
+    ),
+    Case(
+        "owner-runs-cursor-time-out-of-range",
+        "forged cursors",
+        None,
+        422,
+        "invalid_cursor",
+        "cursor",
+        "pass next_cursor from the previous page",  # the store's check, past the seal
+        method="GET",
+        path="/v1/runs?cursor={sealed:f_________8AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA}",
+    ),
+    Case(
+        "runs-cursor-above-int64-unsealed",
         "forged cursors",
         None,
         422,
@@ -548,7 +575,7 @@ CASES = [
         path="/v1/runs?cursor=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAgAAAAAAAAAA",
     ),
     Case(
-        "owner-runs-cursor-time-out-of-range",
+        "runs-cursor-from-before-the-seal",
         "forged cursors",
         None,
         422,
@@ -556,7 +583,7 @@ CASES = [
         "cursor",
         "pass next_cursor",
         method="GET",
-        path="/v1/runs?cursor=f_________8AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        path="/v1/jobs/{id}/runs?cursor=AAAAAAAAAAE",
     ),
     Case(
         "runs-cursor-garbage",
@@ -743,12 +770,16 @@ async def client(store: PostgresStore) -> AsyncIterator[Client]:
 async def test_bad_input_answers_its_4xx_with_a_useful_message(
     client: Client, store: PostgresStore, case: Case
 ) -> None:
-    key, _ = await store.create_api_key(f"bad-{uuid.uuid4().hex[:8]}")
+    owner = f"bad-{uuid.uuid4().hex[:8]}"
+    key, _ = await store.create_api_key(owner)
     auth = {"Authorization": f"Bearer {key}"}
     resp = await client.post("/v1/jobs", json=job(), headers={**auth, "Idempotency-Key": "reused"})
     assert resp.status == 201
     existing = await resp.json()
     path = case.path.replace("{id}", existing["id"])
+    if "{sealed:" in path:
+        seal = CursorSeal(await store.cursor_key())
+        path = re.sub(r"\{sealed:([^}]*)\}", lambda m: seal.seal(owner, m.group(1)) or "", path)
     headers = {**auth, **case.headers}
     if case.body is None:
         resp = await client.request(case.method, path, headers=headers)

@@ -152,12 +152,14 @@ async def test_an_owner_sees_nothing_of_another_owners_hosts(client: Client, sto
         ],
         "next_cursor": None,
     }
-    # The first owner's cursor walks the second owner's list from that host on, nothing more.
+    # The first owner's cursor is the first owner's: the second owner's list refuses it.
     page = await _get(client, "/v1/targets?limit=1", first_headers)
     assert [i["host"] for i in page["items"]] == ["first.example:443"]
-    after = await _get(client, f"/v1/targets?cursor={page['next_cursor']}", second_headers)
+    refused = await _get(client, f"/v1/targets?cursor={page['next_cursor']}", second_headers, 422)
+    assert refused["error"]["code"] == "invalid_cursor"
+    after = await _get(client, f"/v1/targets?cursor={page['next_cursor']}", first_headers)
     assert [i["host"] for i in after["items"]] == ["shared.example:443"]
-    assert after["items"][0]["last_5m"]["calls"] == 1
+    assert after["items"][0]["last_5m"]["calls"] == 100
     _, nobody = await new_owner(store)
     assert await _get(client, "/v1/targets", nobody) == {"items": [], "next_cursor": None}
 
