@@ -24,13 +24,13 @@ async def old_db(run_tag: str) -> AsyncIterator[str]:
 
 
 async def test_before_the_migration_a_take_says_to_migrate_and_after_it_grants(old_db: str) -> None:
-    ask = FlowAsk(owner="o", key="api", rate_per_s=10.0, parallelism=2, want=5, running=0)
+    ask = FlowAsk(owner="o", key="api", rate_per_s=1.0, parallelism=2, want=5, running=0)
     store = await PostgresStore.open(ShardMap.single(old_db), pool_size=2)
     try:
         with pytest.raises(StorageUnavailable, match="duetime migrate"):
             await store.take_flow("w1", [ask], hold_s=30)
         assert (await migrate(old_db))[0] == "0015_flow_control.sql"
-        assert await store.take_flow("w1", [ask], hold_s=30) == [FlowGrant("o", "api", 1)]  # one token
+        assert await store.take_flow("w1", [ask], hold_s=30) == [FlowGrant("o", "api", 1)]  # one token at 1/s
         assert await store.take_flow("w2", [ask], hold_s=30) == [FlowGrant("o", "api", 0)]
     finally:
         await store.close()
