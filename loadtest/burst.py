@@ -350,8 +350,8 @@ def memory_sample(node: Any, libc: Any, *, pymalloc: bool = False) -> MemorySamp
         py_in_use=py[1] if py is not None else None,
         wheel=engine.waiting_runs if engine is not None else 0,
         fired=engine._fired_count if engine is not None else 0,
-        queued=pool._queue.qsize() if pool is not None else 0,
-        inflight=pool._inflight if pool is not None else 0,
+        queued=pool._queue.qsize() + pool.queues.waiting if pool is not None else 0,
+        inflight=pool.queues.in_flight if pool is not None else 0,
         pending=pool.completer.pending() if pool is not None else 0,
         held=len(node._keeper) if node._keeper is not None else 0,
     )
@@ -384,7 +384,7 @@ def _dump_tasks(node: Any) -> None:
         )
     if pool is not None:
         print(
-            f"queue={pool._queue.qsize()} inflight={pool._inflight} "
+            f"queue={pool._queue.qsize()} waiting={pool.queues.waiting} inflight={pool.queues.in_flight} "
             f"completer_pending={pool.completer.pending()} held={len(node._keeper)}",
             file=out,
         )
