@@ -9,6 +9,12 @@ as a node's ``DUETIME_WORKER_CONCURRENCY`` makes them. Reports this process's CP
 
     python -m loadtest.webhook_bench --calls 20000 --concurrency 1024
 
+``--path`` measures a layer alone: ``pool`` (the default, as above), ``call`` (``webhook.call``
+with each run's ``Delivery`` built as the pool builds it: no pool, dispatcher or limiter) or
+``request`` (``Http1Pool.request`` of one request's bytes, built once: the client alone). The
+report counts the connections the client opened during the measured calls: keep-alive reuse is
+the calls minus these.
+
 Run it under ``py-spy record --native`` to see where the client's time goes.
 """
 
@@ -26,11 +32,12 @@ from typing import Any
 
 import uvloop
 
-from duetime.core import ssrf
+from duetime.core import signing, ssrf
 from duetime.core.model import JobSpec, OneOffSchedule, Outcome, WebhookTarget
-from duetime.core.runpath import FencedRun, RunSpec
+from duetime.core.runpath import Delivery, FencedRun, RunSpec
 from duetime.core.signing import new_signing_secret
 from duetime.storage.ports import SigningKeys
+from duetime.workers import http1, webhook
 from duetime.workers.dispatch import Dispatcher
 from duetime.workers.pool import WorkerPool
 from loadtest.common import ReceiverProcess, print_report
@@ -76,14 +83,47 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-async def _bench(url: str, calls: int, concurrency: int, warmup: int) -> dict[str, Any]:
+async def _bench(url: str, calls: int, concurrency: int, warmup: int, path: str) -> dict[str, Any]:
     dispatcher = Dispatcher(
         policy=ssrf.AddressPolicy(allow_private=os.environ.get("BENCH_STRICT") != "1"),
         nats_url=None,
         redis_url=None,
     )
     await dispatcher.start()
-    pool = WorkerPool(_Keys(), None, dispatcher, None, concurrency=concurrency)  # type: ignore[arg-type]
+    keys = _Keys()
+    pool = WorkerPool(keys, None, dispatcher, None, concurrency=concurrency)  # type: ignore[arg-type]
+    http = dispatcher._http
+    assert http is not None
+    policy = dispatcher._policy
+    secret = keys.keys.current
+
+    async def through_pool(run: FencedRun) -> Outcome:
+        return (await pool.call(run)).verdict.outcome
+
+    async def through_call(run: FencedRun) -> Outcome:
+        d = Delivery.of(run, signing_secret=secret)
+        target = d.target
+        assert isinstance(target, WebhookTarget)
+        body = signing.encode_body(d.payload)
+        now = datetime.now(UTC)
+        return (await webhook.call(http, policy=policy, d=d, target=target, body=body, now=now)).outcome
+
+    one = _runs(1, url)[0]
+    one_target = one.spec.parsed.target
+    assert isinstance(one_target, WebhookTarget)
+    judged = webhook.judge_url(url, policy)
+    assert judged.url is not None
+    endpoint = webhook.endpoint_of(judged.url)
+    d1 = Delivery.of(one, signing_secret=secret)
+    body1 = signing.encode_body(d1.payload)
+    headers1 = webhook.request_headers(one_target, webhook.contract_headers(d1, body1, datetime.now(UTC)))
+    request1 = http1.encode_request("POST", endpoint, webhook._DEFAULT_HEAD, headers1, body1)
+
+    async def through_request(run: FencedRun) -> Outcome:
+        answer = await http.request(endpoint, request1, 30)
+        return Outcome.SUCCEEDED if answer.status == 200 else Outcome.FAILED
+
+    one_call = {"pool": through_pool, "call": through_call, "request": through_request}[path]
     try:
 
         async def drive(runs: list[FencedRun]) -> dict[str, int]:
@@ -92,11 +132,11 @@ async def _bench(url: str, calls: int, concurrency: int, warmup: int) -> dict[st
 
             async def worker() -> None:
                 for run in it:
-                    report = await pool.call(run)
-                    o = report.verdict.outcome.value
+                    outcome = await one_call(run)
+                    o = outcome.value
                     outcomes[o] = outcomes.get(o, 0) + 1
-                    if report.verdict.outcome is not Outcome.SUCCEEDED and outcomes[o] == 1:
-                        print("first failure:", report.verdict)
+                    if outcome is not Outcome.SUCCEEDED and outcomes[o] == 1:
+                        print("first failure:", outcome)
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
             return outcomes
@@ -104,18 +144,24 @@ async def _bench(url: str, calls: int, concurrency: int, warmup: int) -> dict[st
         await drive(_runs(warmup, url))
         runs = _runs(calls, url)
         gc.collect()
+        made0 = http.connections_made
         cpu0, t0 = _cpu_s(), time.perf_counter()
         outcomes = await drive(runs)
         cpu1, t1 = _cpu_s(), time.perf_counter()
+        made = http.connections_made - made0
+        still_open = http.open_connections
     finally:
         await dispatcher.close()
     return {
+        "path": path,
         "calls": calls,
         "concurrency": concurrency,
         "outcomes": outcomes,
         "wall_s": round(t1 - t0, 3),
         "calls_per_s": round(calls / (t1 - t0)),
         "client_cpu_us_per_call": round((cpu1 - cpu0) / calls * 1e6, 1),
+        "connections_opened": made,
+        "connections_open_at_end": still_open,
         "load_1m": round(os.getloadavg()[0], 2),
     }
 
@@ -125,6 +171,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=20000)
     p.add_argument("--concurrency", type=int, default=1024)
     p.add_argument("--warmup", type=int, default=2000)
+    p.add_argument("--path", choices=("pool", "call", "request"), default="pool")
     p.add_argument("--url", default=None, help="an already running receiver (default: start one)")
     args = p.parse_args()
     gc.freeze()
@@ -136,7 +183,7 @@ def main() -> None:
         receiver.start()
         url = receiver.url + "/hook"
     try:
-        result = uvloop.run(_bench(url, args.calls, args.concurrency, args.warmup))
+        result = uvloop.run(_bench(url, args.calls, args.concurrency, args.warmup, args.path))
     finally:
         if receiver is not None:
             receiver.stop()
@@ -144,11 +191,14 @@ def main() -> None:
         "webhook_bench",
         result,
         [
+            ("path", result["path"]),
             ("calls", str(result["calls"])),
             ("concurrency", str(result["concurrency"])),
             ("outcomes", str(result["outcomes"])),
             ("calls/s", str(result["calls_per_s"])),
             ("client CPU µs/call", str(result["client_cpu_us_per_call"])),
+            ("connections opened", str(result["connections_opened"])),
+            ("connections open at end", str(result["connections_open_at_end"])),
             ("load (1 min)", str(result["load_1m"])),
         ],
     )
