@@ -104,11 +104,25 @@ def _secret_key(secret: str) -> bytes:
     return key
 
 
+@functools.lru_cache(maxsize=256)
+def _keyed_mac(secret: str) -> hmac.HMAC:
+    """An HMAC-SHA256 that has taken ``secret``'s key and nothing else: each signature is a
+    ``copy()`` of it, fed the message.
+
+    Keying an HMAC (the padded key's two blocks, and OpenSSL 3's look-up of the algorithm that
+    ``hmac.digest`` repeats on every call) was two thirds of a signature's cost: 4.6-6.9 against
+    2.5 µs for a copy. Remembered per secret text, like the decoded key, so two secrets (two
+    owners, or an owner's old and new one during a rotation) each have their own; the object is
+    never fed and never leaves this module."""
+    return hmac.new(_secret_key(secret), digestmod=hashlib.sha256)
+
+
 def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     """The ``webhook-signature`` value: ``v1,<base64 HMAC-SHA256>``."""
-    # hmac.digest: the one-shot form (OpenSSL's HMAC in one C call), the same bytes as hmac.new.
-    mac = hmac.digest(_secret_key(secret), f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256)
-    return f"{SIGNATURE_VERSION},{base64.b64encode(mac).decode('ascii')}"
+    mac = _keyed_mac(secret).copy()
+    mac.update(f"{msg_id}.{timestamp}.".encode())
+    mac.update(body)
+    return f"{SIGNATURE_VERSION},{binascii.b2a_base64(mac.digest(), newline=False).decode('ascii')}"
 
 
 def verify_signature(

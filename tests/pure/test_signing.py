@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -94,6 +96,36 @@ def test_signature_matches_standard_webhooks_vector() -> None:
     assert sign(SECRET, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body) == (
         "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
     )
+
+
+def _one_shot(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
+    """The signature computed from nothing remembered: the key decoded and keyed for this call."""
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    mac = hmac.digest(key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256)
+    return "v1," + base64.b64encode(mac).decode("ascii")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    calls=st.lists(
+        st.tuples(st.integers(0, 3), st.text(max_size=40), st.integers(0, 2**40), st.binary(max_size=300)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_remembered_keys_sign_as_a_one_shot_hmac_and_never_mix(
+    calls: list[tuple[int, str, int, bytes]],
+) -> None:
+    """Each secret's keyed MAC is remembered and copied per signature: interleaved signatures
+    under four secrets (four owners, or an owner's old and new one) each equal the one-shot HMAC
+    under their own secret, and signing leaves nothing behind for the next one."""
+    secrets = [new_signing_secret() for _ in range(4)]
+    for which, msg_id, timestamp, body in calls:
+        secret = secrets[which]
+        assert sign(secret, msg_id, timestamp, body) == _one_shot(secret, msg_id, timestamp, body)
+        assert sign(secret, msg_id, timestamp, body) == sign(secret, msg_id, timestamp, body)
+    signatures = {sign(secret, "id", 1, b"x") for secret in secrets}
+    assert len(signatures) == len(secrets)
 
 
 def test_contract_headers() -> None:
