@@ -22,6 +22,7 @@ import ipaddress
 import re
 import socket
 import ssl
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from yarl import URL
@@ -38,6 +39,8 @@ from duetime.workers.tracing import TRACEPARENT
 
 MAX_RESPONSE_READ = http1.MAX_BODY_READ
 USER_AGENT = "Duetime-Webhook/1"
+# The client's own headers: a job cannot set these names (core.headers), so they are always sent.
+_DEFAULT_HEAD = f"User-Agent: {USER_AGENT}\r\nAccept: */*\r\n"
 # What an answer that is not HTTP was called when aiohttp parsed answers (its exception's name);
 # kept word for word so that run histories and alerts read the same across the change of client.
 INVALID_ANSWER = "invalid answer (ClientResponseError)"
@@ -49,7 +52,17 @@ _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 def classify_status(status: int) -> Verdict:
-    """The contract's table: 2xx succeeds; 408, 429, 5xx are retried; anything else is final."""
+    """The contract's table: 2xx succeeds; 408, 429, 5xx are retried; anything else is final.
+
+    A verdict is a frozen record and a function of the status alone, so each status's one is
+    made once and shared (a burst of 2xx answers builds no record for them)."""
+    verdict = _STATUS_VERDICTS.get(status)
+    if verdict is None:
+        verdict = _STATUS_VERDICTS[status] = _status_verdict(status)
+    return verdict
+
+
+def _status_verdict(status: int) -> Verdict:
     if 200 <= status < 300:
         return Verdict(Outcome.SUCCEEDED, False, status, None)
     if 300 <= status < 400:
@@ -57,6 +70,10 @@ def classify_status(status: int) -> Verdict:
     if status in (408, 429) or status >= 500:
         return Verdict(Outcome.FAILED, True, status, f"HTTP {status}")
     return Verdict(Outcome.FAILED, False, status, f"HTTP {status}")
+
+
+# status -> its verdict; bounded by what the parser accepts as a status (three digits).
+_STATUS_VERDICTS: dict[int, Verdict] = {}
 
 
 def contract_headers(d: Delivery, body: bytes, now: datetime) -> dict[str, str]:
@@ -82,11 +99,47 @@ def contract_headers(d: Delivery, body: bytes, now: datetime) -> dict[str, str]:
     return headers
 
 
+def contract_head(d: Delivery, body: bytes, now: datetime) -> str:
+    """``contract_headers`` as the request carries them (each ``name: value`` and CRLF, in the
+    same order), then ``traceparent`` when the attempt has one and ``Content-Length``, the last
+    line before the blank one: what follows a target's remembered head (``PreparedTarget``) in
+    every request. One string per call instead of a dict that is then written out;
+    ``tests/pure/test_webhook_request.py`` holds the two forms to the same bytes."""
+    key = signing.delivery_key(d.job_id, d.scheduled_for, d.event)
+    timestamp = int(now.timestamp())
+    signature = signing.sign(d.signing_secret, key, timestamp, body)
+    if d.extra_signing_secrets:
+        # During a secret rotation's grace, one signature per secret, space-separated.
+        signature = " ".join(
+            [signature, *(signing.sign(secret, key, timestamp, body) for secret in d.extra_signing_secrets)]
+        )
+    event = "" if d.event is None else f"{signing.EVENT}: {d.event}\r\n"
+    trace = "" if d.traceparent is None else f"{TRACEPARENT}: {d.traceparent}\r\n"
+    return (
+        f"{signing.IDEMPOTENCY_KEY}: {key}\r\n"
+        f"{signing.JOB_ID}: {d.job_id}\r\n"
+        f"{signing.SCHEDULED_FOR}: {signing.format_occurrence(d.scheduled_for)}\r\n"
+        f"{signing.ATTEMPT}: {d.attempt}\r\n"
+        f"{signing.FENCING_TOKEN}: {d.fencing_token}\r\n"
+        f"{signing.WEBHOOK_ID}: {key}\r\n"
+        f"{signing.WEBHOOK_TIMESTAMP}: {timestamp}\r\n"
+        f"{signing.WEBHOOK_SIGNATURE}: {signature}\r\n"
+        f"{event}{trace}Content-Length: {len(body)}\r\n\r\n"
+    )
+
+
 def request_headers(target: WebhookTarget, contract: dict[str, str]) -> dict[str, str]:
     """The job's headers first, then ours; a job header that names one of ours is dropped."""
-    headers = {k: v for k, v in target.headers.items() if not is_reserved_header(k)}
-    headers["Content-Type"] = "application/json"
+    headers = _fixed_headers(target.headers)
     headers.update(contract)
+    return headers
+
+
+def _fixed_headers(job_headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers that are the same on every call of a target: the job's own (a name that is
+    reserved dropped), then ``Content-Type``."""
+    headers = {k: v for k, v in job_headers.items() if not is_reserved_header(k)}
+    headers["Content-Type"] = "application/json"
     return headers
 
 
@@ -187,6 +240,68 @@ def endpoint_of(url: URL) -> http1.Endpoint:
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PreparedTarget:
+    """What a webhook target's URL, method and headers decide for every call, worked out once:
+    the URL's judgement, the verdict on the job's headers, where requests go, and the request's
+    head up to the contract's headers (request line, ``Host``, the client's headers, the job's
+    headers without the reserved ones, ``Content-Type``) as the bytes sent.
+
+    A burst calls the same few targets many times, and every run's spec is parsed into a target
+    of its own, so this is remembered by value (``prepare``), never by object: a job whose
+    headers or URL change gets a new entry for its new values at its next call.
+    """
+
+    judged: JudgedUrl
+    bad_header: Verdict | None
+    endpoint: http1.Endpoint | None
+    head: bytes
+    # The job's headers hold one spelled exactly ``traceparent``: a traced call then replaces
+    # its value in place, as the header dict did, and is written the long way (``request_bytes``).
+    job_traceparent: bool
+
+
+def prepare(target: WebhookTarget, policy: ssrf.AddressPolicy) -> PreparedTarget:
+    """``target``'s ``PreparedTarget`` under ``policy``, remembered by value (URL text, method,
+    the job's headers in order, policy)."""
+    return _prepare(target.url, target.method.value, tuple(target.headers.items()), policy)
+
+
+@functools.lru_cache(maxsize=URL_CACHE_SIZE)
+def _prepare(
+    url: str, method: str, job_headers: tuple[tuple[str, str], ...], policy: ssrf.AddressPolicy
+) -> PreparedTarget:
+    judged = judge_url(url, policy)
+    headers = dict(job_headers)
+    bad = invalid_header(headers)
+    bad_header = (
+        None
+        if bad is None
+        else Verdict(Outcome.FAILED, False, None, f"job header {bad[:100]!r} is not a valid HTTP header")
+    )
+    if judged.url is None or bad_header is not None:
+        return PreparedTarget(judged, bad_header, None, b"", False)
+    endpoint = endpoint_of(judged.url)
+    sent = _fixed_headers(headers)
+    lines = "".join([f"{name}: {value}\r\n" for name, value in sent.items()])
+    head = f"{method} {endpoint.target} HTTP/1.1\r\nHost: {endpoint.authority}\r\n{_DEFAULT_HEAD}{lines}"
+    return PreparedTarget(
+        judged, None, endpoint, head.encode("utf-8", "ignore"), job_traceparent=TRACEPARENT in sent
+    )
+
+
+def request_bytes(
+    prepared: PreparedTarget, target: WebhookTarget, d: Delivery, body: bytes, now: datetime
+) -> bytes:
+    """The whole request: the target's remembered head, the contract's lines, the body."""
+    if prepared.job_traceparent and d.traceparent is not None:
+        headers = request_headers(target, contract_headers(d, body, now))
+        headers[TRACEPARENT] = d.traceparent
+        assert prepared.endpoint is not None
+        return http1.encode_request(target.method.value, prepared.endpoint, _DEFAULT_HEAD, headers, body)
+    return b"".join((prepared.head, contract_head(d, body, now).encode("utf-8", "ignore"), body))
+
+
 class CheckedResolver:
     """Resolves through ``core.ssrf.resolve_checked`` and returns only addresses it allowed."""
 
@@ -230,10 +345,6 @@ def new_client(
     return http1.Http1Pool(CheckedResolver(policy), limit=total_concurrency, ssl_context=ssl_context)
 
 
-# The client's own headers: a job cannot set these names (core.headers), so they are always sent.
-_DEFAULT_HEAD = f"User-Agent: {USER_AGENT}\r\nAccept: */*\r\n"
-
-
 async def call(
     client: http1.Http1Pool,
     *,
@@ -244,7 +355,8 @@ async def call(
     now: datetime,
 ) -> Verdict:
     """One attempt; every failure of the target comes back as a ``Verdict``, never raised."""
-    judged = judge_url(target.url, policy)
+    prepared = prepare(target, policy)
+    judged = prepared.judged
     if judged.refusal is not None:
         return judged.refusal
     url, host = judged.url, judged.host
@@ -258,15 +370,11 @@ async def call(
             return Verdict(Outcome.FAILED, False, None, "invalid webhook URL")
         except ssrf.ResolutionFailed:
             return Verdict(Outcome.FAILED, True, None, f"name resolution failed for {host}")
-
-    bad = invalid_header(target.headers)
-    if bad is not None:
-        return Verdict(Outcome.FAILED, False, None, f"job header {bad[:100]!r} is not a valid HTTP header")
-    headers = request_headers(target, contract_headers(d, body, now))
-    if d.traceparent is not None:
-        headers[TRACEPARENT] = d.traceparent
-    endpoint = endpoint_of(url)
-    request = http1.encode_request(target.method.value, endpoint, _DEFAULT_HEAD, headers, body)
+    if prepared.bad_header is not None:
+        return prepared.bad_header
+    endpoint = prepared.endpoint
+    assert endpoint is not None
+    request = request_bytes(prepared, target, d, body, now)
     try:
         answer = await client.request(endpoint, request, target.timeout_s)
     except TargetNotAllowed as exc:
@@ -292,6 +400,8 @@ async def call(
         # final, with the text aiohttp's refusals had.
         return Verdict(Outcome.FAILED, False, None, "request refused by the HTTP client (invalid header)")
     verdict = classify_status(answer.status)
+    if answer.retry_after is None:
+        return verdict
     wait = retry_after_s(answer.status, answer.retry_after, datetime.now(UTC))
     if wait is not None:
         # Read here, applied by the retry layer (core/retry.py): nothing retries in this module.
