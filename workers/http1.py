@@ -125,11 +125,35 @@ class Answer(NamedTuple):
 _PoolKey = tuple[bool, str, int]
 
 
+class _Deadlines:
+    """The exchanges in flight that have one same timeout, and one timer for all of them.
+
+    A deadline is a call's start plus its timeout, and starts only move forward, so the order
+    the exchanges were started in is their deadlines' order: one timer, armed for the first,
+    expires every exchange due when it fires and is armed again for the new first. An exchange
+    that ends is only removed (a dict deletion). Arming and cancelling a uvloop timer for every
+    request cost ~3 µs of a call; this costs a timer per timeout's length.
+
+    The one exchange that can start out of order is the first on a new connection (its deadline
+    was set before the connect): it gets a timer of its own (``_Connection.timer``) instead.
+    """
+
+    __slots__ = ("calls", "last", "timer")
+
+    def __init__(self) -> None:
+        # Each exchange's answer future -> its connection, in the order they started.
+        self.calls: dict[asyncio.Future[Answer], _Connection] = {}
+        self.last = 0.0  # the latest deadline registered in order
+        self.timer: asyncio.TimerHandle | None = None
+
+
 class _Connection(asyncio.Protocol):
     """One connection and the parser of the answer in progress.
 
-    The parser's callbacks only set fields; the waiting request is woken once, when the answer is
-    complete, when enough of its body was read, or when the connection failed or closed.
+    The parser's callbacks only set fields; the answer's future is resolved once, when the answer
+    is complete, when enough of its body was read, when the deadline passed, or when the
+    connection failed or closed. The connection goes back to the pool (or is closed) in that same
+    step, before the future's waiters run: the next call to the host finds it idle at once.
     """
 
     def __init__(self, pool: Http1Pool, key: _PoolKey) -> None:
@@ -146,7 +170,11 @@ class _Connection(asyncio.Protocol):
         # malformed (obs-fold, odd bytes). Only header *values* and line ends are relaxed, which
         # the status and the dropped body do not depend on; the body's framing stays strict.
         self.parser.set_dangerous_leniencies(lenient_headers=True, lenient_optional_cr_before_lf=True)
-        self.waiter: asyncio.Future[None] | None = None
+        # The answer in progress: its future, deadline and where that deadline is watched.
+        self.waiter: asyncio.Future[Answer] | None = None
+        self.deadline = 0.0
+        self.deadlines: _Deadlines | None = None
+        self.timer: asyncio.TimerHandle | None = None
         self._reset_answer()
 
     def _reset_answer(self) -> None:
@@ -156,7 +184,6 @@ class _Connection(asyncio.Protocol):
         self.interim = False
         self.complete = False
         self.keep_alive = False
-        self.reusable = False
         self.body_read = 0
         self.head_bytes = 0
         self.fields = 0
@@ -171,8 +198,9 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         waiter = self.waiter
         if waiter is None or waiter.done():
-            # Bytes nobody asked for (on an idle connection, or after the answer we read): the
-            # connection's framing can no longer be trusted.
+            # Bytes nobody asked for (on an idle connection, after the answer we read, or for a
+            # call its caller gave up): the connection's framing can no longer be trusted.
+            self._finish(False)
             self.close()
             return
         try:
@@ -244,53 +272,75 @@ class _Connection(asyncio.Protocol):
     def _lost(self) -> None:
         """The peer closed (or reset): a request waiting for its head fails; one whose head is in
         keeps its status (the rest of the body does not matter)."""
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
+        if self.waiter is not None:
             if not self.head_done and self.failure is None:
                 self.failure = ClosedBeforeAnswer("connection closed before an answer")
             self._finish(False)
 
+    def start(
+        self, request: bytes, deadline: float, timeout_s: float, waiter: asyncio.Future[Answer]
+    ) -> None:
+        """Write ``request`` once; its answer (or failure) resolves ``waiter`` by ``deadline``."""
+        pool = self.pool
+        if waiter.done():
+            # Its caller gave up while this connection was being opened: nothing was sent, and
+            # the new connection serves the next call.
+            pool._release(self, self.usable())
+            return
+        transport = self.transport
+        if transport is None or not self.usable():
+            # Closed by the peer since it was opened (before this task ran again): nothing sent.
+            self.close()
+            waiter.set_exception(ClosedBeforeAnswer("connection closed before an answer"))
+            return
+        self._reset_answer()
+        self.waiter = waiter
+        self.deadline = deadline
+        deadlines = pool._deadlines.get(timeout_s)
+        if deadlines is None:
+            deadlines = pool._deadlines[timeout_s] = _Deadlines()
+        self.deadlines = deadlines
+        deadlines.calls[waiter] = self
+        if deadline >= deadlines.last:
+            deadlines.last = deadline
+            if deadlines.timer is None:
+                deadlines.timer = pool.loop.call_at(deadline, pool._expire, deadlines)
+        else:
+            self.timer = pool.loop.call_at(deadline, self._deadline)
+        transport.write(request)
+
     def _finish(self, reusable: bool) -> None:
-        self.reusable = reusable
+        """The answer is in, or the call is over without one: hand the connection back (or close
+        it), then resolve the waiter with the status, or with why there is none."""
         waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if waiter is None:
+            return
+        self.waiter = None
+        if self.deadlines is not None:
+            del self.deadlines.calls[waiter]
+            self.deadlines = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if waiter.done():
+            # Cancelled by its caller (worker shutdown): the answer's framing is lost with it.
+            self.close()
+            return
+        self.pool._release(self, reusable and self.usable())
+        if self.failure is not None:
+            waiter.set_exception(self.failure)
+        elif self.head_done:
+            waiter.set_result(Answer(self.status, self.retry_after))
+        else:
+            waiter.set_exception(TimeoutError())
 
     def _deadline(self) -> None:
+        self.timer = None
         self._finish(False)
 
     def usable(self) -> bool:
         transport = self.transport
         return not self.closed and transport is not None and not transport.is_closing()
-
-    async def exchange(self, request: bytes, deadline: float) -> Answer:
-        """Write the request once and wait for its answer until ``deadline``."""
-        transport = self.transport
-        if transport is None or not self.usable():
-            # Closed by the peer since it was checked (this very loop turn): nothing was sent.
-            self.close()
-            raise ClosedBeforeAnswer("connection closed before an answer")
-        self._reset_answer()
-        loop = self.pool.loop
-        waiter: asyncio.Future[None] = loop.create_future()
-        self.waiter = waiter
-        timer = loop.call_at(deadline, self._deadline)
-        try:
-            transport.write(request)
-            await waiter
-        except BaseException:
-            # Cancelled (worker shutdown): the answer's framing is lost with the waiter.
-            self.reusable = False
-            raise
-        finally:
-            timer.cancel()
-            self.waiter = None
-            self.pool._release(self, self.reusable and self.usable())
-        if self.failure is not None:
-            raise self.failure
-        if not self.head_done:
-            raise TimeoutError
-        return Answer(self.status, self.retry_after)
 
     def close(self) -> None:
         self.closed = True
@@ -302,8 +352,10 @@ class _Connection(asyncio.Protocol):
 class Http1Pool:
     """Keep-alive HTTP/1.1 connections for one worker's webhook calls, shared by every target.
 
-    ``request`` is the only call: one attempt, never retried here. ``close`` closes every
-    connection (the dispatcher's close at shutdown).
+    ``request`` is the call: one attempt, never retried here. ``send`` is the same without a
+    coroutine: it starts the call at once on an idle pooled connection (no task; a task only to
+    open a new connection) and returns the answer's future. ``close`` closes every connection
+    (the dispatcher's close at shutdown).
     """
 
     def __init__(
@@ -327,6 +379,8 @@ class Http1Pool:
         self._open = 0  # connections open or being opened: never above limit
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._sweeper: asyncio.TimerHandle | None = None
+        self._deadlines: dict[float, _Deadlines] = {}  # per timeout_s
+        self._connecting: dict[asyncio.Future[Answer], asyncio.Task[None]] = {}
         self._closed = False
         self.connections_made = 0  # new connections so far (keep-alive reuse is calls minus these)
 
@@ -338,17 +392,93 @@ class Http1Pool:
         """Send ``request`` (the whole message, as ``encode_request`` wrote it) and return the
         answer's status. Raises ``TimeoutError`` when no status line and headers arrived within
         ``timeout_s`` (connect included), an ``HttpError`` for the other failures, and whatever
-        the resolver raises (the SSRF guard's refusal, a name that does not resolve)."""
+        the resolver raises (the SSRF guard's refusal, a name that does not resolve). Cancelled,
+        it closes the call's connection at once (the answer's framing is lost)."""
+        waiter = self.send(endpoint, request, timeout_s)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            self._abandon(waiter, timeout_s)
+            raise
+
+    def send(self, endpoint: Endpoint, request: bytes, timeout_s: float) -> asyncio.Future[Answer]:
+        """``request`` without the coroutine: the call is started and its answer's future
+        returned, resolved as ``request`` would return or raise.
+
+        On an idle pooled connection the request is written before this returns, and nothing but
+        the future is made for it (no task). A caller that cancels the future abandons the call:
+        its connection is closed when the answer or the deadline comes (``request`` closes it at
+        once); a connection being opened for it is kept for the next call."""
         if self._closed:
-            raise RuntimeError("Http1Pool.request() after close()")
+            raise RuntimeError("Http1Pool.send() after close()")
         loop = self.loop
+        waiter: asyncio.Future[Answer] = loop.create_future()
         deadline = loop.time() + timeout_s
         key = (endpoint.tls, endpoint.host, endpoint.port)
         conn = self._take_idle(key)
-        if conn is None:
+        if conn is not None:
+            conn.start(request, deadline, timeout_s, waiter)
+        else:
+            self._connecting[waiter] = loop.create_task(
+                self._connect_and_start(
+                    endpoint, request, key=key, deadline=deadline, timeout_s=timeout_s, waiter=waiter
+                )
+            )
+        return waiter
+
+    async def _connect_and_start(
+        self,
+        endpoint: Endpoint,
+        request: bytes,
+        *,
+        key: _PoolKey,
+        deadline: float,
+        timeout_s: float,
+        waiter: asyncio.Future[Answer],
+    ) -> None:
+        try:
             async with asyncio.timeout_at(deadline):
                 conn = await self._open_connection(endpoint, key)
-        return await conn.exchange(request, deadline)
+        except asyncio.CancelledError:
+            if not waiter.done():
+                waiter.cancel()
+            raise
+        except Exception as exc:  # the resolver's, the connect's, the timeout's: the call's result
+            if not waiter.done():
+                waiter.set_exception(exc)
+            return
+        finally:
+            self._connecting.pop(waiter, None)
+        conn.start(request, deadline, timeout_s, waiter)
+
+    def _abandon(self, waiter: asyncio.Future[Answer], timeout_s: float) -> None:
+        """``waiter``'s caller was cancelled: stop opening its connection, or close the one it is
+        on, and give the slot back."""
+        task = self._connecting.pop(waiter, None)
+        if task is not None:
+            task.cancel()
+            return
+        deadlines = self._deadlines.get(timeout_s)
+        conn = None if deadlines is None else deadlines.calls.get(waiter)
+        if conn is not None:
+            conn._finish(False)
+
+    def _expire(self, deadlines: _Deadlines) -> None:
+        """A timeout's timer fired: end every exchange now due, arm it for the next one."""
+        deadlines.timer = None
+        # A millisecond's slack: libuv's timers count in milliseconds and may fire a fraction
+        # early, which must not re-arm the timer for the same instant.
+        now = self.loop.time() + 0.001
+        due = []
+        for conn in deadlines.calls.values():
+            if conn.deadline > now:
+                break
+            due.append(conn)
+        for conn in due:
+            conn._finish(False)
+        if deadlines.calls and not self._closed:
+            first = next(iter(deadlines.calls.values()))
+            deadlines.timer = self.loop.call_at(first.deadline, self._expire, deadlines)
 
     def _take_idle(self, key: _PoolKey) -> _Connection | None:
         idle = self._idle.get(key)
@@ -500,6 +630,14 @@ class Http1Pool:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        for deadlines in self._deadlines.values():
+            if deadlines.timer is not None:
+                deadlines.timer.cancel()
+                deadlines.timer = None
+        for answer, task in list(self._connecting.items()):
+            if not answer.done():
+                answer.set_exception(RuntimeError("Http1Pool closed"))
+            task.cancel()
         self._idle.clear()
         for conn in list(self._all):
             conn.close()

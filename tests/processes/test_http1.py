@@ -306,6 +306,147 @@ async def test_a_cancelled_call_closes_its_connection(serve: Any, pool: http1.Ht
     assert wire.connections == 2
 
 
+# --- calls without a task, and the shared deadlines ---------------------------------------------
+
+
+async def test_send_on_an_idle_connection_writes_at_once_without_a_task(
+    serve: Any, pool: http1.Http1Pool
+) -> None:
+    wire = await serve()
+    ep = endpoint(wire.port)
+    assert (await call(pool, ep)).status == 200
+    tasks_before = asyncio.all_tasks()
+    answer = pool.send(ep, request(ep), 5.0)
+    assert asyncio.all_tasks() == tasks_before  # nothing but the future was made
+    assert await answer == http1.Answer(200, None)
+    assert (pool.connections_made, wire.connections, len(wire.requests)) == (1, 1, 2)
+
+
+async def test_the_next_call_finds_the_connection_idle_as_soon_as_the_answer_is_in(
+    serve: Any, pool: http1.Http1Pool
+) -> None:
+    """A call started from the previous answer's done callback (as a per-host pump starts them)
+    gets the connection that answer freed: the connection is handed back before the callbacks."""
+    wire = await serve()
+    ep = endpoint(wire.port)
+    second: list[asyncio.Future[http1.Answer]] = []
+    first = pool.send(ep, request(ep), 5.0)
+    first.add_done_callback(lambda _f: second.append(pool.send(ep, request(ep), 5.0)))
+    assert (await first).status == 200
+    await until(lambda: bool(second), within=5, what="the second call started")
+    assert (await second[0]).status == 200
+    assert (pool.connections_made, wire.connections) == (1, 1)
+
+
+async def test_a_burst_to_one_host_opens_one_connection_per_call_in_flight_and_reuses_them(
+    serve: Any,
+) -> None:
+    wire = await serve(delay_s=0.05)
+    pool = http1.Http1Pool(Loopback(), limit=64)
+    ep = endpoint(wire.port)
+    try:
+        for _ in range(3):
+            answers = await asyncio.gather(*(pool.send(ep, request(ep), 5.0) for _ in range(10)))
+            assert {a.status for a in answers} == {200}
+    finally:
+        await pool.close()
+    assert (pool.connections_made, wire.connections, len(wire.requests)) == (10, 10, 30)
+
+
+async def test_calls_with_one_timeout_each_time_out_at_their_own_deadline(
+    serve: Any, pool: http1.Http1Pool
+) -> None:
+    """One timer watches every call with the same timeout: started 0.2 s apart against a target
+    that never answers, each times out no sooner than its own timeout, in the order started."""
+    wire = await serve(lambda _n: "HANG")
+    ep = endpoint(wire.port)
+    loop = asyncio.get_running_loop()
+    ended: list[tuple[int, float]] = []
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(0.2 * i)
+        started = loop.time()
+        with pytest.raises(TimeoutError):
+            await call(pool, ep, timeout_s=0.5)
+        ended.append((i, loop.time() - started))
+
+    await asyncio.gather(*(one(i) for i in range(3)))
+    assert [i for i, _ in ended] == [0, 1, 2]
+    assert all(took >= 0.49 for _, took in ended), ended
+
+
+async def test_a_call_that_opened_its_connection_times_out_at_its_own_deadline(serve: Any) -> None:
+    """Its deadline was set before a slow connect, so it is earlier than that of a call started
+    meanwhile on a pooled connection: it times out first, not with the later one."""
+    wire = await serve(lambda n: None if n == 1 else "HANG")
+
+    class SlowForB(Loopback):
+        async def resolve(
+            self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_UNSPEC
+        ) -> list[http1.ResolveResult]:
+            if host == "b.test":
+                await asyncio.sleep(0.3)
+            return await super().resolve(host, port, family)
+
+    pool = http1.Http1Pool(SlowForB(), limit=4)
+    loop = asyncio.get_running_loop()
+    ended: list[str] = []
+    try:
+        a = endpoint(wire.port, "a.test")
+        assert (await call(pool, a)).status == 200  # a pooled connection for a.test
+
+        async def one(name: str, ep: http1.Endpoint, timeout_s: float) -> None:
+            with pytest.raises(TimeoutError):
+                await call(pool, ep, timeout_s)
+            ended.append(name)
+
+        b_call = asyncio.create_task(one("b", endpoint(wire.port, "b.test"), 1.0))
+        await asyncio.sleep(0.1)
+        a_started = loop.time()
+        await asyncio.gather(b_call, one("a", a, 1.0))
+        assert ended == ["b", "a"]
+        assert loop.time() - a_started >= 0.99
+    finally:
+        await pool.close()
+
+
+async def test_an_abandoned_send_closes_its_connection_and_nothing_is_sent_again(
+    serve: Any, pool: http1.Http1Pool
+) -> None:
+    wire = await serve(delay_s=0.2)
+    ep = endpoint(wire.port)
+    answer = pool.send(ep, request(ep), 5.0)
+    await asyncio.wait_for(wire.arrived.wait(), 5)
+    answer.cancel()
+    await until(  # closed when its answer came: the bytes of an abandoned call are never read
+        lambda: pool.open_connections == 0,
+        within=10,
+        what="the abandoned call's connection closed",
+        every=0.02,
+    )
+    assert (await call(pool, ep)).status == 200
+    assert (wire.connections, len(wire.requests)) == (2, 2)
+
+
+async def test_close_while_a_call_connects_fails_it_without_cancelling_its_caller(serve: Any) -> None:
+    wire = await serve()
+
+    class Slow(Loopback):
+        async def resolve(
+            self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_UNSPEC
+        ) -> list[http1.ResolveResult]:
+            await asyncio.sleep(0.3)
+            return await super().resolve(host, port, family)
+
+    pool = http1.Http1Pool(Slow(), limit=4)
+    pending = asyncio.create_task(call(pool, endpoint(wire.port)))
+    await asyncio.sleep(0.05)
+    await pool.close()
+    with pytest.raises(RuntimeError):
+        await pending
+    assert pool.open_connections == 0
+
+
 # --- the pool's limits --------------------------------------------------------------------------
 
 
