@@ -10,8 +10,10 @@ as a node's ``DUETIME_WORKER_CONCURRENCY`` makes them. Reports this process's CP
     python -m loadtest.webhook_bench --calls 20000 --concurrency 1024
 
 ``--path`` measures a layer alone: ``pool`` (the default, as above), ``call`` (``webhook.call``
-with each run's ``Delivery`` built as the pool builds it: no pool, dispatcher or limiter) or
-``request`` (``Http1Pool.request`` of one request's bytes, built once: the client alone). The
+with each run's ``Delivery`` built as the pool builds it: no pool, dispatcher or limiter),
+``begin`` (the same calls started by ``webhook.begin`` from a pump that keeps ``--concurrency``
+in flight from done callbacks: no task or coroutine per call) or ``request``
+(``Http1Pool.request`` of one request's bytes, built once: the client alone). The
 report counts the connections the client opened during the measured calls: keep-alive reuse is
 the calls minus these.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import os
 import resource
@@ -34,7 +37,7 @@ import uvloop
 
 from duetime.core import signing, ssrf
 from duetime.core.model import JobSpec, OneOffSchedule, Outcome, WebhookTarget
-from duetime.core.runpath import Delivery, FencedRun, RunSpec
+from duetime.core.runpath import Delivery, FencedRun, RunSpec, Verdict
 from duetime.core.signing import new_signing_secret
 from duetime.storage.ports import SigningKeys
 from duetime.workers import http1, webhook
@@ -123,10 +126,63 @@ async def _bench(url: str, calls: int, concurrency: int, warmup: int, path: str)
         answer = await http.request(endpoint, request1, 30)
         return Outcome.SUCCEEDED if answer.status == 200 else Outcome.FAILED
 
-    one_call = {"pool": through_pool, "call": through_call, "request": through_request}[path]
+    async def pump(runs: list[FencedRun]) -> dict[str, int]:
+        """``concurrency`` calls in flight, each finished call starting the next from its done
+        callback, as a per-host pump would."""
+        loop = asyncio.get_running_loop()
+        finished = loop.create_future()
+        it = iter(runs)
+        outcomes: dict[str, int] = {}
+        in_flight = 0
+
+        def count(verdict: Verdict) -> None:
+            o = verdict.outcome.value
+            outcomes[o] = outcomes.get(o, 0) + 1
+            if verdict.outcome is not Outcome.SUCCEEDED and outcomes[o] == 1:
+                print("first failure:", verdict)
+
+        def start_next() -> None:
+            nonlocal in_flight
+            for run in it:
+                d = Delivery.of(run, signing_secret=secret)
+                target = d.target
+                assert isinstance(target, WebhookTarget)
+                started = webhook.begin(
+                    http,
+                    policy=policy,
+                    d=d,
+                    target=target,
+                    body=signing.encode_body(d.payload),
+                    now=datetime.now(UTC),
+                )
+                if isinstance(started, Verdict):
+                    count(started)
+                    continue
+                in_flight += 1
+                started.answer.add_done_callback(functools.partial(done, started))
+                return
+            if in_flight == 0 and not finished.done():
+                finished.set_result(None)
+
+        def done(started: webhook.Started, _answer: object) -> None:
+            nonlocal in_flight
+            in_flight -= 1
+            count(started.verdict())
+            start_next()
+
+        for _ in range(concurrency):
+            start_next()
+        await finished
+        return outcomes
+
+    one_call = {"pool": through_pool, "call": through_call, "request": through_request}.get(
+        path, through_pool
+    )
     try:
 
         async def drive(runs: list[FencedRun]) -> dict[str, int]:
+            if path == "begin":
+                return await pump(runs)
             it = iter(runs)
             outcomes: dict[str, int] = {}
 
@@ -171,7 +227,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=20000)
     p.add_argument("--concurrency", type=int, default=1024)
     p.add_argument("--warmup", type=int, default=2000)
-    p.add_argument("--path", choices=("pool", "call", "request"), default="pool")
+    p.add_argument("--path", choices=("pool", "call", "begin", "request"), default="pool")
     p.add_argument("--url", default=None, help="an already running receiver (default: start one)")
     args = p.parse_args()
     gc.freeze()

@@ -16,6 +16,7 @@ scheduler, the one layer that retries.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import ipaddress
@@ -24,6 +25,7 @@ import socket
 import ssl
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import cast
 
 from yarl import URL
 
@@ -359,17 +361,10 @@ async def call(
     judged = prepared.judged
     if judged.refusal is not None:
         return judged.refusal
-    url, host = judged.url, judged.host
-    assert url is not None  # a URL that did not parse carries a refusal
     if judged.resolve_literal:
-        try:
-            await ssrf.resolve_checked(host, url.port or 0, policy)
-        except TargetNotAllowed as exc:
-            return Verdict(Outcome.FAILED, False, None, f"target_not_allowed: {exc.message}")
-        except (InvalidRequest, ValueError):
-            return Verdict(Outcome.FAILED, False, None, "invalid webhook URL")
-        except ssrf.ResolutionFailed:
-            return Verdict(Outcome.FAILED, True, None, f"name resolution failed for {host}")
+        refused = await _check_literal(judged, policy)
+        if refused is not None:
+            return refused
     if prepared.bad_header is not None:
         return prepared.bad_header
     endpoint = prepared.endpoint
@@ -377,28 +372,129 @@ async def call(
     request = request_bytes(prepared, target, d, body, now)
     try:
         answer = await client.request(endpoint, request, target.timeout_s)
+    except Exception as exc:
+        verdict = failure_verdict(exc, target.timeout_s, endpoint, judged.host)
+        if verdict is None:
+            raise
+        return verdict
+    return answer_verdict(answer)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Started:
+    """A webhook call in flight with no task or coroutine of its own (``begin``).
+
+    ``answer`` resolves when the target answered or the call failed (await it, or give it a done
+    callback); ``verdict()`` then reads the call's verdict from it. Cancelling ``answer`` abandons
+    the call (see ``Http1Pool.send``).
+    """
+
+    answer: asyncio.Future[http1.Answer | Verdict]
+    timeout_s: float
+    endpoint: http1.Endpoint
+    host: str
+
+    def verdict(self) -> Verdict:
+        """The verdict of the finished call, as ``call`` returns it (an unexpected error, not
+        the target's, is raised)."""
+        try:
+            result = self.answer.result()
+        except Exception as exc:
+            verdict = failure_verdict(exc, self.timeout_s, self.endpoint, self.host)
+            if verdict is None:
+                raise
+            return verdict
+        if isinstance(result, Verdict):
+            return result
+        return answer_verdict(result)
+
+
+def begin(
+    client: http1.Http1Pool,
+    *,
+    policy: ssrf.AddressPolicy,
+    d: Delivery,
+    target: WebhookTarget,
+    body: bytes,
+    now: datetime,
+) -> Verdict | Started:
+    """``call`` without a task: the attempt's verdict when it is decided before any request (a
+    refused URL, a bad job header), else the call, started.
+
+    On an idle pooled connection the request is written before this returns and nothing is
+    made for it but its future (``Http1Pool.send``): a caller that starts many calls (one pump
+    per host) spends no task, coroutine or timer per call. A host that must be resolved and
+    checked before every call (``JudgedUrl.resolve_literal``, rare) runs ``call`` in a task."""
+    prepared = prepare(target, policy)
+    judged = prepared.judged
+    if judged.refusal is not None:
+        return judged.refusal
+    endpoint = prepared.endpoint
+    if judged.resolve_literal:
+        assert judged.url is not None
+        endpoint = endpoint_of(judged.url)
+        answer: asyncio.Future[http1.Answer | Verdict] = client.loop.create_future()
+        task = client.loop.create_task(
+            _call_into(answer, client, policy=policy, d=d, target=target, body=body, now=now)
+        )
+        _CALLS_IN_TASKS.add(task)
+        task.add_done_callback(_CALLS_IN_TASKS.discard)
+        answer.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)
+        return Started(answer, target.timeout_s, endpoint, judged.host)
+    if prepared.bad_header is not None:
+        return prepared.bad_header
+    assert endpoint is not None
+    sent = client.send(endpoint, request_bytes(prepared, target, d, body, now), target.timeout_s)
+    return Started(
+        cast("asyncio.Future[http1.Answer | Verdict]", sent), target.timeout_s, endpoint, judged.host
+    )
+
+
+# The few calls ``begin`` runs as tasks: held here, as the loop keeps only weak references to tasks.
+_CALLS_IN_TASKS: set[asyncio.Task[None]] = set()
+
+
+async def _call_into(
+    answer: asyncio.Future[http1.Answer | Verdict],
+    client: http1.Http1Pool,
+    *,
+    policy: ssrf.AddressPolicy,
+    d: Delivery,
+    target: WebhookTarget,
+    body: bytes,
+    now: datetime,
+) -> None:
+    try:
+        verdict = await call(client, policy=policy, d=d, target=target, body=body, now=now)
+    except asyncio.CancelledError:
+        answer.cancel()
+        raise
+    except Exception as exc:
+        if not answer.done():
+            answer.set_exception(exc)
+        return
+    if not answer.done():
+        answer.set_result(verdict)
+
+
+async def _check_literal(judged: JudgedUrl, policy: ssrf.AddressPolicy) -> Verdict | None:
+    """The check ``resolve_checked`` makes of a host that looks like an address literal the
+    guard does not read as one, at every call; None when it is allowed."""
+    host = judged.host
+    assert judged.url is not None
+    try:
+        await ssrf.resolve_checked(host, judged.url.port or 0, policy)
     except TargetNotAllowed as exc:
         return Verdict(Outcome.FAILED, False, None, f"target_not_allowed: {exc.message}")
-    except TimeoutError:
-        return Verdict(Outcome.TIMED_OUT, True, None, f"no answer within {target.timeout_s}s")
+    except (InvalidRequest, ValueError):
+        return Verdict(Outcome.FAILED, False, None, "invalid webhook URL")
     except ssrf.ResolutionFailed:
         return Verdict(Outcome.FAILED, True, None, f"name resolution failed for {host}")
-    except http1.CertificateRejected:
-        return Verdict(Outcome.FAILED, True, None, f"TLS certificate of {host} not accepted")
-    except http1.ConnectFailed as exc:
-        if isinstance(exc.os_error, ConnectionRefusedError):
-            reason = "connection refused"
-        else:
-            reason = exc.os_error.strerror or type(exc.os_error).__name__
-        return Verdict(Outcome.FAILED, True, None, f"cannot connect to {host}:{url.port}: {reason}")
-    except http1.ClosedBeforeAnswer:
-        return Verdict(Outcome.FAILED, True, None, "connection closed before an answer")
-    except http1.InvalidAnswer:
-        return Verdict(Outcome.FAILED, True, None, INVALID_ANSWER)
-    except ValueError:
-        # Something on the way refused the URL's parts (e.g. a host name TLS cannot encode):
-        # final, with the text aiohttp's refusals had.
-        return Verdict(Outcome.FAILED, False, None, "request refused by the HTTP client (invalid header)")
+    return None
+
+
+def answer_verdict(answer: http1.Answer) -> Verdict:
+    """The verdict of a target's answer: its status's, with a 429/503's ``Retry-After``."""
     verdict = classify_status(answer.status)
     if answer.retry_after is None:
         return verdict
@@ -407,3 +503,33 @@ async def call(
         # Read here, applied by the retry layer (core/retry.py): nothing retries in this module.
         verdict = dataclasses.replace(verdict, retry_after_s=wait)
     return verdict
+
+
+def failure_verdict(
+    exc: BaseException, timeout_s: float, endpoint: http1.Endpoint, host: str
+) -> Verdict | None:
+    """The verdict of a call that got no answer, by how it failed; None for an error that is
+    not the target's (a bug, the client closed), which the caller raises."""
+    if isinstance(exc, TargetNotAllowed):
+        return Verdict(Outcome.FAILED, False, None, f"target_not_allowed: {exc.message}")
+    if isinstance(exc, TimeoutError):
+        return Verdict(Outcome.TIMED_OUT, True, None, f"no answer within {timeout_s}s")
+    if isinstance(exc, ssrf.ResolutionFailed):
+        return Verdict(Outcome.FAILED, True, None, f"name resolution failed for {host}")
+    if isinstance(exc, http1.CertificateRejected):
+        return Verdict(Outcome.FAILED, True, None, f"TLS certificate of {host} not accepted")
+    if isinstance(exc, http1.ConnectFailed):
+        if isinstance(exc.os_error, ConnectionRefusedError):
+            reason = "connection refused"
+        else:
+            reason = exc.os_error.strerror or type(exc.os_error).__name__
+        return Verdict(Outcome.FAILED, True, None, f"cannot connect to {host}:{endpoint.port}: {reason}")
+    if isinstance(exc, http1.ClosedBeforeAnswer):
+        return Verdict(Outcome.FAILED, True, None, "connection closed before an answer")
+    if isinstance(exc, http1.InvalidAnswer):
+        return Verdict(Outcome.FAILED, True, None, INVALID_ANSWER)
+    if isinstance(exc, ValueError):
+        # Something on the way refused the URL's parts (e.g. a host name TLS cannot encode):
+        # final, with the text aiohttp's refusals had.
+        return Verdict(Outcome.FAILED, False, None, "request refused by the HTTP client (invalid header)")
+    return None

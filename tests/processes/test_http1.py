@@ -25,8 +25,9 @@ import pytest
 from duetime.core import ssrf
 from duetime.core.delivery import Delivery
 from duetime.core.model import Outcome, WebhookTarget
+from duetime.core.runpath import Verdict
 from duetime.core.signing import new_signing_secret
-from duetime.workers import http1
+from duetime.workers import http1, webhook
 from duetime.workers.dispatch import Dispatcher
 from tests.support.tls import TLS_NAME
 from tests.support.wait import until
@@ -623,6 +624,52 @@ async def test_each_answer_gets_the_verdict_it_had(
     finally:
         await d.close()
     assert (result.outcome, result.retryable, result.status_code, result.error) == expected
+
+
+@pytest.mark.parametrize(("answer", "expected"), [c[1:] for c in CATALOGUE], ids=[c[0] for c in CATALOGUE])
+async def test_a_call_begun_without_a_task_gets_the_same_verdicts(
+    serve: Any, answer: Answer, expected: tuple[Outcome, bool, int | None, str | None]
+) -> None:
+    wire = await serve(lambda _n: answer, close_after_answer=True)
+    client = webhook.new_client(OPEN, total_concurrency=4)
+    try:
+        d = delivery(f"http://127.0.0.1:{wire.port}/hook")
+        assert isinstance(d.target, WebhookTarget)
+        started = webhook.begin(client, policy=OPEN, d=d, target=d.target, body=b"{}", now=datetime.now(UTC))
+        assert isinstance(started, webhook.Started)
+        await asyncio.wait([started.answer])
+        v = started.verdict()
+    finally:
+        await client.close()
+    assert (v.outcome, v.retryable, v.status_code, v.error) == expected
+
+
+async def test_begin_answers_a_refusal_at_once_and_resolves_a_literal_host_in_a_task(serve: Any) -> None:
+    wire = await serve()
+    client = webhook.new_client(ssrf.AddressPolicy(), total_concurrency=4)
+    try:
+        d = delivery(f"http://127.0.0.1:{wire.port}/hook")
+        assert isinstance(d.target, WebhookTarget)
+        refused = webhook.begin(
+            client, policy=ssrf.AddressPolicy(), d=d, target=d.target, body=b"{}", now=datetime.now(UTC)
+        )
+        assert isinstance(refused, Verdict)
+        assert refused.error is not None and refused.error.startswith("target_not_allowed")
+        # Looks like an address, is not one to the guard: checked (and refused) at every call.
+        odd = WebhookTarget(url=f"http://999.1.1.1:{wire.port}/hook")
+        started = webhook.begin(
+            client, policy=ssrf.AddressPolicy(), d=d, target=odd, body=b"{}", now=datetime.now(UTC)
+        )
+        assert isinstance(started, webhook.Started)
+        await asyncio.wait([started.answer])
+        v = started.verdict()
+        assert v.outcome is Outcome.FAILED
+        assert v == await webhook.call(
+            client, policy=ssrf.AddressPolicy(), d=d, target=odd, body=b"{}", now=datetime.now(UTC)
+        )
+    finally:
+        await client.close()
+    assert wire.requests == []
 
 
 async def test_the_request_a_worker_sends(serve: Any) -> None:
