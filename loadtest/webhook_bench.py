@@ -15,7 +15,7 @@ with each run's ``Delivery`` built as the pool builds it: no pool, dispatcher or
 in flight from done callbacks: no task or coroutine per call) or ``request``
 (``Http1Pool.request`` of one request's bytes, built once: the client alone). The
 report counts the connections the client opened during the measured calls: keep-alive reuse is
-the calls minus these.
+the calls minus these. ``--answer-ms`` makes the receiver a slow target (each answer that late).
 
 Run it under ``py-spy record --native`` to see where the client's time goes.
 """
@@ -228,6 +228,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=1024)
     p.add_argument("--warmup", type=int, default=2000)
     p.add_argument("--path", choices=("pool", "call", "begin", "request"), default="pool")
+    p.add_argument("--answer-ms", type=float, default=0.0, help="the started receiver answers after this")
     p.add_argument("--url", default=None, help="an already running receiver (default: start one)")
     args = p.parse_args()
     gc.freeze()
@@ -235,7 +236,7 @@ def main() -> None:
     receiver = None
     url = args.url
     if url is None:
-        receiver = ReceiverProcess()
+        receiver = ReceiverProcess(delay_s=args.answer_ms / 1000)
         receiver.start()
         url = receiver.url + "/hook"
     try:
