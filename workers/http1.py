@@ -532,6 +532,35 @@ class Http1Pool:
         as aiohttp's connector did (happy eyeballs; after a failure, the rest again): the error
         reported is the last one's."""
         hosts = await self._resolver.resolve(endpoint.host, endpoint.port, socket.AF_UNSPEC)
+        context: ssl.SSLContext | None = None
+        if endpoint.tls:
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            context = self._ssl
+        server_hostname = endpoint.host.rstrip(".") if endpoint.tls else None
+        if len(hosts) == 1:
+            # One address (a literal, or a name with one answer): connected to as it is, there
+            # is nothing to interleave. The loop's own connect reads a numeric host without a
+            # lookup (AI_NUMERICHOST: never a DNS query), where a socket handed to sock_connect
+            # (happy eyeballs) was looked up again in uvloop's thread pool.
+            h = hosts[0]
+            try:
+                _transport, conn = await self.loop.create_connection(
+                    lambda: _Connection(self, key),
+                    host=h["host"],
+                    port=h["port"],
+                    family=h["family"],
+                    flags=socket.AI_NUMERICHOST,
+                    ssl=context,
+                    server_hostname=server_hostname,
+                )
+            except ssl.CertificateError:
+                raise CertificateRejected(endpoint.host) from None
+            except OSError as exc:  # ssl.SSLError included: a failed handshake for another reason
+                if exc.errno is None and isinstance(exc, TimeoutError):
+                    raise
+                raise ConnectFailed(exc) from None
+            return conn
         addr_infos: list[aiohappyeyeballs.AddrInfoType] = []
         for h in hosts:
             address: tuple[str, int] | tuple[str, int, int, int]
@@ -540,12 +569,6 @@ class Http1Pool:
             else:
                 address = (h["host"], h["port"])
             addr_infos.append((h["family"], socket.SOCK_STREAM, socket.IPPROTO_TCP, "", address))
-        context = None
-        if endpoint.tls:
-            if self._ssl is None:
-                self._ssl = ssl.create_default_context()
-            context = self._ssl
-        server_hostname = endpoint.host.rstrip(".") if endpoint.tls else None
         last: HttpError | None = None
         while addr_infos:
             try:

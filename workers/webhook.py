@@ -305,7 +305,11 @@ def request_bytes(
 
 
 class CheckedResolver:
-    """Resolves through ``core.ssrf.resolve_checked`` and returns only addresses it allowed."""
+    """Resolves through ``core.ssrf.resolve_checked`` and returns only addresses it allowed.
+
+    A host that is an address literal is judged by ``ssrf.judge_literal`` alone, a pure function
+    of the text and the policy, so its answer is remembered (a refusal is not: it is raised again
+    every time); a name is resolved and checked for every new connection, as always."""
 
     def __init__(self, policy: ssrf.AddressPolicy) -> None:
         self._policy = policy
@@ -313,26 +317,47 @@ class CheckedResolver:
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
+        literal = _literal_results(host, port, family, self._policy)
+        if literal is not None:
+            return [result.copy() for result in literal]
         addresses = await ssrf.resolve_checked(host, port, self._policy)
-        results: list[ResolveResult] = []
-        for address in addresses:
-            ip = ipaddress.ip_address(str(address))
-            af = socket.AF_INET if ip.version == 4 else socket.AF_INET6
-            if family not in (socket.AF_UNSPEC, af):
-                continue
-            results.append(
-                ResolveResult(
-                    hostname=host,
-                    host=str(ip),
-                    port=port,
-                    family=af,
-                    proto=socket.IPPROTO_TCP,
-                    flags=socket.AI_NUMERICHOST,
-                )
+        return _results(host, port, family, addresses)
+
+
+@functools.lru_cache(maxsize=URL_CACHE_SIZE)
+def _literal_results(
+    host: str, port: int, family: socket.AddressFamily, policy: ssrf.AddressPolicy
+) -> tuple[ResolveResult, ...] | None:
+    """What ``CheckedResolver.resolve`` answers for an address literal (None for a name): the
+    first step of ``resolve_checked``, which needs no DNS."""
+    literal = ssrf.judge_literal(host, policy)
+    if literal is None:
+        return None
+    return tuple(_results(host, port, family, [literal]))
+
+
+def _results(
+    host: str, port: int, family: socket.AddressFamily, addresses: list[ssrf.IPAddress]
+) -> list[ResolveResult]:
+    results: list[ResolveResult] = []
+    for address in addresses:
+        ip = ipaddress.ip_address(str(address))
+        af = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+        if family not in (socket.AF_UNSPEC, af):
+            continue
+        results.append(
+            ResolveResult(
+                hostname=host,
+                host=str(ip),
+                port=port,
+                family=af,
+                proto=socket.IPPROTO_TCP,
+                flags=socket.AI_NUMERICHOST,
             )
-        if not results:
-            raise ssrf.ResolutionFailed(f"{host} has no allowed address of the wanted family")
-        return results
+        )
+    if not results:
+        raise ssrf.ResolutionFailed(f"{host} has no allowed address of the wanted family")
+    return results
 
 
 def new_client(

@@ -24,6 +24,7 @@ import pytest
 
 from duetime.core import ssrf
 from duetime.core.delivery import Delivery
+from duetime.core.errors import TargetNotAllowed
 from duetime.core.model import Outcome, WebhookTarget
 from duetime.core.runpath import Verdict
 from duetime.core.signing import new_signing_secret
@@ -532,6 +533,21 @@ async def test_two_names_on_one_address_get_two_connections(serve: Any, pool: ht
     for host in ("a.test", "b.test", "a.test", "b.test"):
         assert (await call(pool, endpoint(wire.port, host))).status == 200
     assert wire.connections == 2
+
+
+async def test_the_checked_resolver_remembers_a_literal_and_refuses_it_every_time() -> None:
+    """An address literal's verdict is a pure function of the text and the policy: an allowed
+    one's answer is remembered, a refused one is refused at every new connection."""
+    allowing = webhook.CheckedResolver(OPEN)
+    strict = webhook.CheckedResolver(ssrf.AddressPolicy())
+    for _ in range(3):
+        [result] = await allowing.resolve("127.0.0.1", 8080, socket.AF_UNSPEC)
+        assert (result["host"], result["port"], result["family"]) == ("127.0.0.1", 8080, socket.AF_INET)
+        result["host"] = "10.0.0.1"  # a caller's copy: what is remembered does not change
+        with pytest.raises(TargetNotAllowed):
+            await strict.resolve("127.0.0.1", 8080, socket.AF_UNSPEC)
+    [v6] = await allowing.resolve("::1", 443, socket.AF_UNSPEC)
+    assert (v6["host"], v6["family"]) == ("::1", socket.AF_INET6)
 
 
 # --- TLS ----------------------------------------------------------------------------------------
