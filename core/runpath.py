@@ -246,20 +246,30 @@ class Delivery:
     event: str | None = None
 
     @classmethod
-    def of(cls, run: FencedRun, *, signing_secret: str) -> Delivery:
+    def of(
+        cls,
+        run: FencedRun,
+        *,
+        signing_secret: str,
+        extra_signing_secrets: tuple[str, ...] = (),
+        traceparent: str | None = None,
+    ) -> Delivery:
         """What the target gets for ``run``: under the job's id (an occurrence row's parent),
         never the row's own (one builder for every call path, so no path can name an internal
-        row)."""
+        row). The rotation's extra secrets and the traceparent are taken here too, so a caller
+        need not copy the record again to add them (``dataclasses.replace`` costs ~3 µs)."""
         spec = run.spec.parsed
         return cls(
-            job_id=str(run.public_id),
-            scheduled_for=run.scheduled_for,
-            attempt=run.attempt,
-            fencing_token=run.lease_token,
-            owner=run.owner,
-            signing_secret=signing_secret,
-            payload=spec.payload,
-            target=spec.target,
+            str(run.public_id),
+            run.scheduled_for,
+            run.attempt,
+            run.lease_token,
+            run.owner,
+            signing_secret,
+            spec.payload,
+            spec.target,
+            extra_signing_secrets,
+            traceparent,
         )
 
 

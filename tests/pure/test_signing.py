@@ -83,6 +83,16 @@ def test_body_bytes_are_json_dumps_compact(payload: object) -> None:
     assert encode_body(payload) == expected
 
 
+def test_body_bytes_of_the_odd_values_are_json_dumps_too() -> None:
+    """The encoder is built once without json's cycle markers: the values they do not concern
+    are written as ``json.dumps`` writes them, over and over (nothing carried between calls)."""
+    odd = [float("nan"), float("inf"), -0.0, 10**30, 1e16, "\u2028\x00é", [[], {}], {"a": {"b": [None]}}]
+    for _ in range(2):
+        for payload in odd:
+            expected = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+            assert encode_body(payload) == expected
+
+
 def test_new_secret_is_32_random_bytes() -> None:
     one, two = new_signing_secret(), new_signing_secret()
     assert one.startswith("whsec_")

@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from duetime.core import signing, ssrf
-from duetime.core.model import Outcome, WebhookMethod, WebhookTarget
-from duetime.core.runpath import Delivery
+from duetime.core.model import JobSpec, OneOffSchedule, Outcome, WebhookMethod, WebhookTarget
+from duetime.core.runpath import Delivery, FencedRun, RunSpec
 from duetime.workers import http1, webhook
 from duetime.workers.tracing import TRACEPARENT
 
@@ -171,6 +171,31 @@ def test_a_refused_url_is_refused_whatever_the_headers() -> None:
         prepared = webhook.prepare(WebhookTarget(url="http://127.0.0.1/hook", headers=headers), strict)
         assert prepared.judged.refusal is not None
         assert prepared.endpoint is None
+
+
+def test_a_delivery_built_with_its_rotation_and_trace_is_the_copied_one() -> None:
+    """``Delivery.of`` takes the extra secrets and the traceparent, so no caller copies the
+    record to add them; what it builds is what the copy was."""
+    target = WebhookTarget(url="http://127.0.0.1:8080/hook")
+    spec = RunSpec.of(JobSpec(schedule=OneOffSchedule(NOW), target=target, payload={"n": 1}))
+    run = FencedRun(
+        job_id=uuid.uuid4(),
+        shard=3,
+        owner="acme",
+        lease_token=9,
+        scheduled_for=NOW,
+        due_at=NOW,
+        attempt=2,
+        spec=spec,
+        run_kind="one_off",
+        parent_id=uuid.uuid4(),
+    )
+    built = Delivery.of(run, signing_secret="whsec_a", extra_signing_secrets=("whsec_b",), traceparent=TRACE)
+    copied = replace(
+        Delivery.of(run, signing_secret="whsec_a"), extra_signing_secrets=("whsec_b",), traceparent=TRACE
+    )
+    assert built == copied
+    assert built.job_id == str(run.parent_id)
 
 
 def test_each_status_gets_its_verdict_once_made() -> None:
