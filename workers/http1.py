@@ -135,7 +135,10 @@ class _Deadlines:
     request cost ~3 µs of a call; this costs a timer per timeout's length.
 
     The one exchange that can start out of order is the first on a new connection (its deadline
-    was set before the connect): it gets a timer of its own (``_Connection.timer``) instead.
+    was set before the connect): it is listed like the others, but watched by a timer of its own
+    (``_Connection.timer``). The shared timer is never late for the others: an entry listed out
+    of order is due before some entry listed ahead of it, so the scan, which stops at the first
+    entry not yet due, never stops at it while a later one is due.
     """
 
     __slots__ = ("calls", "last", "timer")
@@ -317,7 +320,7 @@ class _Connection(asyncio.Protocol):
             return
         self.waiter = None
         if self.deadlines is not None:
-            del self.deadlines.calls[waiter]
+            self.deadlines.calls.pop(waiter, None)
             self.deadlines = None
         if self.timer is not None:
             self.timer.cancel()
