@@ -1,8 +1,8 @@
 """Client CPU per webhook call, without the engine or the database: the worker's real call path.
 
-``WorkerPool.call`` (secret cache, watchdog, metrics) → ``Dispatcher.deliver`` (host limiter, global
-cap, JSON body) → ``workers.webhook.call`` (SSRF check, contract headers and signature, the
-keep-alive client of ``workers/http1.py``),
+``WorkerPool.call`` (secret cache, watchdog, metrics) → ``Dispatcher.call`` (JSON body) →
+``workers.webhook.call`` (SSRF check, contract headers and signature, the keep-alive client of
+``workers/http1.py``), without the host queues that admit runs to it,
 against ``loadtest.common.ReceiverProcess`` in another process, ``--concurrency`` calls in flight
 as a node's ``DUETIME_WORKER_CONCURRENCY`` makes them. Reports this process's CPU µs per call
 (getrusage: user + system) and calls/s; the receiver's CPU is not counted.
