@@ -652,10 +652,8 @@ class WorkerPool:
             verdict = Verdict(Outcome.FAILED, True, None, f"signing secret unavailable: {exc}")
             return AttemptReport(run, verdict, None, DB_CLOCK.now())
         now = DB_CLOCK.now()
-        delivery = replace(
-            Delivery.of(run, signing_secret=secrets[0]),
-            extra_signing_secrets=secrets[1:],
-            traceparent=traceparent,
+        delivery = Delivery.of(
+            run, signing_secret=secrets[0], extra_signing_secrets=secrets[1:], traceparent=traceparent
         )
         # A last-resort watchdog: the dispatcher has its own timeouts, so this only fires when a
         # call hangs where nothing else would notice (a client library that never answers). A
