@@ -168,6 +168,9 @@ RULES: tuple[Rule, ...] = (
     _r("deliver", "workers/webhook.py"),
     _r("deliver", "workers/http1.py"),
     _r("deliver", "workers/limits.py"),
+    _r("deliver", "workers/hostqueues.py"),
+    _r("deliver", "workers/targets.py"),
+    _r("deliver", "core/targethealth.py"),
     _r("deliver", "workers/tracing.py"),
 )
 

@@ -1,4 +1,7 @@
-"""Per-target-host politeness: a concurrency cap and a token bucket, per host, made on demand.
+"""Per-target-host politeness for calls made one at a time (``Dispatcher.deliver``: the failure
+events): a concurrency cap and a token bucket, per host, made on demand. Runs go through the
+worker's per-host queues instead (workers/hostqueues.py), which apply the same limits without a
+waiting coroutine per run.
 
 A midnight burst may fan one million runs onto a handful of hosts or onto a million different
 ones. Both must work: one host must not be flooded past what its owner can take, and a million
