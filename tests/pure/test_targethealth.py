@@ -15,8 +15,9 @@ def test_what_a_call_says_of_its_host() -> None:
     assert signal_of(Verdict(Outcome.TIMED_OUT, True, None, "no answer")) is BAD
     assert signal_of(Verdict(Outcome.FAILED, True, None, "connection refused")) is BAD
     assert signal_of(Verdict(Outcome.FAILED, True, 429, "HTTP 429")) is BAD
-    assert signal_of(Verdict(Outcome.FAILED, True, 503, "HTTP 503")) is BAD
-    # the host answered: a status says nothing about its load
+    # the host answered: a status says nothing certain about its load (one path answering 503
+    # forever must not back off the host's other paths)
+    assert signal_of(Verdict(Outcome.FAILED, True, 503, "HTTP 503")) is OK
     assert signal_of(Verdict(Outcome.FAILED, True, 500, "HTTP 500")) is OK
     assert signal_of(Verdict(Outcome.FAILED, False, 404, "HTTP 404")) is OK
     assert signal_of(Verdict(Outcome.SUCCEEDED, False, 200, None)) is OK
