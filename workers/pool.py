@@ -356,11 +356,14 @@ class WorkerPool:
         # A queue that can hand over the runs queued behind one without waiting (in process and
         # NATS): the taker moves a burst into the host queues in one step.
         self._take_while: Callable[..., list[FencedRun]] | None = getattr(queue, "take_while", None)
-        self._batches = getattr(queue, "take_while", None) is not None
 
     def _batch_of(self, host: str) -> int:
         """A call to Redis carries up to a pipeline of runs (one slot); any other call one run."""
-        return REDIS_BATCH if self._batches and host == _REDIS_HOST else 1
+        return REDIS_BATCH if self._pipelined(host) else 1
+
+    def _pipelined(self, host: str) -> bool:
+        """Runs to Redis go out a pipeline at a time when the queue hands over runs in bursts."""
+        return host == _REDIS_HOST and self._take_while is not None
 
     def start(self) -> None:
         self.completer.start()
@@ -484,7 +487,7 @@ class WorkerPool:
     async def _run(self, start: Start[FencedRun]) -> None:
         runs = start.items
         try:
-            if start.host == _REDIS_HOST and self._batches:
+            if self._pipelined(start.host):
                 reports = await self.call_redis_many(runs)
             else:
                 reports = [await self.call(runs[0])]
