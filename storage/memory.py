@@ -979,6 +979,16 @@ class MemoryStore:
                 released += 1
         return released
 
+    async def return_unstarted(self, leases: Sequence[Leased]) -> int:
+        self._check()
+        returned = 0
+        for lease in leases:
+            row = self._held(lease, lambda phase: phase == "running")
+            if row is not None and row.fenced_token == lease.lease_token:
+                row.phase, row.claimed_by, row.leased_until, row.run_until = "idle", None, None, None
+                returned += 1
+        return returned
+
     # ------------------------------------------------------------------ completion
 
     def _locked_rows(self, ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, dict[str, Any]]:

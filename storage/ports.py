@@ -390,6 +390,12 @@ class RunStore(Protocol):
         """Give back claims that were not fired (shutdown); they are claimable at once."""
         ...
 
+    async def return_unstarted(self, leases: Sequence[Leased]) -> int:
+        """Give back fenced runs that were never called (a worker stops while they wait for
+        their host): idle and claimable at once, their attempt unused. A run an owner's edit has
+        rewritten since its fence is left to its new plan. Returns how many were given back."""
+        ...
+
     # -- the completion writer (storage/postgres/completion.py)
 
     async def complete_runs(self, reports: Sequence[AttemptReport]) -> CompletionStats:

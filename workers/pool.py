@@ -43,6 +43,7 @@ FLOW_HOLD_S = 10.0  # a worker's flow slots lapse this long after its last ask (
 FLOW_TICK_S = 0.1  # asks for flow grants at most this far apart while runs wait for them
 FLOW_MIN_GAP_S = 0.02
 REPORT_BATCH = 2000
+RETURN_BATCH = 1000  # runs given back unused at shutdown, per statement
 WATCHDOG_TICK_S = 1.0  # how often calls started without a task are checked against the watchdog
 _REDIS_HOST = f"broker:{Broker.REDIS.value}"
 _BAD_URL_HOST = "invalid-url:0"
@@ -397,8 +398,9 @@ class WorkerPool:
     async def stop(self, grace_s: float) -> None:
         """Drain: runs already fenced are due, so they are called; in-flight calls finish within
         the grace; outcomes are recorded before returning. Anything still unrecorded after the
-        grace (a call still running, a run still waiting for a host that backs off) keeps its
-        lease and is rescued by the janitor (recorded as lease_expired)."""
+        grace: a call still running keeps its lease and is rescued by the janitor (recorded as
+        lease_expired); a run still waiting for its host was never called and is given back
+        unused."""
         if self._busy():
             self._idle.clear()
             with contextlib.suppress(TimeoutError):
@@ -417,13 +419,7 @@ class WorkerPool:
         for call in calls:
             with contextlib.suppress(asyncio.CancelledError):
                 await call
-        left = self.queues.drain()
-        if left:
-            log.warning(
-                "%d runs still waited for their hosts at shutdown; their leases lapse and the "
-                "janitor retries them",
-                len(left),
-            )
+        await self._return_unstarted(self.queues.drain())
         await self.completer.stop()
         if self._flows is not None:
             # The slots this worker held go back to the cluster now, not when they lapse.
@@ -435,6 +431,31 @@ class WorkerPool:
                 ]
                 with contextlib.suppress(Exception):
                     await self._flows.take_flow(self.worker_id, asks, hold_s=FLOW_HOLD_S)
+
+    async def _return_unstarted(self, left: list[FencedRun]) -> None:
+        """Runs still waiting for their hosts at shutdown were never called: they go back to
+        their rows unused (no attempt, no failure count), claimable by any engine at once. What
+        cannot be given back (the database is away) keeps its lease, which lapses: the janitor
+        then records it as lease_expired and retries it."""
+        if not left:
+            return
+        returned = 0
+        try:
+            for i in range(0, len(left), RETURN_BATCH):
+                part = left[i : i + RETURN_BATCH]
+                returned += await self._store.return_unstarted(part)
+                for run in part:
+                    self._keeper.untrack(run.job_id, run.lease_token)
+        except Exception as exc:
+            log.warning(
+                "%d runs waited for their hosts at shutdown and %d could not be given back (%s); "
+                "their leases lapse and the janitor retries them",
+                len(left),
+                len(left) - returned,
+                exc,
+            )
+            return
+        log.info("%d runs waited for their hosts at shutdown; %d given back unused", len(left), returned)
 
     # ------------------------------------------------------------------ the taker
 
