@@ -85,6 +85,7 @@ from duetime.storage.registry_rules import (
     replay_plan,
     require_failed_occurrence,
     run_cursor,
+    timing_changed,
 )
 from duetime.storage.target_rules import (
     LIVE_S,
@@ -567,14 +568,14 @@ class MemoryStore:
             if holder is not None and holder.job_id != job_id:
                 raise name_taken(spec.name, holder.job_id)
         old = row.spec
-        timing_changed = old["schedule"] != new_json["schedule"] or old["jitter_s"] != new_json["jitter_s"]
-        step = update_step(job_id, spec, row.plan(), timing_changed=timing_changed, now=self._now())
-        version = row.spec_version + 1 if timing_changed else row.spec_version
+        changed = timing_changed(old, new_json)
+        step = update_step(job_id, spec, row.plan(), timing_changed=changed, now=self._now())
+        version = row.spec_version + 1 if changed else row.spec_version
         if new_json != old:
             for child in self._children(job_id):
                 child.spec = {**_copy(new_json), "schedule": child.spec["schedule"]}
                 child.updated_at = self._now()
-        if timing_changed:
+        if changed:
             for child in self._children(job_id):
                 if child.backfill_seq is None and child.phase != "running":
                     del self._jobs[child.job_id]
@@ -1247,9 +1248,7 @@ class MemoryStore:
             spec = codec.spec_from_json(row.spec)
             occ = row.split_at
             assert occ is not None
-            self._insert_occurrence(
-                row, jitter.due_at(row.job_id, occ, spec.jitter_s), occ, seq=None, now=now
-            )
+            self._insert_occurrence(row, jitter.due_at(row.job_id, occ, spec), occ, seq=None, now=now)
             row.handed_upto = occ
             row.split_at = next_occurrence(spec.schedule, occ)
         return len(rows)

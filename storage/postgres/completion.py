@@ -370,10 +370,11 @@ def _event_arrays(events: Sequence[FailureEvent]) -> list[list[Any]]:
 
 
 def _nominal_due(public_id: uuid.UUID, rep: AttemptReport, spec: JobSpec, run_kind: str) -> datetime:
-    """When the attempt's occurrence was due: its jitter included; a trigger when it was asked for."""
+    """When the attempt's occurrence was due: the job's spread and its jitter included (lateness is
+    measured from there); a trigger when it was asked for."""
     if run_kind == "manual":
         return rep.scheduled_for
-    return jitter.due_at(public_id, rep.scheduled_for, spec.jitter_s)
+    return jitter.due_at(public_id, rep.scheduled_for, spec)
 
 
 def _lateness_ms(rep: AttemptReport, due: datetime) -> int | None:
@@ -835,7 +836,7 @@ class BatchWriter:
         else:
             plan = replace(
                 current,
-                next_run_at=jitter.due_at(item.job_id, item.next_scheduled_for, spec.jitter_s),
+                next_run_at=jitter.due_at(item.job_id, item.next_scheduled_for, spec),
                 scheduled_for=item.next_scheduled_for,
                 attempt=0,
             )
