@@ -14,7 +14,8 @@ Besides Vixie cron, the calendar forms of Quartz and EventBridge are read (docs/
 Vixie's weekday numbers (``5L`` is the last Friday). They are rules about a day, not sets of values,
 so they live beside the sets (``DayRules``) and are asked only of a day the sets did not already
 match; each depends on nothing but the day, its weekday and the month's length, which is also what
-lets ``never_fires_reason`` decide exactly from the 12 x 2 x 7 shapes a month can have.
+lets ``never_fires_reason`` decide exactly from the 13 x 7 shapes a month can have (a length,
+February's two included, and the weekday of its 1st).
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def _weekday_of(target: int, day: int, weekday: int) -> int:
     return (weekday + target - day) % 7
 
 
-def nearest_weekday(target: int, target_weekday: int, last_day: int) -> int | None:
+def _nearest_weekday(target: int, target_weekday: int, last_day: int) -> int | None:
     """The day ``nW`` names in a month of ``last_day`` days whose day ``target`` is a
     ``target_weekday``: that day if it is Monday-Friday, else the nearest weekday without leaving
     the month (Saturday the 1st: Monday the 3rd; Sunday the last: Friday two days before).
@@ -171,7 +172,7 @@ class DayRules:
             if day == (last_day if 1 <= last <= 5 else last_day - 1 if last == 6 else last_day - 2):
                 return True
         for target in self.nearest_weekday_to:
-            if day == nearest_weekday(target, _weekday_of(target, day, weekday), last_day):
+            if day == _nearest_weekday(target, _weekday_of(target, day, weekday), last_day):
                 return True
         return False
 
