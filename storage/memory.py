@@ -5,7 +5,8 @@ workers, API) without a database.
 Faithful, not approximate: it keeps the same rows PostgreSQL keeps (state, phase, lease token,
 holder, lease expiry, occurrence rows, history), answers with the same records and errors, and
 decides what a row becomes with the very code the PostgreSQL store uses (``core.lifecycle`` via
-the completion writer's ``BatchWriter``, and ``storage.registry_rules``). What SQL does in a
+``storage.completion_rules``, and ``storage.registry_rules``); it imports neither asyncpg nor
+``storage.postgres``. What SQL does in a
 statement is done here between two awaits, which on one event loop is what a row lock and
 ``SKIP LOCKED`` give: no two claimers hold a row, a stale token changes nothing. Time is the
 injected ``clock`` (database time and the store's own, as one), so a test lapses leases by
@@ -45,6 +46,15 @@ from duetime.core.runpath import (
 )
 from duetime.core.schedule import next_occurrence
 from duetime.core.states import OwnerAction, owner_move
+from duetime.storage.completion_rules import (
+    CompletionBatch,
+    LockedRow,
+    apply_leased,
+    expire_rows,
+    failure_parents,
+    finishable,
+    skippable,
+)
 from duetime.storage.flow_rules import IDLE_BUCKET_S, bucket_capacity, check_asks, grant, refilled
 from duetime.storage.ports import (
     Backfill,
@@ -62,14 +72,6 @@ from duetime.storage.ports import (
     SigningKeys,
     TargetHealthReport,
     TargetView,
-)
-from duetime.storage.postgres.completion import (
-    BatchWriter,
-    apply_leased,
-    expire_rows,
-    failure_parents,
-    finishable,
-    skippable,
 )
 from duetime.storage.registry_rules import (
     BULK_TARGET,
@@ -142,36 +144,36 @@ class _Row:
     fenced_version: int | None = None
     fenced_kind: str | None = None
 
-    def locked(self) -> dict[str, Any]:
+    def locked(self) -> LockedRow:
         """The row as ``lock_for_completion`` reads it (the spec as its text)."""
-        return {
-            "job_id": self.job_id,
-            "shard": self.shard,
-            "owner": self.owner,
-            "spec": _spec_text(self.spec),
-            "spec_version": self.spec_version,
-            "state": self.state,
-            "phase": self.phase,
-            "lease_token": self.lease_token,
-            "scheduled_for": self.scheduled_for,
-            "next_run_at": self.next_run_at,
-            "attempt": self.attempt,
-            "run_kind": self.run_kind,
-            "resume_at": self.resume_at,
-            "pending_triggers": list(self.pending_triggers),
-            "parent_id": self.parent_id,
-            "handed_upto": self.handed_upto,
-            "split_at": self.split_at,
-            "backfill_seq": self.backfill_seq,
-            "consecutive_failures": self.consecutive_failures,
-            "failing": self.failing,
-            "fenced_token": self.fenced_token,
-            "fenced_for": self.fenced_for,
-            "fenced_due": self.fenced_due,
-            "fenced_attempt": self.fenced_attempt,
-            "fenced_version": self.fenced_version,
-            "fenced_kind": self.fenced_kind,
-        }
+        return LockedRow(
+            job_id=self.job_id,
+            shard=self.shard,
+            owner=self.owner,
+            spec=_spec_text(self.spec),
+            spec_version=self.spec_version,
+            state=self.state,
+            phase=self.phase,
+            lease_token=self.lease_token,
+            scheduled_for=self.scheduled_for,
+            next_run_at=self.next_run_at,
+            attempt=self.attempt,
+            run_kind=self.run_kind,
+            resume_at=self.resume_at,
+            pending_triggers=list(self.pending_triggers),
+            parent_id=self.parent_id,
+            handed_upto=self.handed_upto,
+            split_at=self.split_at,
+            backfill_seq=self.backfill_seq,
+            consecutive_failures=self.consecutive_failures,
+            failing=self.failing,
+            fenced_token=self.fenced_token,
+            fenced_for=self.fenced_for,
+            fenced_due=self.fenced_due,
+            fenced_attempt=self.fenced_attempt,
+            fenced_version=self.fenced_version,
+            fenced_kind=self.fenced_kind,
+        )
 
     def plan(self) -> RowPlan:
         return RowPlan(
@@ -992,17 +994,18 @@ class MemoryStore:
 
     # ------------------------------------------------------------------ completion
 
-    def _locked_rows(self, ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, dict[str, Any]]:
+    def _locked_rows(self, ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, LockedRow]:
         return {i: self._jobs[i].locked() for i in sorted(set(ids)) if i in self._jobs}
 
-    def _flush(self, writer: BatchWriter) -> set[int]:
-        """What ``BatchWriter.flush`` and ``after_commit`` write, statement for statement
-        (apply_plans, insert_runs, delete_occurrences; then release_next_backfill,
-        parent_last_run, complete_drained_jobs). Returns the shards to wake."""
+    def _flush(self, writer: CompletionBatch) -> set[int]:
+        """The batch the completion rules decided, applied to the rows as PostgreSQL's statements
+        apply it (storage/sql/completion.sql: insert_catch_up, apply_plans, insert_runs,
+        delete_occurrences, the failure counts; after the commit cascade_failure_pause,
+        release_next_backfill, parent_last_run, complete_drained_jobs). Returns the shards to wake."""
         now = self._now()
         last_seq: dict[uuid.UUID, int] = {}
-        for _occ_id, parent_id, scheduled_for, place in writer.catch_up:  # insert_catch_up
-            parent_row = self._jobs[parent_id]
+        for catch_up in writer.catch_up:  # insert_catch_up
+            parent_id, place = catch_up.parent_id, catch_up.position
             seq = None
             if place is not None:
                 if parent_id not in last_seq:
@@ -1010,9 +1013,8 @@ class MemoryStore:
                         (c.backfill_seq or 0 for c in self._children(parent_id)), default=0
                     )
                 seq = last_seq[parent_id] + place
-            self._insert_occurrence(
-                parent_row, now if place is None else None, scheduled_for, seq=seq, now=now
-            )
+            due = now if place is None else None
+            self._insert_occurrence(self._jobs[parent_id], due, catch_up.scheduled_for, seq=seq, now=now)
         for w in writer.plans:
             plan = w.plan
             row = self._jobs[w.job_id]
@@ -1056,7 +1058,7 @@ class MemoryStore:
         self._complete_drained(r for r in (self._jobs.get(p) for p in writer.parent_last) if r is not None)
         return shards
 
-    def _write_failures(self, writer: BatchWriter) -> None:
+    def _write_failures(self, writer: CompletionBatch) -> None:
         """apply_failure_counts, pause_failing_jobs and insert_failure_events."""
         writes = writer.failure_writes(self._locked_rows(writer.failure_rows_missing()))
         for job_id, count in writes.counts:
@@ -1171,27 +1173,27 @@ class MemoryStore:
 
     async def complete_runs(self, reports: Sequence[AttemptReport]) -> CompletionStats:
         self._check()
-        return self._under_lease(reports, finishable, BatchWriter.finish)
+        return self._under_lease(reports, finishable, CompletionBatch.finish)
 
     async def skip_missed(self, items: Sequence[Skip]) -> CompletionStats:
         self._check()
-        return self._under_lease(items, skippable, BatchWriter.skip)
+        return self._under_lease(items, skippable, CompletionBatch.skip)
 
     def _under_lease(
         self,
         items: Sequence[Any],
         phase_ok: Callable[[str], bool],
-        apply: Callable[[BatchWriter, Any, Any, datetime], None],
+        apply: Callable[[CompletionBatch, LockedRow, Any, datetime], None],
     ) -> CompletionStats:
-        writer = BatchWriter()
-        also = failure_parents(items) if apply is BatchWriter.finish else []
+        writer = CompletionBatch()
+        also = failure_parents(items) if apply is CompletionBatch.finish else []
         rows = self._locked_rows([*(i.job_id for i in items), *also])
         stale = apply_leased(writer, rows, items, phase_ok=phase_ok, apply=apply, now=self._now())
         self._wake(self._flush(writer))
         return CompletionStats(applied=len(writer.seen), stale=stale, history=writer.history_count)
 
     def _expire(self, rows: Iterable[_Row]) -> CompletionStats:
-        writer = BatchWriter()
+        writer = CompletionBatch()
         expire_rows(writer, self._locked_rows(r.job_id for r in rows).values(), self._now())
         self._wake(self._flush(writer))
         return CompletionStats(applied=len(writer.seen), history=writer.history_count)

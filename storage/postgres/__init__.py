@@ -22,7 +22,6 @@ Their SQL lives in ``storage/sql/<concept>.sql``.
 """
 
 from duetime.storage.ports import CompletionStats
-from duetime.storage.postgres.completion import _locked_spec
 from duetime.storage.postgres.hints import NOTIFY_CHANNEL
 from duetime.storage.postgres.rows import job_from_row
 from duetime.storage.postgres.shards import ShardMoveReport, move_shard
@@ -33,7 +32,6 @@ __all__ = [
     "CompletionStats",
     "PostgresStore",
     "ShardMoveReport",
-    "_locked_spec",
     "job_from_row",
     "move_shard",
 ]

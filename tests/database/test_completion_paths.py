@@ -33,8 +33,9 @@ from duetime.core.model import (
     WebhookTarget,
 )
 from duetime.core.runpath import AttemptReport, FencedRun, Verdict
+from duetime.storage.completion_rules import failure_parents
 from duetime.storage.postgres import PostgresStore
-from duetime.storage.postgres.completion import OrdinaryBatch, failure_parents
+from duetime.storage.postgres.completion import OrdinaryBatch
 from duetime.storage.queries import Q
 from duetime.storage.shardmap import ShardMap
 
