@@ -1,6 +1,6 @@
 """``MemoryStore``: the storage ports (``Registry``, ``RunStore``, ``EventOutbox``,
-``FlowControl``, ``TargetHealth``) in memory, for tests of what sits on top of storage (engine,
-workers, API) without a database.
+``FlowControl``, ``TargetHealth``, ``Membership``, ``Retention``, ``DueAge``) in memory, for
+tests of what sits on top of storage (engine, workers, API) without a database.
 
 Faithful, not approximate: it keeps the same rows PostgreSQL keeps (state, phase, lease token,
 holder, lease expiry, occurrence rows, history), answers with the same records and errors, and
@@ -61,14 +61,19 @@ from duetime.storage.ports import (
     BulkAction,
     BulkResult,
     CompletionStats,
+    DueBacklog,
+    EngineRecord,
     EventSettlement,
+    FinishedJobsSweep,
     FlowAsk,
     FlowGrant,
+    HistorySweep,
     IdempotencyRequest,
     NameHolderChanged,
     OutboxEvent,
     OwnerRun,
     Page,
+    Registration,
     SigningKeys,
     TargetHealthReport,
     TargetView,
@@ -242,6 +247,46 @@ class _TargetRow:
     reported_at: datetime
 
 
+@dataclass(slots=True)
+class _EngineRow:
+    """One row of ``engines`` (migration 0004): a member of the membership."""
+
+    reg: Registration
+    serving: frozenset[int]
+    started_at: datetime
+    heartbeat_at: datetime
+
+
+class _EngineIdLock:
+    """``Membership.engine_id_lock`` in memory: the store keeps which lock holds each id, as the
+    database keeps a session's advisory lock. A process's death is ``release`` here."""
+
+    def __init__(self, store: MemoryStore, engine_id: str) -> None:
+        self._store = store
+        self._engine_id = engine_id
+
+    def _try(self) -> bool:
+        self._store._check()
+        holder = self._store._id_locks.setdefault(self._engine_id, self)
+        return holder is self
+
+    async def acquire(self, within_s: float) -> bool:
+        deadline = asyncio.get_running_loop().time() + within_s
+        while True:
+            if self._try():
+                return True
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.1)
+
+    async def held(self) -> bool:
+        return self._try()
+
+    async def release(self) -> None:
+        if self._store._id_locks.get(self._engine_id) is self:
+            del self._store._id_locks[self._engine_id]
+
+
 @dataclass(frozen=True, slots=True)
 class _HistoryRow:
     run_id: int
@@ -320,6 +365,8 @@ class MemoryStore:
         self._targets: dict[tuple[str, str, str], _TargetRow] = {}  # (owner, host, worker)
         self._flow_buckets: dict[tuple[str, str], _FlowBucket] = {}
         self._flow_holders: dict[tuple[str, str], dict[str, _FlowHolder]] = {}
+        self._engines: dict[str, _EngineRow] = {}
+        self._id_locks: dict[str, _EngineIdLock] = {}
         # The installation's cursor key: one store here is one installation.
         self._cursor_key = secrets.token_bytes(32)
         self.available = True  # False: every call raises StorageUnavailable (an outage)
@@ -1402,6 +1449,157 @@ class MemoryStore:
         idle = now - timedelta(seconds=IDLE_BUCKET_S)
         for ident in [i for i, b in self._flow_buckets.items() if b.refilled_at < idle]:
             del self._flow_buckets[ident]
+
+    # ------------------------------------------------------------------ membership
+
+    def _own_engine(self, reg: Registration) -> _EngineRow | None:
+        """The row of ``reg``'s process: under its id and its incarnation (not a later process's)."""
+        row = self._engines.get(reg.engine_id)
+        return row if row is not None and row.reg.incarnation == reg.incarnation else None
+
+    async def join_engine(self, reg: Registration) -> None:
+        self._check()
+        now = self._now()
+        self._engines[reg.engine_id] = _EngineRow(reg, frozenset(), started_at=now, heartbeat_at=now)
+
+    async def heartbeat_engine(self, reg: Registration, serving: Iterable[int]) -> bool:
+        self._check()
+        row = self._own_engine(reg)
+        if row is None:
+            return False
+        row.heartbeat_at, row.serving = self._now(), frozenset(serving)
+        return True
+
+    async def set_engine_serving(self, reg: Registration, serving: Iterable[int]) -> None:
+        self._check()
+        row = self._own_engine(reg)
+        if row is not None:
+            row.serving = frozenset(serving)
+
+    async def leave_engine(self, reg: Registration) -> None:
+        self._check()
+        if self._own_engine(reg) is not None:
+            del self._engines[reg.engine_id]
+
+    async def list_engines(self) -> list[EngineRecord]:
+        self._check()
+        now = self._now()
+        out = []
+        for engine_id in sorted(self._engines):
+            row = self._engines[engine_id]
+            reg = row.reg
+            out.append(
+                EngineRecord(
+                    engine_id=engine_id,
+                    host=reg.host,
+                    allowed=frozenset(reg.allowed),
+                    serving=row.serving,
+                    lease_s=float(reg.lease_s),
+                    replicas=reg.replicas,
+                    incarnation=reg.incarnation,
+                    started_at=row.started_at,
+                    heartbeat_at=row.heartbeat_at,
+                    heartbeat_age_s=max((now - row.heartbeat_at).total_seconds(), 0.0),
+                    live=row.heartbeat_at > now - timedelta(seconds=reg.lease_s),
+                )
+            )
+        return out
+
+    async def forget_dead_engines(self, older_than_s: float) -> int:
+        self._check()
+        now = self._now()
+        dead = [
+            engine_id
+            for engine_id, row in self._engines.items()
+            if row.heartbeat_at < now - timedelta(seconds=max(row.reg.lease_s, older_than_s))
+        ]
+        for engine_id in dead:
+            del self._engines[engine_id]
+        return len(dead)
+
+    def engine_id_lock(self, engine_id: str) -> _EngineIdLock:
+        return _EngineIdLock(self, engine_id)
+
+    # ------------------------------------------------------------------ retention
+
+    def databases(self) -> list[str]:
+        """One database holds everything here."""
+        return ["memory"]
+
+    async def delete_old_runs(
+        self, dsn: str, *, before: datetime, limit: int, after: int = 0
+    ) -> HistorySweep | None:
+        """As ``retention_old_runs``: the oldest ``limit`` history rows after ``after`` walked,
+        those of them finished before ``before`` deleted. Nothing else holds the lock here."""
+        self._check()
+        head = sorted((h for h in self._runs if h.run_id > after), key=lambda h: h.run_id)[:limit]
+        gone = {h.run_id for h in head if (h.run.finished_at or h.run.scheduled_for) < before}
+        self._runs = [h for h in self._runs if h.run_id not in gone]
+        return HistorySweep(deleted=len(gone), walked=head[-1].run_id if head else None)
+
+    async def delete_finished_jobs(
+        self, dsn: str, *, before: datetime, limit: int
+    ) -> FinishedJobsSweep | None:
+        """As ``retention_finished_jobs`` and the deletes after it: jobs finished before
+        ``before``, idle, with no occurrence row in flight, oldest first; their history,
+        Idempotency-Keys and occurrence rows with them."""
+        self._check()
+        finished = (JobState.COMPLETED.value, JobState.CANCELLED.value, JobState.DEAD.value)
+        chosen = sorted(
+            (
+                r
+                for r in self._jobs.values()
+                if r.parent_id is None
+                and r.state in finished
+                and r.updated_at < before
+                and r.phase == Phase.IDLE
+                and not any(c.phase != Phase.IDLE for c in self._children(r.job_id))
+            ),
+            key=lambda r: r.updated_at,
+        )[:limit]
+        ids = {r.job_id for r in chosen}
+        if not ids:
+            return FinishedJobsSweep(jobs=0, history=0)
+        history = sum(1 for h in self._runs if h.job_id in ids)
+        self._runs = [h for h in self._runs if h.job_id not in ids]
+        for key, record in list(self._idempotency.items()):
+            if record.job_id in ids:
+                del self._idempotency[key]
+        for job_id, row in list(self._jobs.items()):
+            if job_id in ids or row.parent_id in ids:
+                del self._jobs[job_id]
+        return FinishedJobsSweep(jobs=len(ids), history=history)
+
+    async def purge_target_health(self, *, older_than_s: float) -> int:
+        self._check()
+        cutoff = self._now() - timedelta(seconds=older_than_s)
+        old = [key for key, row in self._targets.items() if row.reported_at < cutoff]
+        for key in old:
+            del self._targets[key]
+        return len(old)
+
+    # ------------------------------------------------------------------ due age
+
+    async def oldest_unclaimed_due(self, shards: Iterable[int]) -> list[DueBacklog]:
+        """As ``oldest_unclaimed_due``: per shard, how long its earliest due, scheduled, unclaimed
+        row has waited (0 when none)."""
+        self._check()
+        now = self._now()
+        oldest: dict[int, datetime] = {}
+        for r in self._jobs.values():
+            if (
+                r.state == JobState.SCHEDULED
+                and r.claimed_by is None
+                and r.phase == Phase.IDLE
+                and r.next_run_at is not None
+                and r.next_run_at <= now
+                and (r.shard not in oldest or r.next_run_at < oldest[r.shard])
+            ):
+                oldest[r.shard] = r.next_run_at
+        return [
+            DueBacklog(shard, (now - oldest[shard]).total_seconds() if shard in oldest else 0.0)
+            for shard in sorted(set(shards))
+        ]
 
     async def close(self) -> None:
         self._listeners.clear()
