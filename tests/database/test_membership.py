@@ -1,7 +1,7 @@
-"""Membership on real PostgreSQL (storage/membership.py, engine/membership.py): heartbeats with the
-database's clock, a lapse, a rejoin under the same id, two primaries (membership on the home
-database only), and a handover between two real in-process engines that loses and doubles
-nothing."""
+"""Membership on real PostgreSQL (storage/postgres/membership.py, engine/membership.py):
+heartbeats with the database's clock, a lapse, a rejoin under the same id, two primaries
+(membership on the home database only), and a handover between two real in-process engines that
+loses and doubles nothing. What every store must do alike is tests/contract's."""
 
 from __future__ import annotations
 
