@@ -628,7 +628,10 @@ def count_between(schedule: Schedule, after: datetime, until: datetime, cap: int
 
 def folded_count(schedule: Schedule, oldest: datetime, into: datetime) -> int:
     """How many occurrences lie in [oldest, into): the missed occurrences a ``run_once`` run at
-    ``into`` stands for, when ``oldest`` is the first of them (the run itself not counted)."""
+    ``into`` stands for, when ``oldest`` is the first of them (the run itself not counted). A
+    one-off has one occurrence: it never folds any."""
+    if isinstance(schedule, OneOffSchedule):
+        return 0
     return count_between(schedule, oldest - _US, into - _US, 2**62)
 
 

@@ -154,12 +154,14 @@ SELECT signing_secret FROM owners WHERE owner = $1;
 
 -- name: insert_occurrences
 -- Occurrence rows: one occurrence of a recurring job, in a row of its own (overlap=allow, or a
--- backfill). next_run_at is null for a backfilled run that waits for the one before it.
+-- backfill). next_run_at is null for a backfilled run that waits for the one before it. The row
+-- runs under its job's spec version (a target is told it: Duetime-Spec-Version).
 INSERT INTO jobs (job_id, shard, owner, spec, spec_version, state, next_run_at, scheduled_for, attempt,
                   parent_id, backfill_seq)
-SELECT j, s, o, sp, 1, 'scheduled', n, sf, 0, p, q
+SELECT u.j, u.s, u.o, u.sp, p.spec_version, 'scheduled', u.n, u.sf, 0, u.p, u.q
 FROM unnest($1::uuid[], $2::smallint[], $3::text[], $4::jsonb[], $5::timestamptz[],
-            $6::timestamptz[], $7::uuid[], $8::bigint[]) AS u(j, s, o, sp, n, sf, p, q);
+            $6::timestamptz[], $7::uuid[], $8::bigint[]) AS u(j, s, o, sp, n, sf, p, q)
+JOIN jobs p ON p.job_id = u.p;
 
 -- name: occurrences_of
 -- A job's occurrence rows that have not run to the end yet (a bound on backfills in progress),
