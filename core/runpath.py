@@ -21,6 +21,7 @@ and a slots instance costs about what the tuple it replaces did.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from duetime.core import codec, signing
-from duetime.core.model import JobSpec, Outcome, Target
+from duetime.core.model import JobSpec, OneOffSchedule, Outcome, Target
 from duetime.core.schedule import epoch_us, folded_count, previous_occurrence
 from duetime.core.spectext import spec_from_text
 
@@ -255,6 +256,10 @@ class RunContext:
     @classmethod
     def of(cls, run: FencedRun, spec: JobSpec) -> RunContext:
         schedule = spec.schedule
+        if isinstance(schedule, OneOffSchedule):  # one occurrence: nothing before it, nothing folded
+            if run.last_success_for is None:
+                return _version_only(run.spec.version)  # a burst's run: no record made
+            return cls(run.spec.version, None, run.last_success_for)
         previous = previous_occurrence(schedule, run.scheduled_for, run.job_created_at)
         folded_from = run.folded_from
         count = 0
@@ -278,6 +283,13 @@ class RunContext:
             pairs.append((signing.FOLDED_COUNT, str(self.folded_count)))
             pairs.append((signing.FOLDED_FROM, fmt(self.folded_from)))
         return pairs
+
+
+@functools.lru_cache(maxsize=1024)
+def _version_only(spec_version: int) -> RunContext:
+    """The context of a run that has nothing to say but its spec version, one record per version
+    (a frozen record is shared safely): a burst of one-offs builds none per run."""
+    return RunContext(spec_version)
 
 
 def redis_field(header: str) -> str:

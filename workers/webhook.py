@@ -135,10 +135,15 @@ def contract_head(d: Delivery, body: bytes, now: datetime) -> str:
 
 def _context_lines(context: RunContext) -> str:
     """A run's context as header lines (``RunContext.headers``). Most runs carry the spec version
-    alone (a one-off that has not succeeded yet: a burst), written without the list."""
+    alone (a one-off that has not succeeded yet: a burst): that line is made once per version."""
     if context.previous_for is None and context.last_success_for is None and context.folded_from is None:
-        return f"{signing.SPEC_VERSION}: {context.spec_version}\r\n"
+        return _version_line(context.spec_version)
     return "".join([f"{name}: {value}\r\n" for name, value in context.headers()])
+
+
+@functools.lru_cache(maxsize=1024)
+def _version_line(spec_version: int) -> str:
+    return f"{signing.SPEC_VERSION}: {spec_version}\r\n"
 
 
 def request_headers(target: WebhookTarget, contract: dict[str, str]) -> dict[str, str]:

@@ -55,23 +55,41 @@ class RunPathPart(StoreBase):
                     return list(await pool.fetch(Q["fence_runs"], *args))
 
                 rows = await retried(fence)
+                # Each row unpacked in the statement's RETURNING order into FencedRun's field
+                # order: a run of a burst is 14 values, and 14 lookups by name cost more than the
+                # columns' decoding (loadtest.fence_bench).
                 fenced = [
                     FencedRun(
-                        job_id=r["job_id"],
-                        shard=r["shard"],
-                        owner=r["owner"],
-                        lease_token=r["lease_token"],
-                        scheduled_for=r["scheduled_for"],
-                        due_at=r["next_run_at"],
-                        attempt=r["attempt"] + 1,
-                        spec=RunSpec(r["spec"], r["spec_version"]),
-                        run_kind=r["run_kind"],
-                        parent_id=r["parent_id"],
-                        job_created_at=r["created_at"],
-                        last_success_for=r["last_success_for"],
-                        folded_from=r["folded_from"],
+                        job,
+                        shard,
+                        owner,
+                        token,
+                        occurrence,
+                        due,
+                        attempt + 1,
+                        RunSpec(text, version),
+                        kind,
+                        parent,
+                        created,
+                        succeeded,
+                        folded,
                     )
-                    for r in rows
+                    for (
+                        job,
+                        shard,
+                        owner,
+                        token,
+                        occurrence,
+                        due,
+                        attempt,
+                        text,
+                        version,
+                        kind,
+                        parent,
+                        created,
+                        succeeded,
+                        folded,
+                    ) in rows
                 ]
                 parents = {r.parent_id for r in fenced if r.parent_id is not None}
                 if parents:
