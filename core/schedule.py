@@ -77,6 +77,7 @@ _DAY_S = 86400
 # count_between walks this many occurrences one by one, then counts the rest a day at a time
 # (``_CronWalk.count_in``): a walk is cheaper for a few, the count for many.
 _WALK_BEFORE_COUNTING = 32
+_DAYS_PER_SEARCH = 6
 _OFFSET_LIKE = re.compile(r"(?:UTC|GMT|Z)?[+\-\u2212][0-9]{1,2}(?::?[0-9]{2}){0,2}", re.ASCII | re.IGNORECASE)
 _ZONE_NAME = re.compile(r"[A-Za-z0-9_+\-]+(?:/[A-Za-z0-9_+\-]+)*", re.ASCII)
 
@@ -616,7 +617,9 @@ def count_between(schedule: Schedule, after: datetime, until: datetime, cap: int
     cursor = _floor_s(after) + 1
     count = 0
     while count < cap:
-        if count == _WALK_BEFORE_COUNTING:
+        # A day of count_in costs about a seventh of a search (0.3-0.5 against 3 µs): count the
+        # rest unless the cap stops the walk sooner (a catch-up's cap of 100 over years).
+        if count == _WALK_BEFORE_COUNTING and (high - cursor) // _DAY_S < _DAYS_PER_SEARCH * (cap - count):
             return min(count + walk.count_in(cursor, high), cap)
         instant = walk.first_at_or_after(cursor, high)
         if instant is None:

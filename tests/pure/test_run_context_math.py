@@ -277,3 +277,9 @@ def test_the_count_is_capped_and_its_walk_is_short_for_a_small_cap(monkeypatch: 
     assert counter.calls <= 10
     assert count_between(schedule, after, after + timedelta(days=3), cap=10_000) == 3 * 1440
     assert schedule_module._WALK_BEFORE_COUNTING < 100
+    # a catch-up's cap over a long stretch: the walk to the cap is cheaper than counting years
+    daily = CronSchedule(cron="0 9 * * *")
+    counter.calls = 0
+    assert count_between(daily, after, after + timedelta(days=3650), cap=100) == 100
+    assert counter.calls <= 100
+    assert count_between(daily, after, after + timedelta(days=3650), cap=10**6) == 3650
