@@ -184,6 +184,7 @@ def test_previous_agrees_with_the_walk_on_random_crons() -> None:
     """``previous_occurrence`` is the inverse of ``next_occurrence`` wherever the walk goes."""
     rng = random.Random(30)
     crons = ["*/5 * * * *", "0 * * * *", "30 2 * * *", "15,45 1-3 * * *", "* 0 * * *", "*/7 3 * * 1"]
+    crons += ["0 9 L * *", "30 2 * * 0L", "0 9 15W * *", "0 9 * * 1#3"]  # calendar forms
     zones = ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "UTC"]
     for _ in range(300):
         schedule = CronSchedule(
@@ -246,6 +247,7 @@ def test_the_fast_count_agrees_with_the_walk(zone: str, gap: DstGap, overlap: Ds
     transitions = [utc(t) for t in ("2024-03-30 12:00", "2024-03-09 12:00", "2024-10-26 12:00",
                                     "2024-11-02 12:00", "2024-04-06 00:00", "2024-10-05 00:00")]  # fmt: skip
     crons = ["* * * * *", "*/7 * * * *", "30 2 * * *", "15,45 1-3 * * *", "*/13 * * * * *", "0 30 2 * * 0"]
+    crons += ["*/10 * L * *", "0 * * * 0L", "*/20 2 1W * *", "*/5 1-3 * * 0#1"]  # calendar forms
     for _ in range(25):
         low = rng.choice(transitions) + timedelta(seconds=rng.randrange(-86400, 86400))
         high = low + timedelta(seconds=rng.randrange(0, 3 * 86400))
