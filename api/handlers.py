@@ -27,6 +27,7 @@ from duetime.api.render import (
     json_response,
     runs_page_to_json,
 )
+from duetime.api.server import sent_header
 from duetime.core.codec import REDACTED, format_time, run_to_json, spec_to_json
 from duetime.core.errors import Conflict, InvalidRequest, MalformedRequest, NotFound, TopicNotAllowed
 from duetime.core.ids import parse_job_id
@@ -280,7 +281,7 @@ class JobsApi:
 
     async def create_job(self, request: web.Request) -> web.Response:
         owner = request[OWNER]
-        raw_key = request.headers.get("Idempotency-Key")
+        raw_key = sent_header(request, "Idempotency-Key")  # as sent: the parser trims spaces
         idempotency_key = None if raw_key is None else parse_idempotency_key(raw_key)
         data = await _json_body(request)
         spec = parse_job_spec(data, now=DB_CLOCK.now(), limits=self._limits)
