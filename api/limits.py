@@ -1,9 +1,16 @@
-"""Per-owner limits the API enforces before it does any work: a request rate and a cap on jobs.
+"""Per-owner limits the API enforces: a request rate weighted by cost, and a cap on jobs.
 
 Both are per API process and approximate by design: a token bucket per owner in memory, and a job
 count read from the database at most every ``refresh_s`` and advanced locally by each create. An
 exact global count would put one hot row (or a count over the owner's index) in every create; the
 documented trade is that a cap can be overshot by what other processes create within one refresh.
+
+The rate counts cost, not requests. Every request takes one token when it is admitted (it needs
+one to be admitted); a request whose work grows with what it asks for (a schedule preview, a job
+whose schedule must be searched, a bulk change, a backfill) takes more once its cost is known
+(``RequestCost``), in tokens of about one ordinary request's CPU each. The bucket may go below
+zero that way, and the owner's next requests wait until it refills: a client that sends the most
+expensive preview the limits allow gets a few a second at the default rate, not a thousand.
 """
 
 from __future__ import annotations
@@ -12,15 +19,57 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Final
+
+from aiohttp import web
 
 from duetime.core.errors import Conflict, RateLimited
+from duetime.core.workbudget import WorkBudget
+
+# One token is about the CPU of one ordinary request (~0.3 ms here): this many schedule search
+# steps (core.workbudget; 3 to 9 µs each, measured), or this many jobs a bulk call changes, or
+# this many occurrences a backfill plans.
+STEPS_PER_TOKEN: Final = 50
+JOBS_PER_TOKEN: Final = 10
+OCCURRENCES_PER_TOKEN: Final = 10
+
+
+@dataclass(slots=True)
+class RequestCost:
+    """What one request's work cost beyond its admission token, charged when it ends."""
+
+    work: WorkBudget = field(default_factory=WorkBudget)  # schedule search steps (counted, no cap)
+    tokens: float = 0.0  # other work, already in tokens
+
+    def total_tokens(self) -> float:
+        return self.tokens + self.work.spent / STEPS_PER_TOKEN
+
+
+COST: Final = web.RequestKey("duetime_request_cost", RequestCost)
+
+
+def cost_of(request: web.Request) -> RequestCost:
+    """This request's cost record (the middleware charges it to the owner when the request ends)."""
+    cost = request.get(COST)
+    if cost is None:
+        cost = request[COST] = RequestCost()
+    return cost
+
+
+# A client that keeps sending after 429s: this many refusals within one second, and each further
+# refusal is held this long before it is answered, so refusing costs the server a timer, not a
+# request's worth of work each (answering 429s back to back was itself a flood).
+PERSISTENT_REFUSALS: Final = 5
+HOLD_S: Final = 1.0
 
 
 @dataclass(slots=True)
 class _Bucket:
     tokens: float
     stamp: float
+    refused: int = 0  # refusals since ``refused_since``
+    refused_since: float = 0.0
 
 
 class OwnerRateLimiter:
@@ -46,17 +95,49 @@ class OwnerRateLimiter:
         else:
             wait = (1.0 - bucket.tokens) / self._rate
             raise RateLimited(
-                f"too many requests for this owner (limit {self._rate:g}/s per API process); "
-                f"retry after {math.ceil(wait)} s",
+                f"too many requests for this owner (limit {self._rate:g}/s per API process, "
+                f"expensive requests counting as several); retry after {math.ceil(wait)} s",
                 retry_after_s=max(1, math.ceil(wait)),
             )
         if now - self._last_sweep > 60.0:
             self._sweep(now)
 
+    def charge(self, owner: str, tokens: float) -> None:
+        """Take ``tokens`` more for a request that has done its work; the bucket may go below
+        zero, and the owner's next request is admitted once it has refilled to one token."""
+        if tokens <= 0.0:
+            return
+        now = self._clock()
+        bucket = self._buckets.get(owner)
+        if bucket is None:
+            bucket = self._buckets[owner] = _Bucket(self._burst, now)
+        else:
+            bucket.tokens = min(self._burst, bucket.tokens + (now - bucket.stamp) * self._rate)
+            bucket.stamp = now
+        bucket.tokens -= tokens
+
+    def hold_for(self, owner: str) -> float:
+        """How long to hold the 429 just given to ``owner`` (by this limiter or another bound of
+        the API) before answering it: 0 unless the owner is ignoring ``Retry-After``, sending
+        again at once (more than ``PERSISTENT_REFUSALS`` refusals within a second). A client
+        that honours ``Retry-After`` is never held."""
+        now = self._clock()
+        bucket = self._buckets.get(owner)
+        if bucket is None:
+            bucket = self._buckets[owner] = _Bucket(self._burst, now)
+        if now - bucket.refused_since >= 1.0:
+            bucket.refused, bucket.refused_since = 0, now
+        bucket.refused += 1
+        return HOLD_S if bucket.refused > PERSISTENT_REFUSALS else 0.0
+
     def _sweep(self, now: float) -> None:
         """Forget owners whose bucket has been full for a while, so memory follows activity."""
         self._last_sweep = now
-        idle = [o for o, b in self._buckets.items() if now - b.stamp > 60.0]
+        idle = [
+            o
+            for o, b in self._buckets.items()
+            if now - b.stamp > 60.0 and b.tokens + (now - b.stamp) * self._rate >= self._burst
+        ]
         for owner in idle:
             del self._buckets[owner]
 

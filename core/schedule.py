@@ -89,6 +89,9 @@ _MAX_CACHED_YEARS = 8192
 # How far one search for an occurrence may run past its starting instant, excluded ranges jumped
 # included: the cron search's own horizon (30 years of wall time) plus a year of offsets.
 _HORIZON_S = (SEARCH_HORIZON_YEARS + 1) * 366 * 86400
+# The last second a search may reach: no occurrence after year _MAX_YEAR is ever returned, and a
+# bound past datetime's range (year 9999) could not even be turned into a year.
+_LAST_INSTANT = (datetime(_MAX_YEAR + 1, 1, 1, tzinfo=UTC) - _EPOCH) // _SECOND - 1
 _OFFSET_LIKE = re.compile(r"(?:UTC|GMT|Z)?[+\-\u2212][0-9]{1,2}(?::?[0-9]{2}){0,2}", re.ASCII | re.IGNORECASE)
 _ZONE_NAME = re.compile(r"[A-Za-z0-9_+\-]+(?:/[A-Za-z0-9_+\-]+)*", re.ASCII)
 
@@ -341,7 +344,7 @@ class _CronWalk:
         does, so no list of ranges can send one search across millennia."""
         excluded = self._excluded
         if excluded is not None:
-            high = min(high, low + _HORIZON_S)
+            high = min(high, low + _HORIZON_S, _LAST_INSTANT)
         while True:
             found = self._first_matching(low, high)
             if found is None or excluded is None:
@@ -673,7 +676,7 @@ def skipped_gaps(
     elif schedule.end_at is not None:
         high = _floor_s(schedule.end_at)
     else:
-        high = low + _HORIZON_S
+        high = min(low + _HORIZON_S, _LAST_INSTANT)
     found: list[int] = []
     cursor = low
     try:

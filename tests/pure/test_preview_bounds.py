@@ -228,3 +228,15 @@ def test_a_backfill_a_sparse_cron_crosses_only_in_centuries_is_refused_not_searc
         daily, NOW - timedelta(days=900), NOW, NOW, max_occurrences=1000, pace_per_s=10.0, chain_busy=False
     )
     assert len(runs) == 900
+
+
+@pytest.mark.parametrize("year", [9899, 9940, 9975, 9996, 9999])
+@pytest.mark.parametrize("gap", [DstGap.SKIP, DstGap.SHIFT])
+def test_a_preview_near_the_end_of_the_calendar_ends_quietly(year: int, gap: DstGap) -> None:
+    """Excluded ranges made a search's horizon run past year 9999 (OverflowError: a 500)."""
+    exclude = (*every_third_day(), DateRange(date(9990, 1, 1), date(9999, 12, 30)))
+    for cron, zone in (("0 0 */31 2 */7", "America/New_York"), ("* * * * * *", "Pacific/Apia")):
+        schedule = CronSchedule(cron=cron, timezone=zone, dst_gap=gap, exclude=exclude)
+        preview = compute_preview(schedule, datetime(year, 6, 1, tzinfo=UTC), 100)
+        preview_to_json(preview)
+        assert all(i.year <= 9997 for i in preview.items)
