@@ -29,7 +29,7 @@ from duetime.api.errors import (
     status_for,
 )
 from duetime.api.handlers import OWNER, JobsApi
-from duetime.api.limits import COST, JobBytesCap, JobCap, OwnerRateLimiter
+from duetime.api.limits import COST, JobBytesCap, JobCap, OwnerRateLimiter, RefusalHolds
 from duetime.api.metrics import UNMATCHED_ROUTE, observe
 from duetime.api.openapi import build_openapi
 from duetime.api.paging import PageCursors
@@ -112,32 +112,6 @@ async def _read_body(request: web.Request, timeout_s: float) -> None:
         ) from None
 
 
-class _Holds:
-    """429s held before they are answered (``OwnerRateLimiter.hold_for``), bounded: at most
-    ``per_owner`` at once for one owner and ``total`` in all; past that a 429 goes out at once."""
-
-    def __init__(self, per_owner: int = 64, total: int = 4096) -> None:
-        self._per_owner = per_owner
-        self._total = total
-        self._held: dict[str, int] = {}
-        self._count = 0
-
-    async def hold(self, owner: str, seconds: float) -> None:
-        if seconds <= 0 or self._count >= self._total or self._held.get(owner, 0) >= self._per_owner:
-            return
-        self._count += 1
-        self._held[owner] = self._held.get(owner, 0) + 1
-        try:
-            await asyncio.sleep(seconds)
-        finally:
-            self._count -= 1
-            left = self._held[owner] - 1
-            if left:
-                self._held[owner] = left
-            else:
-                del self._held[owner]
-
-
 def _make_middleware(
     keys: KeyCache,
     rate: OwnerRateLimiter | None,
@@ -145,7 +119,7 @@ def _make_middleware(
     byte_cap: JobBytesCap | None,
     body_timeout_s: float,
 ) -> Middleware:
-    holds = _Holds()
+    holds = RefusalHolds()
 
     @web.middleware
     async def middleware(
@@ -187,8 +161,8 @@ def _make_middleware(
             gone.force_close()
             return gone  # not observed: no answer was given, and it is nobody's error here
         except DuetimeError as exc:
-            if isinstance(exc, RateLimited) and rate is not None and OWNER in request:
-                await holds.hold(request[OWNER], rate.hold_for(request[OWNER]))
+            if isinstance(exc, RateLimited) and OWNER in request:
+                await holds.hold(request[OWNER])
             status = status_for(exc)
             if status >= 500:
                 log.log(

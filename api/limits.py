@@ -68,8 +68,6 @@ HOLD_S: Final = 1.0
 class _Bucket:
     tokens: float
     stamp: float
-    refused: int = 0  # refusals since ``refused_since``
-    refused_since: float = 0.0
 
 
 class OwnerRateLimiter:
@@ -116,20 +114,6 @@ class OwnerRateLimiter:
             bucket.stamp = now
         bucket.tokens -= tokens
 
-    def hold_for(self, owner: str) -> float:
-        """How long to hold the 429 just given to ``owner`` (by this limiter or another bound of
-        the API) before answering it: 0 unless the owner is ignoring ``Retry-After``, sending
-        again at once (more than ``PERSISTENT_REFUSALS`` refusals within a second). A client
-        that honours ``Retry-After`` is never held."""
-        now = self._clock()
-        bucket = self._buckets.get(owner)
-        if bucket is None:
-            bucket = self._buckets[owner] = _Bucket(self._burst, now)
-        if now - bucket.refused_since >= 1.0:
-            bucket.refused, bucket.refused_since = 0, now
-        bucket.refused += 1
-        return HOLD_S if bucket.refused > PERSISTENT_REFUSALS else 0.0
-
     def _sweep(self, now: float) -> None:
         """Forget owners whose bucket has been full for a while, so memory follows activity."""
         self._last_sweep = now
@@ -140,6 +124,66 @@ class OwnerRateLimiter:
         ]
         for owner in idle:
             del self._buckets[owner]
+
+
+@dataclass(slots=True)
+class _Refusals:
+    count: int  # 429s since ``since``
+    since: float
+    held: int = 0  # 429s of this owner being held now
+
+
+class RefusalHolds:
+    """429s given to a client that ignores ``Retry-After`` are held before they are answered.
+
+    A client that sends again at once after a 429 (more than ``PERSISTENT_REFUSALS`` refusals
+    within a second, whatever refused it: the owner's rate or a bounded queue) has each further
+    429 answered ``HOLD_S`` later: refusing costs the server a timer, not a request's worth of
+    work each, and a client on one connection can no longer turn refusals into a flood. A
+    client that honours ``Retry-After`` is never held. At most ``per_owner`` 429s of one owner
+    and ``total`` in all are held at once; past that a 429 goes out at once.
+    """
+
+    def __init__(
+        self, per_owner: int = 64, total: int = 4096, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._per_owner = per_owner
+        self._total = total
+        self._clock = clock
+        self._owners: dict[str, _Refusals] = {}
+        self._held = 0
+        self._last_sweep = clock()
+
+    def hold_for(self, owner: str) -> float:
+        """Count a 429 given to ``owner``: how long to hold it (0: answer at once)."""
+        now = self._clock()
+        seen = self._owners.get(owner)
+        if seen is None:
+            seen = self._owners[owner] = _Refusals(0, now)
+        elif now - seen.since >= 1.0:
+            seen.count, seen.since = 0, now  # in place: the 429s being held count down this one
+        seen.count += 1
+        if now - self._last_sweep > 60.0:
+            self._last_sweep = now
+            for quiet in [o for o, r in self._owners.items() if now - r.since > 60.0 and not r.held]:
+                del self._owners[quiet]
+        if seen.count <= PERSISTENT_REFUSALS or seen.held >= self._per_owner or self._held >= self._total:
+            return 0.0
+        return HOLD_S
+
+    async def hold(self, owner: str) -> None:
+        """Wait as long as ``hold_for`` says before the 429 is answered."""
+        seconds = self.hold_for(owner)
+        if seconds <= 0.0:
+            return
+        seen = self._owners[owner]
+        seen.held += 1
+        self._held += 1
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            seen.held -= 1
+            self._held -= 1
 
 
 class JobCap:
