@@ -29,7 +29,7 @@ from duetime.api.errors import (
     status_for,
 )
 from duetime.api.handlers import OWNER, JobsApi
-from duetime.api.limits import COST, JobBytesCap, JobCap, OwnerRateLimiter, RefusalHolds
+from duetime.api.limits import COST, JobBytesCap, JobCap, OwnerRateLimiter, RefusalHolds, response_tokens
 from duetime.api.metrics import UNMATCHED_ROUTE, observe
 from duetime.api.openapi import build_openapi
 from duetime.api.paging import PageCursors
@@ -179,10 +179,14 @@ def _make_middleware(
             response = error_response(500, "internal_error", INTERNAL_ERROR_MESSAGE)
         if authenticated:
             response.headers["Cache-Control"] = "no-store"
-            cost = request.get(COST)
-            if rate is not None and cost is not None and OWNER in request:
-                # What the request's work cost beyond its admission, success or refusal alike.
-                rate.charge(request[OWNER], cost.total_tokens())
+            if rate is not None and OWNER in request:
+                # What the request's work cost beyond its admission, success or refusal alike:
+                # its schedule search, the jobs or occurrences it changed, the answer's size.
+                cost = request.get(COST)
+                body = response.body if isinstance(response, web.Response) else None
+                size = len(body) if isinstance(body, bytes) else 0
+                extra = (0.0 if cost is None else cost.total_tokens()) + response_tokens(size)
+                rate.charge(request[OWNER], extra)
         observe(_route_label(request), request.method, response.status, time.perf_counter() - started)
         return response
 

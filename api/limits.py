@@ -27,12 +27,23 @@ from aiohttp import web
 from duetime.core.errors import Conflict, RateLimited
 from duetime.core.workbudget import WorkBudget
 
-# One token is about the CPU of one ordinary request (~0.3 ms here): this many schedule search
-# steps (core.workbudget; 3 to 9 µs each, measured), or this many jobs a bulk call changes, or
-# this many occurrences a backfill plans.
+# One token is about the CPU of one ordinary request (~0.3 ms here). Measured on the development
+# machine: a schedule search step is 3 to 9 µs (core.workbudget); a bulk pause of 5,000 jobs with
+# 14 KiB specs took 590 ms of the API process's CPU (0.12 ms a job); a backfill of 1,000
+# occurrences 180 ms; a page of 1,000 such jobs 1.5 s to decode and write (0.1 ms a KiB).
 STEPS_PER_TOKEN: Final = 50
-JOBS_PER_TOKEN: Final = 10
-OCCURRENCES_PER_TOKEN: Final = 10
+JOBS_PER_TOKEN: Final = 4
+OCCURRENCES_PER_TOKEN: Final = 2
+# An answer's body past this size costs a token per RESPONSE_BYTES_PER_TOKEN: a list page's cost
+# grows with its limit and the size of what it lists (a page of 1,000 jobs with 1,000 excluded
+# dates each is 14 MiB).
+FREE_RESPONSE_BYTES: Final = 32 * 1024
+RESPONSE_BYTES_PER_TOKEN: Final = 4 * 1024
+
+
+def response_tokens(size: int) -> float:
+    """The tokens an answer of ``size`` bytes costs beyond its request's admission."""
+    return max(size - FREE_RESPONSE_BYTES, 0) / RESPONSE_BYTES_PER_TOKEN
 
 
 @dataclass(slots=True)
