@@ -651,7 +651,8 @@ class Settings:
             "Requests per second one owner may make to one API process (a token bucket with bursts "
             "of twice that); more answer 429 with Retry-After. A request whose work grows with its "
             "input (a schedule preview, a schedule with many excluded dates, a bulk change, a "
-            "backfill) counts as several, by its measured cost (docs/security.md). 0 turns the limit off.",
+            "backfill, an answer over 32 KiB) counts as several, by its measured cost "
+            "(docs/security.md). 0 turns the limit off.",
             _seconds(allow_zero=True),
             shown="1000",
         ),
