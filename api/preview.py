@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from aiohttp import web
@@ -24,10 +24,12 @@ from duetime.api.handlers import OWNER, job_id_of
 from duetime.api.limits import cost_of
 from duetime.api.render import json_response
 from duetime.core.errors import InvalidRequest
+from duetime.core.jitter import spread
 from duetime.core.model import Job, JobState
 from duetime.core.preview import (
     Preview,
     PreviewAnswer,
+    PreviewedJob,
     PreviewJob,
     SchedulePreviewRequest,
     preview_to_json,
@@ -43,6 +45,7 @@ MAX_COUNT: Final = 100
 # Only these states can still fire; a cancelled, completed or dead job previews no occurrence.
 _LIVE_STATES: Final = frozenset({JobState.SCHEDULED, JobState.PAUSED})
 _DIGITS: Final = re.compile(r"[0-9]{1,4}")
+_MILLISECOND: Final = timedelta(milliseconds=1)
 
 
 def _count_query(request: web.Request) -> int:
@@ -96,10 +99,11 @@ class PreviewApi:
         raw_from = request.query.get("from") or None
         start = DB_CLOCK.now() if raw_from is None else parse_time(raw_from, "from")
         job = await self._registry.get_job(request[OWNER], job_id)
-        head = {"job_id": job.id, "state": job.state.value}
+        offset = spread(job_id, job.spec)
+        head = {"job_id": job.id, "state": job.state.value, "spread_ms": offset // _MILLISECOND}
         if job.state not in _LIVE_STATES:
             return json_response({**head, **_nothing(job, job_id, start)})
-        work = PreviewJob(job.spec.schedule, start, count, (job_id, job.spec.jitter_s))
+        work = PreviewJob(job.spec.schedule, start, count, PreviewedJob(job_id, job.spec))
         answer = await self._pool.run(request[OWNER], run_preview, work)
         return json_response({**head, **self._charged(request, answer)})
 
@@ -108,4 +112,4 @@ def _nothing(job: Job, job_id: uuid.UUID, start: datetime) -> dict[str, Any]:
     """A job that can no longer fire previews no occurrence: no work to send anywhere."""
     schedule = job.spec.schedule
     preview = Preview(schedule=schedule, start=start, items=[], has_more=False, skipped=[], excluded=[])
-    return preview_to_json(preview, (job_id, job.spec.jitter_s))
+    return preview_to_json(preview, PreviewedJob(job_id, job.spec))

@@ -31,8 +31,8 @@ from typing import Any, Final
 from duetime.core.codec import format_time
 from duetime.core.cron import cron_notes, parse_cron
 from duetime.core.errors import DuetimeError
-from duetime.core.jitter import due_at
-from duetime.core.model import CronSchedule, DstGap, IntervalSchedule, OneOffSchedule, Schedule
+from duetime.core.jitter import due_at, spread
+from duetime.core.model import CronSchedule, DstGap, IntervalSchedule, JobSpec, OneOffSchedule, Schedule
 from duetime.core.schedule import (
     chain,
     describe_instant,
@@ -48,6 +48,7 @@ __all__ = [
     "Preview",
     "PreviewAnswer",
     "PreviewJob",
+    "PreviewedJob",
     "SchedulePreviewRequest",
     "compute_preview",
     "preview_to_json",
@@ -75,15 +76,26 @@ class Preview:
     excluded: list[datetime] = dataclasses.field(default_factory=list)  # occurrences on excluded days
     truncated: bool = False  # the work cap stopped the preview before it was complete
     steps: int = 0  # search steps spent: the preview's cost
+    spread: timedelta = timedelta(0)  # a job's fixed offset: the walk started this much before
 
 
 def compute_preview(
-    schedule: Schedule, start: datetime, count: int, budget: WorkBudget | None = None
+    schedule: Schedule,
+    start: datetime,
+    count: int,
+    budget: WorkBudget | None = None,
+    offset: timedelta = timedelta(0),
 ) -> Preview:
     """Up to ``count`` occurrences of a job created at ``start`` with this schedule, and the gaps
-    and excluded days within them, within ``budget`` (by default ``MAX_PREVIEW_STEPS``)."""
+    and excluded days within them, within ``budget`` (by default ``MAX_PREVIEW_STEPS``).
+
+    A job's spread (``offset``, its fixed offset) moves the walk's start back by as much, as
+    ``core.lifecycle.initial_plan`` does: the first item is the first occurrence whose spread time
+    is after ``start``, the one ``next_run_at`` shows.
+    """
     budget = WorkBudget(MAX_PREVIEW_STEPS) if budget is None else budget
-    found = chain(schedule, start, count, budget)
+    walk_from = start - offset
+    found = chain(schedule, walk_from, count, budget)
     items, truncated = found.items, found.truncated
     # The window the lists cover: up to the last item while more follow (or the cap stopped
     # the walk), otherwise everything from ``start`` on.
@@ -94,10 +106,10 @@ def compute_preview(
         pass  # no window to speak of
     else:
         if isinstance(schedule, CronSchedule) and schedule.dst_gap == DstGap.SKIP:
-            gaps = skipped_gaps(schedule, start, until, count, budget)
+            gaps = skipped_gaps(schedule, walk_from, until, count, budget)
             skipped, truncated = gaps.items, truncated or gaps.truncated
         if isinstance(schedule, CronSchedule | IntervalSchedule) and schedule.exclude:
-            dropped = excluded_between(schedule, start, until, count, budget)
+            dropped = excluded_between(schedule, walk_from, until, count, budget)
             excluded, truncated = dropped.items, truncated or dropped.truncated
     return Preview(
         schedule=schedule,
@@ -108,6 +120,7 @@ def compute_preview(
         excluded=excluded,
         truncated=truncated,
         steps=budget.spent,
+        spread=offset,
     )
 
 
@@ -177,24 +190,33 @@ def resume_from(preview: Preview) -> datetime | None:
 
     A cron's first occurrence is strictly after ``from``, so that is the last item itself; an
     interval's is at or after the second of ``from``, and intervals are whole seconds, so one
-    second on. None when the preview is complete (or found nothing to go on from).
+    second on. A job's spread is added back, as the next walk takes it off. None when the
+    preview is complete (or found nothing to go on from).
     """
     if not preview.truncated:
         return None
     if not preview.items:
         return None
-    last = preview.items[-1]
+    last = preview.items[-1] + preview.spread
     return last + _SECOND if isinstance(preview.schedule, IntervalSchedule) else last
 
 
-def preview_to_json(preview: Preview, job: tuple[uuid.UUID, int] | None = None) -> dict[str, Any]:
-    """The answer body; with ``job`` (its id and jitter_s) each item also says when it is due."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class PreviewedJob:
+    """The job a preview is of: its id (the spread and jitter hash it) and its spec."""
+
+    job_id: uuid.UUID
+    spec: JobSpec
+
+
+def preview_to_json(preview: Preview, job: PreviewedJob | None = None) -> dict[str, Any]:
+    """The answer body; with ``job`` each item also says when it is due (spread and jitter)."""
     schedule = preview.schedule
     items = []
     for instant in preview.items:
         item = _item_json(schedule, instant)
         if job is not None:
-            item["due_at"] = format_time(due_at(job[0], instant, job[1]))
+            item["due_at"] = format_time(due_at(job.job_id, instant, job.spec))
         items.append(item)
     warnings = cron_notes(schedule.cron) if isinstance(schedule, CronSchedule) else []
     resume = resume_from(preview)
@@ -231,7 +253,7 @@ class PreviewJob:
     schedule: Schedule
     start: datetime
     count: int
-    job: tuple[uuid.UUID, int] | None = None  # a job's id and jitter_s: items carry due_at
+    job: PreviewedJob | None = None  # items then carry due_at, and the walk the job's spread
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -257,7 +279,8 @@ class PreviewAnswer:
 
 def run_preview(work: PreviewJob) -> PreviewAnswer:
     """Compute and render a job's preview: run by the API's worker processes."""
-    preview = compute_preview(work.schedule, work.start, work.count)
+    offset = timedelta(0) if work.job is None else spread(work.job.job_id, work.job.spec)
+    preview = compute_preview(work.schedule, work.start, work.count, offset=offset)
     return PreviewAnswer(preview_to_json(preview, work.job), preview.steps)
 
 

@@ -818,9 +818,7 @@ def check_cron_schedule(schedule: CronSchedule, now: datetime, budget: WorkBudge
         raise InvalidRequest(
             f"cron {schedule.cron!r} never fires: {reason}", code="cron_never_fires", field="schedule.cron"
         )
-    first: datetime | None = None
-    if schedule.end_at is not None or schedule.exclude:
-        first = first_occurrence(schedule, now, budget)
+    first = first_occurrence(schedule, now, budget)
     if schedule.end_at is not None and first is None:
         raise InvalidRequest(
             "schedule has no occurrence before end_at", code="cron_never_fires", field="schedule.end_at"
@@ -831,6 +829,23 @@ def check_cron_schedule(schedule: CronSchedule, now: datetime, budget: WorkBudge
             f"years: remove some dates from exclude",
             code="cron_never_fires",
             field="schedule.exclude",
+        )
+    if first is None:
+        # Possible on the calendar, yet nothing within the search horizon: every wall time named
+        # falls in a DST gap that ``skip`` drops (02:30 on the last Sunday of March in Berlin:
+        # ``30 2 * 3 0L``), or the day is rare (a fifth Monday of February, ``1#5``, needs
+        # 29 February on a Monday, which can be 40 years away across 2100).
+        why = "choose days that come round more often"
+        shifted = replace(schedule, dst_gap=DstGap.SHIFT)
+        if schedule.dst_gap == DstGap.SKIP and first_occurrence(shifted, now, budget):
+            why = (
+                f"every wall time it names falls in a DST gap of {schedule.timezone}, which "
+                f"dst_gap 'skip' drops; use dst_gap 'shift' or another time"
+            )
+        raise InvalidRequest(
+            f"cron {schedule.cron!r} has no occurrence within {SEARCH_HORIZON_YEARS} years: {why}",
+            code="cron_never_fires",
+            field="schedule.cron",
         )
 
 

@@ -169,6 +169,7 @@ class JobSpec(TypedDict):
     misfire: NotRequired[Literal["run_once", "run_all", "skip"]]
     misfire_grace_s: NotRequired[int]
     jitter_s: NotRequired[int]
+    spread_s: NotRequired[int]
     overlap: NotRequired[Literal["allow", "skip", "buffer_one"]]
     on_failure: NotRequired[OnFailureSpec | None]
     pause_after_failures: NotRequired[int | None]
@@ -366,6 +367,8 @@ class Job:
     # Failure handling: where failure events go ({"target", "after"}) and when the job pauses.
     on_failure: dict[str, Any] | None = None
     pause_after_failures: int | None = None
+    # The job's stable spread window (seconds): every occurrence is due at a fixed offset in it.
+    spread_s: int = 0
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Job:
@@ -394,6 +397,7 @@ class Job:
             pause_after_failures=(
                 None if data.get("pause_after_failures") is None else int(data["pause_after_failures"])
             ),
+            spread_s=int(data.get("spread_s", 0)),
         )
 
 
@@ -458,7 +462,7 @@ class PreviewItem:
     abbreviation: str | None
     dst: str | None  # None | "gap_shifted" | "overlap_first" | "overlap_second"
     shifted_from: str | None = None
-    due_at: datetime | None = None  # job previews: jitter included
+    due_at: datetime | None = None  # job previews: the job's spread and jitter included
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PreviewItem:
@@ -506,6 +510,7 @@ class Preview:
     raw: dict[str, Any] = field(repr=False, compare=False)
     truncated: bool = False  # the server's cap on one preview's work cut the list short
     resume_from: datetime | None = None  # when truncated: the ``start`` that lists what follows
+    spread_ms: int | None = None  # job previews: the job's fixed offset, in every item's due_at
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Preview:
@@ -520,6 +525,7 @@ class Preview:
             raw=dict(data),
             truncated=bool(data.get("truncated", False)),
             resume_from=_opt_time(data.get("resume_from")),
+            spread_ms=data.get("spread_ms"),
         )
 
 

@@ -37,6 +37,7 @@ from duetime.storage.registry_rules import (
     replay_plan,
     require_failed_occurrence,
     run_cursor,
+    timing_changed,
 )
 
 
@@ -201,12 +202,12 @@ class RegistryPart(StoreBase):
         new_json = codec.spec_to_json(spec)
         row = action.row
         old = row["spec"]
-        timing_changed = old["schedule"] != new_json["schedule"] or old["jitter_s"] != new_json["jitter_s"]
-        step = update_step(job_id, spec, plan_of(row), timing_changed=timing_changed, now=utcnow())
-        version = row["spec_version"] + 1 if timing_changed else row["spec_version"]
+        changed = timing_changed(old, new_json)
+        step = update_step(job_id, spec, plan_of(row), timing_changed=changed, now=utcnow())
+        version = row["spec_version"] + 1 if changed else row["spec_version"]
         if new_json != old:
             await action.conn.execute(Q["cascade_spec"], job_id, new_json)
-        if timing_changed:
+        if changed:
             await action.conn.execute(Q["drop_split_occurrences"], job_id)
         return await self._write(
             action, spec=new_json, spec_version=version, plan=step.plan, revoke=step.revoke
