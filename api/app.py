@@ -186,7 +186,9 @@ def _make_middleware(
                 body = response.body if isinstance(response, web.Response) else None
                 size = len(body) if isinstance(body, bytes) else 0
                 extra = (0.0 if cost is None else cost.total_tokens()) + response_tokens(size)
-                rate.charge(request[OWNER], extra)
+                # The admission token pays for up to one token of work: an ordinary request
+                # (a short search, a page under 32 KiB) costs exactly one, as before.
+                rate.charge(request[OWNER], extra - 1.0)
         observe(_route_label(request), request.method, response.status, time.perf_counter() - started)
         return response
 
