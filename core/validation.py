@@ -610,8 +610,10 @@ def _parse_schedule(
         ),
         exclude=_parse_exclude(obj.get("exclude")),
     )
-    check_cron_schedule(schedule, now, budget)
+    # The horizon first: a start_at past it has no occurrence either, and the more specific
+    # answer (cron_never_fires on schedule.start_at) says what to change.
     _check_start_horizon(start_at, now, limits)
+    check_cron_schedule(schedule, now, budget)
     if limits.min_cron_interval_s > 0:
         _check_cron_interval(schedule, now, limits.min_cron_interval_s, budget)
     return schedule
