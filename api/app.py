@@ -20,6 +20,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from duetime._version import __version__
 from duetime.api.auth import KeyCache, bearer_key
+from duetime.api.cpupool import CpuPool
 from duetime.api.errors import (
     INTERNAL_ERROR_MESSAGE,
     error_response,
@@ -28,7 +29,7 @@ from duetime.api.errors import (
     status_for,
 )
 from duetime.api.handlers import OWNER, JobsApi
-from duetime.api.limits import JobBytesCap, JobCap, OwnerRateLimiter
+from duetime.api.limits import COST, JobBytesCap, JobCap, OwnerRateLimiter, RefusalHolds, response_tokens
 from duetime.api.metrics import UNMATCHED_ROUTE, observe
 from duetime.api.openapi import build_openapi
 from duetime.api.paging import PageCursors
@@ -36,7 +37,7 @@ from duetime.api.preview import PreviewApi
 from duetime.api.render import dumps, json_response
 from duetime.api.request_id import request_id_middleware
 from duetime.api.targets import TargetsApi
-from duetime.core.errors import DuetimeError, MalformedRequest, StorageUnavailable
+from duetime.core.errors import DuetimeError, MalformedRequest, RateLimited, StorageUnavailable
 from duetime.core.ssrf import AddressPolicy
 from duetime.core.topics import TopicPolicy
 from duetime.core.validation import SpecLimits
@@ -118,6 +119,8 @@ def _make_middleware(
     byte_cap: JobBytesCap | None,
     body_timeout_s: float,
 ) -> Middleware:
+    holds = RefusalHolds()
+
     @web.middleware
     async def middleware(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -158,6 +161,8 @@ def _make_middleware(
             gone.force_close()
             return gone  # not observed: no answer was given, and it is nobody's error here
         except DuetimeError as exc:
+            if isinstance(exc, RateLimited) and OWNER in request:
+                await holds.hold(request[OWNER])
             status = status_for(exc)
             if status >= 500:
                 log.log(
@@ -174,6 +179,16 @@ def _make_middleware(
             response = error_response(500, "internal_error", INTERNAL_ERROR_MESSAGE)
         if authenticated:
             response.headers["Cache-Control"] = "no-store"
+            if rate is not None and OWNER in request:
+                # What the request's work cost beyond its admission, success or refusal alike:
+                # its schedule search, the jobs or occurrences it changed, the answer's size.
+                cost = request.get(COST)
+                body = response.body if isinstance(response, web.Response) else None
+                size = len(body) if isinstance(body, bytes) else 0
+                extra = (0.0 if cost is None else cost.total_tokens()) + response_tokens(size)
+                # The admission token pays for up to one token of work: an ordinary request
+                # (a short search, a page under 32 KiB) costs exactly one, as before.
+                rate.charge(request[OWNER], extra - 1.0)
         observe(_route_label(request), request.method, response.status, time.perf_counter() - started)
         return response
 
@@ -196,6 +211,10 @@ def create_app(
     topic_policy: TopicPolicy | None = None,
     metrics_token: str | None = None,
     serve_metrics: bool = True,
+    preview_workers: int = 1,
+    preview_max_waiting: int = 8,
+    preview_per_owner: int = 2,
+    preview_processes: bool = True,
 ) -> web.Application:
     """The API as an aiohttp application; the caller owns the registry's lifetime (the store:
     the registry of jobs and the target health it lists).
@@ -208,6 +227,9 @@ def create_app(
     ``body_timeout_s`` bounds the wait for a request body (408 after it).
     ``metrics_token`` (None = open) guards /metrics; ``serve_metrics=False`` leaves /metrics to a
     separate listener (``metrics_app``).
+    ``preview_workers``, ``preview_max_waiting`` and ``preview_per_owner`` bound the worker
+    processes that compute schedule previews (``api.cpupool``); ``preview_processes=False``
+    runs them in threads instead.
     """
     rate = OwnerRateLimiter(owner_rate_per_s, 2 * owner_rate_per_s) if owner_rate_per_s > 0 else None
     cap = JobCap(max_jobs_per_owner, registry.count_active_jobs) if max_jobs_per_owner > 0 else None
@@ -239,7 +261,13 @@ def create_app(
         byte_cap=byte_cap,
     )
     app.router.add_routes(jobs_api.routes())
-    app.router.add_routes(PreviewApi(registry, limits=spec_limits).routes())
+    pool = CpuPool(preview_workers, preview_max_waiting, preview_per_owner, processes=preview_processes)
+
+    async def close_pool(_app: web.Application) -> None:
+        await pool.close()
+
+    app.on_cleanup.append(close_pool)
+    app.router.add_routes(PreviewApi(registry, limits=spec_limits, pool=pool).routes())
     app.router.add_routes(TargetsApi(registry, cursors=cursors).routes())
 
     openapi_body = dumps(build_openapi(spec_limits))

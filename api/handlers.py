@@ -18,7 +18,7 @@ from aiohttp import web
 
 from duetime.api.body import parse_json, require_json_content_type
 from duetime.api.cursors import SEALED_SHAPE, refused
-from duetime.api.limits import JobBytesCap, JobCap
+from duetime.api.limits import JOBS_PER_TOKEN, OCCURRENCES_PER_TOKEN, JobBytesCap, JobCap, cost_of
 from duetime.api.paging import PageCursors
 from duetime.api.render import (
     backfill_to_json,
@@ -27,6 +27,7 @@ from duetime.api.render import (
     json_response,
     runs_page_to_json,
 )
+from duetime.api.server import sent_header
 from duetime.core.codec import REDACTED, format_time, run_to_json, spec_to_json
 from duetime.core.errors import Conflict, InvalidRequest, MalformedRequest, NotFound, TopicNotAllowed
 from duetime.core.ids import parse_job_id
@@ -194,6 +195,17 @@ def _keep_interval_start(merged: dict[str, Any], current: JobSpec) -> None:
         merged["schedule"] = {**schedule, "start_at": format_time(current.schedule.start_at)}
 
 
+def _judge(request: web.Request, data: object, **kwargs: Any) -> JobSpec:
+    """``parse_job_spec`` with the schedule search it does counted on the request's cost, twice:
+    the store searches the schedule again for the first ``next_run_at`` when it writes the row."""
+    work = cost_of(request).work
+    before = work.spent
+    try:
+        return parse_job_spec(data, budget=work, **kwargs)
+    finally:
+        work.spend(work.spent - before)
+
+
 class JobsApi:
     """The handlers, bound to one registry, address policy and set of limits."""
 
@@ -280,10 +292,10 @@ class JobsApi:
 
     async def create_job(self, request: web.Request) -> web.Response:
         owner = request[OWNER]
-        raw_key = request.headers.get("Idempotency-Key")
+        raw_key = sent_header(request, "Idempotency-Key")  # as sent: the parser trims spaces
         idempotency_key = None if raw_key is None else parse_idempotency_key(raw_key)
         data = await _json_body(request)
-        spec = parse_job_spec(data, now=DB_CLOCK.now(), limits=self._limits)
+        spec = _judge(request, data, now=DB_CLOCK.now(), limits=self._limits)
         await self._check_target(spec, owner)
         idempotency = (
             None
@@ -344,7 +356,7 @@ class JobsApi:
                 current = None
             now = DB_CLOCK.now()
             if current is None:
-                spec = parse_job_spec(body, now=now, limits=self._limits)
+                spec = _judge(request, body, now=now, limits=self._limits)
                 await self._check_target(spec, owner)
                 # A PUT that creates counts against the owner's limits as a POST does.
                 if self._cap is not None:
@@ -356,7 +368,7 @@ class JobsApi:
                 _restore_redacted_headers(merged, current.spec)
                 _keep_interval_start(merged, current.spec)
                 current_json = spec_to_json(current.spec)
-                spec = self._spec_keeping_schedule(merged, current, now)
+                spec = self._spec_keeping_schedule(request, merged, current, now)
                 new_json = spec_to_json(spec)
                 if (
                     new_json["target"] != current_json["target"]
@@ -381,24 +393,27 @@ class JobsApi:
             code="name_contended",
         )
 
-    def _spec_keeping_schedule(self, body: dict[str, Any], current: Job, now: datetime) -> JobSpec:
+    def _spec_keeping_schedule(
+        self, request: web.Request, body: dict[str, Any], current: Job, now: datetime
+    ) -> JobSpec:
         """As PATCH does: a schedule the job already has is judged as of the job's creation (a
         bounded cron that has ended is not refused as "never fires" on a PUT that renames it)."""
         try:
-            kept = parse_job_spec(
-                body, now=current.created_at, limits=self._limits, keep_name=current.spec.name
+            kept = _judge(
+                request, body, now=current.created_at, limits=self._limits, keep_name=current.spec.name
             )
         except InvalidRequest:
             kept = None
         if kept is not None and kept.schedule == current.spec.schedule:
             return kept
-        return parse_job_spec(body, now=now, limits=self._limits, keep_name=current.spec.name)
+        return _judge(request, body, now=now, limits=self._limits, keep_name=current.spec.name)
 
     async def _bulk(self, request: web.Request, action: BulkAction) -> web.Response:
         labels, state = parse_bulk_request(await _json_body(request))
         result = await self._registry.bulk_action(
             request[OWNER], action, labels, state=state, max_jobs=self._bulk_max
         )
+        cost_of(request).tokens += result.matched / JOBS_PER_TOKEN
         return json_response({"matched": result.matched, "changed": result.changed, "more": result.more})
 
     async def bulk_pause(self, request: web.Request) -> web.Response:
@@ -422,7 +437,7 @@ class JobsApi:
         # whose bounded cron has just ended is not refused as "never fires".
         schedule_changed = isinstance(patch, dict) and "schedule" in patch
         anchor = DB_CLOCK.now() if schedule_changed else current.created_at
-        spec = parse_job_spec(merged, now=anchor, limits=self._limits, keep_name=current.spec.name)
+        spec = _judge(request, merged, now=anchor, limits=self._limits, keep_name=current.spec.name)
         if isinstance(patch, dict) and ("target" in patch or "on_failure" in patch):
             await self._check_target(spec, owner, main="target" in patch)
         job = await self._registry.update_job(owner, job_id, spec)
@@ -472,6 +487,7 @@ class JobsApi:
             max_occurrences=self._limits.backfill_max_occurrences,
             pace_per_s=self._limits.backfill_pace_per_s,
         )
+        cost_of(request).tokens += result.queued / OCCURRENCES_PER_TOKEN
         return json_response(backfill_to_json(job_id, start, end, result), status=202)
 
     async def list_owner_runs(self, request: web.Request) -> web.Response:

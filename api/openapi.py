@@ -74,7 +74,10 @@ _E503: Final = {
 _E429: Final = {
     **_error(
         "This owner made more requests than the server's per-owner rate allows (`rate_limited`, "
-        "DUETIME_API_OWNER_RATE); nothing was done. Retry after `Retry-After` seconds."
+        "DUETIME_API_OWNER_RATE; a request whose work grows with its input counts by its cost), or "
+        "a schedule preview found the preview workers' queue full (`server_busy`) or this owner "
+        "with its share of it in use (`rate_limited`); nothing was done. Retry after `Retry-After` "
+        "seconds."
     ),
     "headers": {
         "Retry-After": {"schema": {"type": "string"}, "description": "Seconds to wait before retrying."}
@@ -760,7 +763,17 @@ def _preview_schemas() -> JsonObject:
     }
     preview: JsonObject = {
         "type": "object",
-        "required": ["timezone", "from", "items", "has_more", "skipped", "excluded", "warnings"],
+        "required": [
+            "timezone",
+            "from",
+            "items",
+            "has_more",
+            "truncated",
+            "resume_from",
+            "skipped",
+            "excluded",
+            "warnings",
+        ],
         "additionalProperties": False,
         "properties": {
             "job_id": {"type": "string", "format": "uuid", "description": "Job previews only."},
@@ -778,6 +791,17 @@ def _preview_schemas() -> JsonObject:
             "from": _TIME,
             "items": {"type": "array", "maxItems": 100, "items": _ref("PreviewItem")},
             "has_more": {"type": "boolean", "description": "Whether another occurrence follows the last."},
+            "truncated": {
+                "type": "boolean",
+                "description": "The preview reached the server's cap on one preview's work (a cron "
+                "that fires once in years, previewed over centuries) and lists fewer occurrences "
+                "than asked (`has_more` is then true); a warning says so.",
+            },
+            "resume_from": {
+                **_OPT_TIME,
+                "description": "When truncated: the `from` of a next request that lists the "
+                "occurrences after the last item; null otherwise.",
+            },
             "skipped": {
                 "type": "array",
                 "items": _ref("PreviewSkipped"),
@@ -864,9 +888,12 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                         "name": "Idempotency-Key",
                         "in": "header",
                         "required": False,
-                        "description": "1-255 printable ASCII characters. The same owner sending the same "
-                        "key and the same body again gets the original job back (200); the same key with "
-                        "a different body answers 422 `idempotency_key_reused`. Kept at least 24 hours.",
+                        "description": "1-255 printable ASCII characters, no space or tab at either end "
+                        "as sent (422 `invalid_idempotency_key`; the header is read as it arrived, not as "
+                        "HTTP parsers trim it), once (two answer 400 `duplicate_header`). The same owner "
+                        "sending the same key and the same body again gets the original job back (200); "
+                        "the same key with a different body answers 422 `idempotency_key_reused`. Kept at "
+                        "least 24 hours.",
                         "schema": {"type": "string", "minLength": 1, "maxLength": 255},
                     }
                 ],

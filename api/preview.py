@@ -1,50 +1,42 @@
-"""Schedule preview: the next occurrences of a schedule (or of a job) before they fire.
+"""``POST /v1/schedules/preview`` and ``GET /v1/jobs/{id}/preview``: the HTTP side of
+``core.preview``.
 
-The preview exists so an owner can see what a cron expression means on the wall clock of its zone
-*before* a DST change surprises them, so it must never disagree with the engine. It therefore
-walks the schedule with the engine's own functions (``first_occurrence`` for the first run of a
-job created at ``from``, then ``next_occurrence`` from each previous *scheduled* time, exactly as
-the engine chains them) and reads each instant with ``describe_instant``. Nothing here computes an
-occurrence by itself; the DST labels only explain instants the engine chose.
-
-Occurrences that a ``dst_gap: "skip"`` rule drops leave no instant behind, so they are found by
-walking the same schedule with ``dst_gap: "shift"``: every instant that variant marks as shifted
-out of a gap, and that the real schedule lacks, is a gap the real schedule skips.
-
-The body is judged by ``core.validation.parse_preview_request``, with the same schedule parser and
-field helpers as a job spec, so a preview refuses exactly what ``POST /v1/jobs`` refuses, with the
-same codes, messages and field paths.
+The preview's work grows with what the client sends (a sparse cron walks years per occurrence, a
+far ``from`` probes years of a zone's offsets, excluded ranges are jumped one by one), so it is
+bounded three ways: ``core.preview`` caps the search steps of one answer (a truncated answer says
+so); the work runs in the API's worker processes (``api.cpupool``), never on the event loop that
+serves every other owner and fires their jobs, with a bounded queue (429 when full); and its
+measured cost is charged to the owner's rate limit (``api.limits``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from aiohttp import web
 
 from duetime.api.body import parse_json, require_json_content_type
+from duetime.api.cpupool import CpuPool
 from duetime.api.handlers import OWNER, job_id_of
+from duetime.api.limits import cost_of
 from duetime.api.render import json_response
-from duetime.core.codec import format_time
-from duetime.core.cron import cron_notes, parse_cron
 from duetime.core.errors import InvalidRequest
-from duetime.core.jitter import due_at, spread
-from duetime.core.model import (
-    CronSchedule,
-    DstGap,
-    IntervalSchedule,
-    Job,
-    JobSpec,
-    JobState,
-    OneOffSchedule,
-    Schedule,
+from duetime.core.jitter import spread
+from duetime.core.model import Job, JobState
+from duetime.core.preview import (
+    Preview,
+    PreviewAnswer,
+    PreviewedJob,
+    PreviewJob,
+    SchedulePreviewRequest,
+    preview_to_json,
+    run_preview,
+    run_schedule_preview,
 )
-from duetime.core.schedule import describe_instant, first_occurrence, load_zone, next_occurrence
-from duetime.core.validation import SpecLimits, parse_preview_request, parse_time
+from duetime.core.validation import SpecLimits, parse_time
 from duetime.storage.base import Registry
 from duetime.storage.dbclock import DB_CLOCK
 
@@ -52,190 +44,8 @@ DEFAULT_COUNT: Final = 10
 MAX_COUNT: Final = 100
 # Only these states can still fire; a cancelled, completed or dead job previews no occurrence.
 _LIVE_STATES: Final = frozenset({JobState.SCHEDULED, JobState.PAUSED})
-# How far the shift-variant walk may run to find skipped gaps: gaps are rare (two a year in most
-# zones), so this bounds the work for a schedule whose matches fall mostly inside gaps.
-_SKIP_SCAN_LIMIT: Final = 1000
-_SECOND: Final = timedelta(seconds=1)
-_MILLISECOND: Final = timedelta(milliseconds=1)
 _DIGITS: Final = re.compile(r"[0-9]{1,4}")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Preview:
-    """What a preview found, before it is written as JSON."""
-
-    schedule: Schedule
-    start: datetime
-    items: list[datetime]
-    has_more: bool
-    skipped: list[datetime]  # transition instants whose gap a dst_gap=skip rule drops
-    excluded: list[datetime] = dataclasses.field(default_factory=list)  # occurrences on excluded days
-
-
-def compute_preview(
-    schedule: Schedule, start: datetime, count: int, spread: timedelta = timedelta(0)
-) -> Preview:
-    """Up to ``count`` occurrences of a job created at ``start`` with this schedule.
-
-    The chain is the engine's: the first run is ``first_occurrence(schedule, start)`` (a one-off's
-    ``run_at`` even when it is already past, because such a job runs at once) and each later one is
-    ``next_occurrence`` of the previous scheduled time. A job's ``spread`` (its fixed offset) moves
-    the walk's start back by as much, as ``core.lifecycle.initial_plan`` does: the first item is
-    the first occurrence whose spread time is after ``start``, the one ``next_run_at`` shows.
-    """
-    walk_from = start - spread
-    items: list[datetime] = []
-    current = first_occurrence(schedule, walk_from)
-    while current is not None and len(items) < count:
-        items.append(current)
-        current = next_occurrence(schedule, current)
-    has_more = current is not None
-    skipped: list[datetime] = []
-    if isinstance(schedule, CronSchedule) and schedule.dst_gap == DstGap.SKIP:
-        skipped = _skipped_gaps(schedule, walk_from, items[-1] if has_more and items else None, count)
-    excluded: list[datetime] = []
-    if isinstance(schedule, CronSchedule | IntervalSchedule) and schedule.exclude:
-        excluded = _excluded(schedule, walk_from, items[-1] if has_more and items else None, count)
-    return Preview(
-        schedule=schedule, start=start, items=items, has_more=has_more, skipped=skipped, excluded=excluded
-    )
-
-
-def _excluded(
-    schedule: CronSchedule | IntervalSchedule, start: datetime, until: datetime | None, count: int
-) -> list[datetime]:
-    """Occurrences in the previewed window that ``exclude`` drops: the same schedule walked
-    without its exclusions, less the instants the real one has."""
-    unexcluded = dataclasses.replace(schedule, exclude=())
-    kept = set(occurrences_between(schedule, start, until, _SKIP_SCAN_LIMIT))
-    found: list[datetime] = []
-    for instant in occurrences_between(unexcluded, start, until, _SKIP_SCAN_LIMIT):
-        if instant not in kept:
-            found.append(instant)
-            if len(found) == count:
-                break
-    return found
-
-
-def occurrences_between(
-    schedule: Schedule, start: datetime, until: datetime | None, limit: int
-) -> list[datetime]:
-    """The engine's chain from a job created at ``start``, up to ``until`` (or ``limit`` of them)."""
-    found: list[datetime] = []
-    current = first_occurrence(schedule, start)
-    while current is not None and len(found) < limit and (until is None or current <= until):
-        found.append(current)
-        current = next_occurrence(schedule, current)
-    return found
-
-
-def _skipped_gaps(
-    schedule: CronSchedule, start: datetime, until: datetime | None, count: int
-) -> list[datetime]:
-    """Gap transitions in (start, until] whose wall times the schedule names but skips."""
-    shifted = dataclasses.replace(schedule, dst_gap=DstGap.SHIFT)
-    found: list[datetime] = []
-    current = next_occurrence(shifted, start)
-    scanned = 0
-    while current is not None and scanned < _SKIP_SCAN_LIMIT and len(found) < count:
-        if until is not None and current > until:
-            break
-        if describe_instant(shifted, current)["shifted_from_gap"]:
-            found.append(current)
-        scanned += 1
-        current = next_occurrence(shifted, current)
-    return found
-
-
-def _gap_walls(schedule: CronSchedule, transition: datetime) -> tuple[datetime, datetime]:
-    """The wall-clock range [from, until) that a spring-forward at ``transition`` removes."""
-    zone = load_zone(schedule.timezone)
-    before = (transition - _SECOND).astimezone(zone).utcoffset()
-    after = transition.astimezone(zone).utcoffset()
-    assert before is not None and after is not None
-    naive = transition.astimezone(UTC).replace(tzinfo=None)
-    return naive + before, naive + after
-
-
-def _first_wall_match(schedule: CronSchedule, low: datetime) -> datetime | None:
-    """The first wall time the cron names at or after ``low`` (naive, on the zone's wall clock)."""
-    return parse_cron(schedule.cron).next_wall_match(low, inclusive=True)
-
-
-def _item_json(schedule: Schedule, instant: datetime) -> dict[str, Any]:
-    described = describe_instant(schedule, instant)
-    item: dict[str, Any] = {
-        "at": format_time(instant),
-        "local": described["local"],
-        "utc_offset": described["utc_offset"],
-        "abbreviation": described["abbreviation"],
-        "dst": None,
-    }
-    if described["shifted_from_gap"]:
-        assert isinstance(schedule, CronSchedule)
-        gap_from, _ = _gap_walls(schedule, instant)
-        nominal = _first_wall_match(schedule, gap_from)
-        item["dst"] = "gap_shifted"
-        item["shifted_from"] = None if nominal is None else nominal.isoformat()
-    elif isinstance(schedule, CronSchedule):
-        zone = load_zone(schedule.timezone)
-        local = instant.astimezone(zone)
-        other = local.replace(fold=1 - local.fold)
-        if other.utcoffset() != local.utcoffset():  # this wall time occurs twice that day
-            item["dst"] = "overlap_second" if described["second_pass"] else "overlap_first"
-    return item
-
-
-def _skipped_json(schedule: CronSchedule, transition: datetime) -> dict[str, Any]:
-    gap_from, gap_until = _gap_walls(schedule, transition)
-    nominal = _first_wall_match(schedule, gap_from)
-    return {
-        "at": format_time(transition),
-        "local_from": gap_from.isoformat(),
-        "local_until": gap_until.isoformat(),
-        "first_skipped": None if nominal is None else nominal.isoformat(),
-        "reason": "dst_gap_skip",
-    }
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PreviewedJob:
-    """The job a preview is of: its id (the spread and jitter hash it) and its spec."""
-
-    job_id: uuid.UUID
-    spec: JobSpec
-
-
-def preview_to_json(preview: Preview, job: PreviewedJob | None = None) -> dict[str, Any]:
-    """The answer body; with ``job`` each item also says when it is due (spread and jitter)."""
-    schedule = preview.schedule
-    items = []
-    for instant in preview.items:
-        item = _item_json(schedule, instant)
-        if job is not None:
-            item["due_at"] = format_time(due_at(job.job_id, instant, job.spec))
-        items.append(item)
-    return {
-        "timezone": "UTC" if isinstance(schedule, OneOffSchedule) else schedule.timezone,
-        "from": format_time(preview.start),
-        "items": items,
-        "has_more": preview.has_more,
-        "skipped": [
-            _skipped_json(schedule, t) for t in preview.skipped if isinstance(schedule, CronSchedule)
-        ],
-        "excluded": [_excluded_json(schedule, t) for t in preview.excluded],
-        "warnings": cron_notes(schedule.cron) if isinstance(schedule, CronSchedule) else [],
-    }
-
-
-def _excluded_json(schedule: Schedule, instant: datetime) -> dict[str, Any]:
-    described = describe_instant(schedule, instant)
-    return {
-        "at": format_time(instant),
-        "local": described["local"],
-        "utc_offset": described["utc_offset"],
-        "reason": "excluded_date",
-    }
+_MILLISECOND: Final = timedelta(milliseconds=1)
 
 
 def _count_query(request: web.Request) -> int:
@@ -252,9 +62,10 @@ def _count_query(request: web.Request) -> int:
 class PreviewApi:
     """``POST /v1/schedules/preview`` and ``GET /v1/jobs/{id}/preview``."""
 
-    def __init__(self, registry: Registry, *, limits: SpecLimits) -> None:
+    def __init__(self, registry: Registry, *, limits: SpecLimits, pool: CpuPool) -> None:
         self._registry = registry
         self._limits = limits
+        self._pool = pool
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -262,16 +73,25 @@ class PreviewApi:
             web.get("/v1/jobs/{job_id}/preview", self.preview_job, name="preview_job", allow_head=False),
         ]
 
+    def _charged(self, request: web.Request, answer: PreviewAnswer) -> dict[str, Any]:
+        """The answer's body, its cost now on the request's account; a refusal is raised."""
+        cost_of(request).work.spend(answer.steps)
+        if answer.error is not None:
+            raise answer.error
+        assert answer.body is not None
+        return answer.body
+
     async def preview_schedule(self, request: web.Request) -> web.Response:
         require_json_content_type(request)
-        schedule, count, start = parse_preview_request(
-            parse_json(await request.read()),
+        work = SchedulePreviewRequest(
+            data=parse_json(await request.read()),
             now=DB_CLOCK.now(),
             limits=self._limits,
             max_count=MAX_COUNT,
             default_count=DEFAULT_COUNT,
         )
-        return json_response(preview_to_json(compute_preview(schedule, start, count)))
+        answer = await self._pool.run(request[OWNER], run_schedule_preview, work)
+        return json_response(self._charged(request, answer))
 
     async def preview_job(self, request: web.Request) -> web.Response:
         job_id = job_id_of(request)
@@ -279,15 +99,17 @@ class PreviewApi:
         raw_from = request.query.get("from") or None
         start = DB_CLOCK.now() if raw_from is None else parse_time(raw_from, "from")
         job = await self._registry.get_job(request[OWNER], job_id)
-        return json_response(_job_preview(job, job_id, start, count))
+        offset = spread(job_id, job.spec)
+        head = {"job_id": job.id, "state": job.state.value, "spread_ms": offset // _MILLISECOND}
+        if job.state not in _LIVE_STATES:
+            return json_response({**head, **_nothing(job, job_id, start)})
+        work = PreviewJob(job.spec.schedule, start, count, PreviewedJob(job_id, job.spec))
+        answer = await self._pool.run(request[OWNER], run_preview, work)
+        return json_response({**head, **self._charged(request, answer)})
 
 
-def _job_preview(job: Job, job_id: uuid.UUID, start: datetime, count: int) -> dict[str, Any]:
+def _nothing(job: Job, job_id: uuid.UUID, start: datetime) -> dict[str, Any]:
+    """A job that can no longer fire previews no occurrence: no work to send anywhere."""
     schedule = job.spec.schedule
-    offset = spread(job_id, job.spec)
-    if job.state in _LIVE_STATES:
-        preview = compute_preview(schedule, start, count, offset)
-    else:
-        preview = Preview(schedule=schedule, start=start, items=[], has_more=False, skipped=[], excluded=[])
-    body = preview_to_json(preview, PreviewedJob(job_id, job.spec))
-    return {"job_id": job.id, "state": job.state.value, "spread_ms": offset // _MILLISECOND, **body}
+    preview = Preview(schedule=schedule, start=start, items=[], has_more=False, skipped=[], excluded=[])
+    return preview_to_json(preview, PreviewedJob(job_id, job.spec))

@@ -8,6 +8,12 @@ API key into the log at ERROR, and anyone could write one such traceback per req
 here rewrites those records into one WARNING line that names the peer and the kind of rejection,
 never a header value, and drops the traceback.
 
+Header values as sent. HTTP parsers drop the spaces around a header's value, and so does
+aiohttp's, in ``raw_headers`` too; the contract refuses an ``Idempotency-Key`` sent with leading
+or trailing spaces (a key that differs from what the client thinks it sent). Each connection's
+parser is wrapped (``_SentValues``) so that ``request.raw_headers`` carries that header's value
+as it came over the wire, less the one space or tab that separates it from the colon.
+
 The answer itself is Duetime's too: aiohttp's own 400 is ``text/plain`` and quotes the offending
 line (an API key in an over-long or NUL-bearing ``Authorization`` header came back in the body,
 next to aiohttp's name). ``api_runner`` builds a runner whose connections answer every parser
@@ -23,6 +29,8 @@ applied by the API's middleware around the body read.
 from __future__ import annotations
 
 import logging
+import re
+from collections import deque
 from typing import Any, Final
 
 import aiohttp.web_response
@@ -83,10 +91,83 @@ def runner_options(*, header_timeout_s: float) -> dict[str, Any]:
 _PARSER_REJECTION: Final = error_body("malformed_request", "The request could not be read.")
 
 
+# Header names whose value ``raw_headers`` keeps exactly as sent (lower case).
+SENT_AS_IS: Final = (b"idempotency-key",)
+# A header line of one of those, anywhere in what a connection receives: from the line break
+# before it to the end of its value (the line's own break must have arrived).
+_SENT_LINE: Final = re.compile(rb"\n(idempotency-key):([^\r\n]*)(?=\r?\n)", re.IGNORECASE)
+_MAX_CARRY: Final = 8200  # aiohttp's parser refuses a header line longer than 8190 bytes
+
+
+class _SentValues:
+    """A request parser's stand-in that keeps the values of ``SENT_AS_IS`` headers as sent.
+
+    It reads every chunk a connection receives for such header lines (carrying an unfinished last
+    line over to the next chunk), queues their values in order, and gives each parsed request's
+    ``raw_headers`` the queued value in place of the trimmed one. The line pattern cannot occur in
+    a JSON body outside a string, so a body can only put it where it makes the body invalid; a
+    queued value that does not trim to the parsed one is taken as such noise, and the queue is
+    dropped rather than misattributed.
+    """
+
+    __slots__ = ("_carry", "_parser", "_sent")
+
+    def __init__(self, parser: Any) -> None:
+        self._parser = parser
+        self._carry = b""
+        self._sent: deque[bytes] = deque()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parser, name)
+
+    def feed_data(self, data: bytes) -> Any:
+        text = self._carry + data if self._carry else data
+        for match in _SENT_LINE.finditer(text):
+            value = match.group(2)
+            if value[:1] in (b" ", b"\t"):
+                value = value[1:]  # the one space (or tab) that separates a value from the colon
+            self._sent.append(value)
+        self._carry = text[max(text.rfind(b"\n"), len(text) - _MAX_CARRY) :]
+        messages, upgraded, tail = self._parser.feed_data(data)
+        if self._sent:
+            messages = [(self._as_sent(message), payload) for message, payload in messages]
+        return messages, upgraded, tail
+
+    def _as_sent(self, message: Any) -> Any:
+        raw = getattr(message, "raw_headers", None)
+        if raw is None or not any(name.lower() in SENT_AS_IS for name, _ in raw):
+            return message
+        headers = []
+        for name, parsed in raw:
+            value = parsed
+            if name.lower() in SENT_AS_IS and self._sent:
+                sent = self._sent.popleft()
+                if sent.strip(b" \t") == parsed:
+                    value = sent
+                else:
+                    self._sent.clear()
+            headers.append((name, value))
+        return message._replace(raw_headers=tuple(headers))
+
+
+def sent_header(request: web.Request, name: str) -> str | None:
+    """The first ``name`` header as it was sent (see ``_SentValues``), or None without one."""
+    wanted = name.lower().encode("ascii")
+    for key, value in request.raw_headers:
+        if key.lower() == wanted:
+            return value.decode("latin-1")
+    return None
+
+
 class _FixedParserAnswers(RequestHandler):
     """A connection whose answer to a request the parser refused is fixed JSON (the 5xx that
     aiohttp answers for a handler's own crash or timeout are left to aiohttp: the middleware
-    already turns a handler's failure into the error body before it gets there)."""
+    already turns a handler's failure into the error body before it gets there), and whose
+    parser keeps ``SENT_AS_IS`` header values as they were sent."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._parser = _SentValues(self._parser)  # type: ignore[assignment]  # same interface
 
     def handle_error(
         self,

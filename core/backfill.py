@@ -18,8 +18,14 @@ from datetime import datetime, timedelta
 from duetime.core.errors import Conflict, InvalidRequest
 from duetime.core.model import CronSchedule, IntervalSchedule, JobSpec, Overlap
 from duetime.core.schedule import next_occurrence
+from duetime.core.workbudget import WorkBudget, WorkExhausted
 
 _TINY = timedelta(microseconds=1)
+# The search steps (core.workbudget) one backfill may spend finding its occurrences: 1,000
+# occurrences of any cron that fires at least yearly take a few thousand. The search runs in the
+# store's transaction, under the job's row lock, so a range a cron crosses only in centuries
+# (``from`` in year 2 with a cron that fires once in years) is refused, not searched for seconds.
+BACKFILL_MAX_STEPS = 8_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,17 +67,28 @@ def plan_backfill(
     # Occurrences later than the request are not backfilled: the schedule runs them itself.
     last = min(end - _TINY, now)
     found: list[datetime] = []
-    occ = next_occurrence(schedule, start - _TINY)
-    while occ is not None and occ <= last:
-        if len(found) == max_occurrences:
-            raise InvalidRequest(
-                f"the range holds more than {max_occurrences} occurrences; backfill at most "
-                f"{max_occurrences} at a time (ask for a shorter range, then the next one)",
-                code="backfill_too_large",
-                field="to",
-            )
-        found.append(occ)
-        occ = next_occurrence(schedule, occ)
+    budget = WorkBudget(BACKFILL_MAX_STEPS)
+    try:
+        occ = next_occurrence(schedule, start - _TINY, budget)
+        while occ is not None and occ <= last:
+            if len(found) == max_occurrences:
+                raise InvalidRequest(
+                    f"the range holds more than {max_occurrences} occurrences; backfill at most "
+                    f"{max_occurrences} at a time (ask for a shorter range, then the next one)",
+                    code="backfill_too_large",
+                    field="to",
+                )
+            found.append(occ)
+            occ = next_occurrence(schedule, occ, budget)
+    except WorkExhausted:
+        reached = f" (the search had reached {found[-1].isoformat()})" if found else ""
+        raise InvalidRequest(
+            f"finding this range's occurrences takes more than the {BACKFILL_MAX_STEPS} search steps "
+            f"one backfill may use{reached}: the schedule fires rarely over a long range; ask for a "
+            f"shorter range, starting nearer the first occurrence you want",
+            code="backfill_too_large",
+            field="from",
+        ) from None
     if spec.overlap is Overlap.ALLOW:
         step = 1.0 / pace_per_s
         return [BackfillRun(o, now + timedelta(seconds=i * step)) for i, o in enumerate(found)]

@@ -61,10 +61,13 @@ class Unauthorized(DuetimeError):
 
 
 class RateLimited(DuetimeError):
+    """Too much, too soon (HTTP 429 with ``Retry-After``): the owner's rate (``rate_limited``) or
+    the server's bounded queue for heavy work (``server_busy``)."""
+
     code = "rate_limited"
 
-    def __init__(self, message: str, *, retry_after_s: int) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, retry_after_s: int, code: str | None = None) -> None:
+        super().__init__(message, code=code)
         self.retry_after_s = retry_after_s
 
 

@@ -83,6 +83,15 @@ class Exclusions:
             return None
         return min(self._day_start(self._firsts[index]) - 1, instant - 1)
 
+    def next_range_start(self, instant: int) -> int | None:
+        """The first instant of the first excluded range that starts on a later local day than
+        ``instant``'s; None when no range does. One bisect: how a search skips every allowed
+        occurrence between two excluded ranges at once."""
+        index = bisect_right(self._firsts, self.local_date(instant).toordinal())
+        if index >= len(self._firsts):
+            return None
+        return self._day_start(self._firsts[index])
+
     def spans(self, low: int, high: int) -> list[tuple[int, int]]:
         """The excluded stretches ``[from, until)`` of instants that meet [low, high]."""
         first_day = self.local_date(low).toordinal()

@@ -27,7 +27,8 @@ import re
 import threading
 import zoneinfo
 from bisect import bisect_left, bisect_right
-from dataclasses import replace
+from collections import deque
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 from typing import Any
@@ -45,14 +46,19 @@ from duetime.core.model import (
     OneOffSchedule,
     Schedule,
 )
+from duetime.core.workbudget import EARLY_YEAR_PROBE_STEPS, YEAR_PROBE_STEPS, WorkBudget, WorkExhausted
 
 __all__ = [
     "MAX_OCCURRENCES",
+    "Chain",
+    "Listing",
+    "chain",
     "check_cron_schedule",
     "check_interval_schedule",
     "count_between",
     "describe_instant",
     "epoch_us",
+    "excluded_between",
     "first_occurrence",
     "folded_count",
     "from_epoch_us",
@@ -61,6 +67,7 @@ __all__ = [
     "next_occurrence",
     "occurrences",
     "previous_occurrence",
+    "skipped_gaps",
 ]
 
 MAX_OCCURRENCES = 1000
@@ -69,7 +76,12 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _SECOND = timedelta(seconds=1)
 _FAR_PAST = -(2**62)
 _FAR_FUTURE = 2**62
-_PROBE_STEP_S = 86400  # tzdata has no two offset changes closer than 7 days since 1970 (Brazil 2000, Gaza)
+# How far apart the probes of a year's offsets are. Two offset changes closer than a probe step
+# would be missed, so the step stays below the closest pair: from 1970 on (2300 checked, every
+# zone) that is 6 days 23 hours (Brazil 2000, Gaza 2040), so 6 days; before 1970, one day.
+_PROBE_STEP_S = 6 * 86400
+_EARLY_PROBE_STEP_S = 86400
+_PROBE_STEP_FROM_YEAR = 1970
 _MIN_YEAR = 2
 _MAX_YEAR = 9997
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
@@ -78,6 +90,16 @@ _DAY_S = 86400
 # (``_CronWalk.count_in``): a walk is cheaper for a few, the count for many.
 _WALK_BEFORE_COUNTING = 32
 _DAYS_PER_SEARCH = 6
+# Zone-years of offset tables kept across all zones (about 0.4 KiB each). Any year from 2 to 9997
+# of any of ~600 zones can be asked about (a preview's ``from``), so an unbounded cache would let
+# clients fill memory; the oldest tables are dropped first and probed again when next needed.
+_MAX_CACHED_YEARS = 8192
+# How far one search for an occurrence may run past its starting instant, excluded ranges jumped
+# included: the cron search's own horizon (30 years of wall time) plus a year of offsets.
+_HORIZON_S = (SEARCH_HORIZON_YEARS + 1) * 366 * 86400
+# The last second a search may reach: no occurrence after year _MAX_YEAR is ever returned, and a
+# bound past datetime's range (year 9999) could not even be turned into a year.
+_LAST_INSTANT = (datetime(_MAX_YEAR + 1, 1, 1, tzinfo=UTC) - _EPOCH) // _SECOND - 1
 _OFFSET_LIKE = re.compile(r"(?:UTC|GMT|Z)?[+\-\u2212][0-9]{1,2}(?::?[0-9]{2}){0,2}", re.ASCII | re.IGNORECASE)
 _ZONE_NAME = re.compile(r"[A-Za-z0-9_+\-]+(?:/[A-Za-z0-9_+\-]+)*", re.ASCII)
 
@@ -152,12 +174,11 @@ class _Timeline:
     not change there, the walk treats it like any boundary and nothing special happens.
     """
 
-    __slots__ = ("_fixed_offset", "_lock", "_years", "_zone")
+    __slots__ = ("_fixed_offset", "_years", "_zone")
 
     def __init__(self, zone: zoneinfo.ZoneInfo, fixed: bool) -> None:
         self._zone = zone
         self._years: dict[int, tuple[list[int], list[int], int]] = {}
-        self._lock = threading.Lock()
         self._fixed_offset = self._offset(0) if fixed else None
 
     def _offset(self, instant: int) -> int:
@@ -166,13 +187,15 @@ class _Timeline:
         assert delta is not None
         return delta // _SECOND
 
-    def segment(self, instant: int) -> tuple[int, int, int, int]:
+    def segment(self, instant: int, budget: WorkBudget | None = None) -> tuple[int, int, int, int]:
         """(start, end, offset, offset before start) of the segment holding ``instant``."""
         if self._fixed_offset is not None:
             return _FAR_PAST, _FAR_FUTURE, self._fixed_offset, self._fixed_offset
         year = (_EPOCH + instant * _SECOND).year
         table = self._years.get(year)
         if table is None:
+            if budget is not None:
+                budget.spend(YEAR_PROBE_STEPS if year >= _PROBE_STEP_FROM_YEAR else EARLY_YEAR_PROBE_STEPS)
             table = self._probe_year(year)
         starts, offsets, before_year = table
         index = bisect_right(starts, instant) - 1
@@ -186,8 +209,9 @@ class _Timeline:
         starts, offsets = [begin], [self._offset(begin)]
         cursor = begin
         probe = begin
+        step = _PROBE_STEP_S if year >= _PROBE_STEP_FROM_YEAR else _EARLY_PROBE_STEP_S
         while probe < finish - 1:
-            probe = min(probe + _PROBE_STEP_S, finish - 1)
+            probe = min(probe + step, finish - 1)
             while self._offset(probe) != offsets[-1]:
                 low, high = cursor, probe  # offset(low) == offsets[-1] != offset(high)
                 while high - low > 1:
@@ -201,8 +225,13 @@ class _Timeline:
                 cursor = high
             cursor = probe
         table = (starts, offsets, self._offset(begin - 1))
-        with self._lock:
+        with _zones_lock:
+            if year not in self._years:
+                _cached_years.append((self, year))
             self._years[year] = table
+            while len(_cached_years) > _MAX_CACHED_YEARS:
+                timeline, old = _cached_years.popleft()
+                timeline._years.pop(old, None)
         return table
 
 
@@ -211,6 +240,8 @@ def _year_start(year: int) -> int:
 
 
 _timelines: dict[str, _Timeline] = {}
+# (timeline, year) in the order the tables were probed: the oldest go first past the cap.
+_cached_years: deque[tuple[_Timeline, int]] = deque()
 
 
 def _timeline(name: str) -> _Timeline:
@@ -260,10 +291,35 @@ def _times_of_day(expr: str) -> _TimesOfDay:
     return _TimesOfDay(_compiled(expr))
 
 
-@lru_cache(maxsize=1024)
-def _exclusions(ranges: tuple[DateRange, ...], zone_name: str, unit_us: int) -> Exclusions:
-    """Merged once per schedule: every walk of a job's schedule builds the same table."""
+@lru_cache(maxsize=128)  # up to ~200 KiB each (1,000 ranges): bounded, since clients choose them
+def _exclusions_by_value(ranges: tuple[DateRange, ...], zone_name: str, unit_us: int) -> Exclusions:
     return Exclusions(ranges, load_zone(zone_name), unit_us)
+
+
+# The last tables built, by the identity of the ``exclude`` tuple (kept alive here, so an id is
+# never reused while its entry stands): a walk of one schedule object, say 100 occurrences of a
+# preview, finds its table without hashing 1,000 ranges per occurrence.
+_recent_exclusions: dict[tuple[int, str, int], tuple[tuple[DateRange, ...], Exclusions]] = {}
+_RECENT_EXCLUSIONS_MAX = 64
+
+
+def _exclusions(ranges: tuple[DateRange, ...], zone_name: str, unit_us: int) -> Exclusions:
+    """Merged once per schedule: every walk of a job's schedule uses the same table.
+
+    Building it sorts and merges up to 1,000 ranges (about 0.2 ms); a walk is built for every
+    occurrence the engine or a preview computes, so rebuilding it each time made the ranges a
+    per-occurrence cost.
+    """
+    key = (id(ranges), zone_name, unit_us)
+    hit = _recent_exclusions.get(key)
+    if hit is not None and hit[0] is ranges:
+        return hit[1]
+    table = _exclusions_by_value(ranges, zone_name, unit_us)
+    with _zones_lock:
+        if len(_recent_exclusions) >= _RECENT_EXCLUSIONS_MAX:
+            _recent_exclusions.clear()
+        _recent_exclusions[key] = (ranges, table)
+    return table
 
 
 # -- instants as integers --------------------------------------------------------------------------
@@ -293,9 +349,19 @@ def _instant_year(instant: int) -> int:
 class _CronWalk:
     """The segment walk for one cron schedule; integer seconds since the Unix epoch throughout."""
 
-    __slots__ = ("_cron", "_excluded", "_expr", "_gap_shift", "_high", "_low", "_overlap_both", "_timeline")
+    __slots__ = (
+        "_budget",
+        "_cron",
+        "_excluded",
+        "_expr",
+        "_gap_shift",
+        "_high",
+        "_low",
+        "_overlap_both",
+        "_timeline",
+    )
 
-    def __init__(self, schedule: CronSchedule) -> None:
+    def __init__(self, schedule: CronSchedule, budget: WorkBudget | None = None) -> None:
         self._cron = schedule.cron
         self._expr = _compiled(schedule.cron)
         self._timeline = _timeline(schedule.timezone)
@@ -304,16 +370,23 @@ class _CronWalk:
         self._low = _FAR_PAST if schedule.start_at is None else _ceil_s(schedule.start_at)
         self._high = _FAR_FUTURE if schedule.end_at is None else _floor_s(schedule.end_at)
         self._excluded = (
-            Exclusions(schedule.exclude, load_zone(schedule.timezone), 1_000_000)
-            if schedule.exclude
-            else None
+            _exclusions(schedule.exclude, schedule.timezone, 1_000_000) if schedule.exclude else None
         )
+        self._budget = budget
+
+    @property
+    def excluded(self) -> Exclusions | None:
+        return self._excluded
 
     def first_at_or_after(self, low: int, high: int = _FAR_FUTURE) -> int | None:
         """The smallest occurrence in [low, high] (both already integers) whose local date is not
         excluded, or None. Each excluded stretch met is jumped over whole, so the work grows with
-        the number of excluded ranges passed, never with the occurrences inside them."""
+        the number of excluded ranges passed, never with the occurrences inside them; and the
+        jumps stop at the search horizon (31 years past ``low``), as a search without exclusions
+        does, so no list of ranges can send one search across millennia."""
         excluded = self._excluded
+        if excluded is not None:
+            high = min(high, low + _HORIZON_S, _LAST_INSTANT)
         while True:
             found = self._first_matching(low, high)
             if found is None or excluded is None:
@@ -321,6 +394,8 @@ class _CronWalk:
             resume = excluded.resume_after(found)
             if resume is None:
                 return found
+            if self._budget is not None:
+                self._budget.spend()
             low = resume
 
     def _first_matching(self, low: int, high: int) -> int | None:
@@ -337,6 +412,7 @@ class _CronWalk:
         if low_year < _MIN_YEAR:  # keeps every probe and conversion inside datetime's range
             low = max(low, _year_start(_MIN_YEAR))
         expr = self._expr
+        budget = self._budget
         limit_year: int | None = None
         if high < _FAR_FUTURE:
             # Offsets stay within a day of UTC, so no wall time past high's year + 1 can be <= high.
@@ -349,15 +425,19 @@ class _CronWalk:
             nonlocal memo_from, memo_match, memo_valid
             if memo_valid and memo_from <= wall <= memo_match:
                 return memo_match
+            if budget is not None:
+                budget.spend()
             found = expr.first_match_at_or_after(wall, limit_year)
             if found is None:
                 return None
             memo_from, memo_match, memo_valid = wall, found, True
             return found
 
-        horizon = low + (SEARCH_HORIZON_YEARS + 1) * 366 * 86400
-        start, end, offset, before = self._timeline.segment(low)
+        horizon = low + _HORIZON_S
+        start, end, offset, before = self._timeline.segment(low, budget)
         while True:
+            if budget is not None:
+                budget.spend()
             if start > high or start > horizon:
                 return None
             if start >= low and offset > before and self._gap_shift:
@@ -377,7 +457,7 @@ class _CronWalk:
                 return instant if instant <= high else None
             if end >= _FAR_FUTURE or _instant_year(end) > _MAX_YEAR:
                 return None
-            start, end, offset, before = self._timeline.segment(end)
+            start, end, offset, before = self._timeline.segment(end, budget)
 
     def count_in(self, low: int, high: int) -> int:
         """How many occurrences lie in [low, high] (integer seconds): what ``first_at_or_after``
@@ -464,16 +544,24 @@ def from_epoch_us(instant: int) -> datetime:
 class _IntervalWalk:
     """An interval schedule's occurrences, excluded dates left out; integer microseconds."""
 
-    __slots__ = ("_excluded", "_math")
+    __slots__ = ("_budget", "_excluded", "_math")
 
-    def __init__(self, schedule: IntervalSchedule) -> None:
+    def __init__(self, schedule: IntervalSchedule, budget: WorkBudget | None = None) -> None:
         end = None if schedule.end_at is None else epoch_us(schedule.end_at)
         self._math = IntervalMath(epoch_us(schedule.start_at), schedule.every_s * 1_000_000, end)
         self._excluded = _exclusions(schedule.exclude, schedule.timezone, 1) if schedule.exclude else None
+        self._budget = budget
+
+    @property
+    def excluded(self) -> Exclusions | None:
+        return self._excluded
 
     def first_at_or_after(self, low: int, high: int = _FAR_US) -> int | None:
         excluded = self._excluded
+        budget = self._budget
         while True:
+            if budget is not None:
+                budget.spend()
             found = self._math.first_at_or_after(low)
             if found is None or found > min(high, _FAR_US):
                 return None
@@ -504,19 +592,23 @@ class _IntervalWalk:
 # -- public API ------------------------------------------------------------------------------------
 
 
-def next_occurrence(schedule: Schedule, after: datetime) -> datetime | None:
-    """The smallest occurrence strictly after ``after``; None when there is none (any more)."""
+def next_occurrence(schedule: Schedule, after: datetime, budget: WorkBudget | None = None) -> datetime | None:
+    """The smallest occurrence strictly after ``after``; None when there is none (any more).
+
+    ``budget`` counts (and may cap: ``WorkExhausted``) the search steps, for requests that pay
+    for their work; the engine passes none.
+    """
     _require_aware(after, "after")
     if isinstance(schedule, OneOffSchedule):
         return schedule.run_at if schedule.run_at > after else None
     if isinstance(schedule, IntervalSchedule):
-        found_us = _IntervalWalk(schedule).first_at_or_after(epoch_us(after) + 1)
+        found_us = _IntervalWalk(schedule, budget).first_at_or_after(epoch_us(after) + 1)
         return None if found_us is None else from_epoch_us(found_us)
-    found = _CronWalk(schedule).first_at_or_after(_floor_s(after) + 1)
+    found = _CronWalk(schedule, budget).first_at_or_after(_floor_s(after) + 1)
     return None if found is None else _to_datetime(found)
 
 
-def first_occurrence(schedule: Schedule, now: datetime) -> datetime | None:
+def first_occurrence(schedule: Schedule, now: datetime, budget: WorkBudget | None = None) -> datetime | None:
     """The first run of a new (or rescheduled) job.
 
     A one-off's ``run_at`` is returned even when it is in the past: the contract says it then runs
@@ -529,12 +621,14 @@ def first_occurrence(schedule: Schedule, now: datetime) -> datetime | None:
     if isinstance(schedule, OneOffSchedule):
         return schedule.run_at
     if isinstance(schedule, IntervalSchedule):
-        found_us = _IntervalWalk(schedule).first_at_or_after(_floor_s(now) * 1_000_000)
+        found_us = _IntervalWalk(schedule, budget).first_at_or_after(_floor_s(now) * 1_000_000)
         return None if found_us is None else from_epoch_us(found_us)
-    return next_occurrence(schedule, now)
+    return next_occurrence(schedule, now, budget)
 
 
-def occurrences(schedule: Schedule, after: datetime, limit: int) -> list[datetime]:
+def occurrences(
+    schedule: Schedule, after: datetime, limit: int, budget: WorkBudget | None = None
+) -> list[datetime]:
     """Up to ``limit`` successive occurrences strictly after ``after`` (previews, run_all misfires)."""
     _require_aware(after, "after")
     if not 0 <= limit <= MAX_OCCURRENCES:
@@ -544,14 +638,14 @@ def occurrences(schedule: Schedule, after: datetime, limit: int) -> list[datetim
     if isinstance(schedule, OneOffSchedule):
         return [schedule.run_at] if limit and schedule.run_at > after else []
     if isinstance(schedule, IntervalSchedule):
-        every = _IntervalWalk(schedule)
+        every = _IntervalWalk(schedule, budget)
         listed: list[datetime] = []
         cursor_us = epoch_us(after) + 1
         while len(listed) < limit and (instant_us := every.first_at_or_after(cursor_us)) is not None:
             listed.append(from_epoch_us(instant_us))
             cursor_us = instant_us + 1
         return listed
-    walk = _CronWalk(schedule)
+    walk = _CronWalk(schedule, budget)
     found: list[datetime] = []
     cursor = _floor_s(after) + 1
     while len(found) < limit:
@@ -561,6 +655,155 @@ def occurrences(schedule: Schedule, after: datetime, limit: int) -> list[datetim
         found.append(_to_datetime(instant))
         cursor = instant + 1
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """The first occurrences of a job created at some instant, as far as a budget allowed."""
+
+    items: list[datetime]
+    has_more: bool  # another occurrence follows the last item (always true when truncated)
+    truncated: bool  # the budget ran out before ``limit`` items (and what follows) were found
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """Instants found in a window, and whether the budget stopped the search before its end."""
+
+    items: list[datetime]
+    truncated: bool
+
+
+class _Recurring:
+    """One walk of a cron or interval schedule, with its integer unit (seconds or µs)."""
+
+    __slots__ = ("cron", "walk")
+
+    def __init__(self, schedule: CronSchedule | IntervalSchedule, budget: WorkBudget | None) -> None:
+        self.cron = isinstance(schedule, CronSchedule)
+        self.walk: _CronWalk | _IntervalWalk = (
+            _CronWalk(schedule, budget)
+            if isinstance(schedule, CronSchedule)
+            else _IntervalWalk(schedule, budget)
+        )
+
+    def first_low(self, now: datetime) -> int:
+        """Where ``first_occurrence(schedule, now)`` starts looking."""
+        return _floor_s(now) + 1 if self.cron else _floor_s(now) * 1_000_000
+
+    def high(self, until: datetime | None) -> int:
+        if until is None:
+            return _FAR_FUTURE if self.cron else _FAR_US
+        return _floor_s(until) if self.cron else epoch_us(until)
+
+    def to_datetime(self, instant: int) -> datetime:
+        return _to_datetime(instant) if self.cron else from_epoch_us(instant)
+
+
+def chain(schedule: Schedule, start: datetime, limit: int, budget: WorkBudget | None = None) -> Chain:
+    """Up to ``limit`` occurrences of a job created at ``start``: ``first_occurrence`` and then
+    ``next_occurrence`` of each, the chain the engine follows, with one walk for all of them.
+
+    When ``budget`` runs out the chain stops where it stands: the items found so far, ``truncated``
+    and ``has_more`` set (more may follow; they were not looked for).
+    """
+    _require_aware(start, "start")
+    if isinstance(schedule, OneOffSchedule):
+        return Chain([schedule.run_at] if limit else [], has_more=not limit, truncated=False)
+    recurring = _Recurring(schedule, budget)
+    items: list[int] = []
+    try:
+        current = recurring.walk.first_at_or_after(recurring.first_low(start))
+        while current is not None and len(items) < limit:
+            items.append(current)
+            current = recurring.walk.first_at_or_after(current + 1)
+    except WorkExhausted:
+        return Chain([recurring.to_datetime(i) for i in items], has_more=True, truncated=True)
+    return Chain([recurring.to_datetime(i) for i in items], has_more=current is not None, truncated=False)
+
+
+def excluded_between(
+    schedule: Schedule, start: datetime, until: datetime | None, limit: int, budget: WorkBudget | None = None
+) -> Listing:
+    """The occurrences a job created at ``start`` would have up to ``until`` (None: no end) were
+    it not for ``exclude``: those on excluded days, at most ``limit``.
+
+    Interval arithmetic, not a scan: the schedule without exclusions is searched only inside the
+    excluded stretches. From an occurrence on an allowed day the search jumps straight to the
+    next excluded range's first instant, so the work grows with the ranges in the window and the
+    occurrences listed, never with the allowed occurrences between them.
+    """
+    _require_aware(start, "start")
+    if isinstance(schedule, OneOffSchedule) or not schedule.exclude:
+        return Listing([], truncated=False)
+    recurring = _Recurring(replace(schedule, exclude=()), budget)
+    excluded = _Recurring(schedule, None).walk.excluded
+    assert excluded is not None
+    high = recurring.high(until)
+    low = recurring.first_low(start)
+    found: list[int] = []
+    try:
+        while len(found) < limit:
+            instant = recurring.walk.first_at_or_after(low, high)
+            if instant is None:
+                break
+            if excluded.excluded(instant):
+                found.append(instant)
+                low = instant + 1
+                continue
+            following = excluded.next_range_start(instant)
+            if following is None:
+                break
+            low = max(following, instant + 1)
+    except WorkExhausted:
+        return Listing([recurring.to_datetime(i) for i in found], truncated=True)
+    return Listing([recurring.to_datetime(i) for i in found], truncated=False)
+
+
+def skipped_gaps(
+    schedule: CronSchedule,
+    start: datetime,
+    until: datetime | None,
+    limit: int,
+    budget: WorkBudget | None = None,
+) -> Listing:
+    """Spring-forward transitions in (``start``, ``until``] whose gap holds a wall time the cron
+    names: the instants ``dst_gap: "shift"`` would run at and ``"skip"`` drops, at most ``limit``.
+
+    The zone's transitions are visited one by one (a couple a year), rather than every occurrence
+    of the schedule: a dense cron costs no more than a sparse one. Without ``until`` the window
+    ends at ``end_at``, or at the search horizon (31 years).
+    """
+    _require_aware(start, "start")
+    shifted = _CronWalk(replace(schedule, dst_gap=DstGap.SHIFT), budget)
+    expr = _compiled(schedule.cron)
+    timeline = _timeline(schedule.timezone)
+    low = max(_floor_s(start) + 1, _year_start(_MIN_YEAR))
+    if until is not None:
+        high = _floor_s(until)
+    elif schedule.end_at is not None:
+        high = _floor_s(schedule.end_at)
+    else:
+        high = min(low + _HORIZON_S, _LAST_INSTANT)
+    found: list[int] = []
+    cursor = low
+    try:
+        while len(found) < limit and cursor <= high and _instant_year(cursor) <= _MAX_YEAR:
+            if budget is not None:
+                budget.spend()
+            seg_start, seg_end, offset, before = timeline.segment(cursor, budget)
+            if seg_start >= low and offset > before and seg_start <= high:
+                wall = _to_datetime(seg_start + offset).replace(tzinfo=None)
+                if shifted.first_at_or_after(seg_start, seg_start) == seg_start and not expr.matches(wall):
+                    found.append(seg_start)
+            if seg_end >= _FAR_FUTURE:
+                break
+            cursor = seg_end
+    except WorkExhausted:
+        return Listing([_to_datetime(i) for i in found], truncated=True)
+    except OverflowError:  # past datetime.max
+        pass
+    return Listing([_to_datetime(i) for i in found], truncated=False)
 
 
 def latest_at_or_before(schedule: Schedule, at: datetime, not_before: datetime) -> datetime | None:
@@ -741,8 +984,11 @@ def _format_offset(offset: timedelta) -> str:
     return text + (f":{seconds:02d}" if seconds else "")
 
 
-def check_cron_schedule(schedule: CronSchedule, now: datetime) -> None:
-    """Refuse a cron schedule that cannot be stored: bad syntax, bad zone, bounds, never fires."""
+def check_cron_schedule(schedule: CronSchedule, now: datetime, budget: WorkBudget | None = None) -> None:
+    """Refuse a cron schedule that cannot be stored: bad syntax, bad zone, bounds, never fires.
+
+    ``budget`` counts the search for the first occurrence (the request's cost).
+    """
     _require_aware(now, "now")
     expr = _compiled(schedule.cron)
     load_zone(schedule.timezone)
@@ -762,24 +1008,26 @@ def check_cron_schedule(schedule: CronSchedule, now: datetime) -> None:
         raise InvalidRequest(
             f"cron {schedule.cron!r} never fires: {reason}", code="cron_never_fires", field="schedule.cron"
         )
-    if schedule.end_at is not None and first_occurrence(schedule, now) is None:
+    first = first_occurrence(schedule, now, budget)
+    if schedule.end_at is not None and first is None:
         raise InvalidRequest(
             "schedule has no occurrence before end_at", code="cron_never_fires", field="schedule.end_at"
         )
-    if schedule.exclude and first_occurrence(schedule, now) is None:
+    if schedule.exclude and first is None:
         raise InvalidRequest(
             f"schedule has no occurrence on a day that is not excluded within {SEARCH_HORIZON_YEARS} "
             f"years: remove some dates from exclude",
             code="cron_never_fires",
             field="schedule.exclude",
         )
-    if first_occurrence(schedule, now) is None:
+    if first is None:
         # Possible on the calendar, yet nothing within the search horizon: every wall time named
         # falls in a DST gap that ``skip`` drops (02:30 on the last Sunday of March in Berlin:
         # ``30 2 * 3 0L``), or the day is rare (a fifth Monday of February, ``1#5``, needs
         # 29 February on a Monday, which can be 40 years away across 2100).
         why = "choose days that come round more often"
-        if schedule.dst_gap == DstGap.SKIP and first_occurrence(replace(schedule, dst_gap=DstGap.SHIFT), now):
+        shifted = replace(schedule, dst_gap=DstGap.SHIFT)
+        if schedule.dst_gap == DstGap.SKIP and first_occurrence(shifted, now, budget):
             why = (
                 f"every wall time it names falls in a DST gap of {schedule.timezone}, which "
                 f"dst_gap 'skip' drops; use dst_gap 'shift' or another time"
@@ -791,7 +1039,9 @@ def check_cron_schedule(schedule: CronSchedule, now: datetime) -> None:
         )
 
 
-def check_interval_schedule(schedule: IntervalSchedule, now: datetime) -> None:
+def check_interval_schedule(
+    schedule: IntervalSchedule, now: datetime, budget: WorkBudget | None = None
+) -> None:
     """Refuse an interval schedule that cannot be stored: bad zone, bounds, never fires."""
     _require_aware(now, "now")
     load_zone(schedule.timezone)
@@ -799,7 +1049,7 @@ def check_interval_schedule(schedule: IntervalSchedule, now: datetime) -> None:
         raise InvalidRequest(
             "end_at must be later than start_at", code="invalid_schedule", field="schedule.end_at"
         )
-    if first_occurrence(schedule, now) is None:
+    if first_occurrence(schedule, now, budget) is None:
         field = "schedule.exclude" if schedule.exclude else "schedule.end_at"
         raise InvalidRequest(
             "schedule has no occurrence from now on"

@@ -62,6 +62,7 @@ from duetime.core.model import (
 from duetime.core.schedule import check_cron_schedule, check_interval_schedule, load_zone, occurrences
 from duetime.core.topics import broker_refusal
 from duetime.core.weburl import split_webhook_url
+from duetime.core.workbudget import WorkBudget
 
 E = TypeVar("E", bound=enum.Enum)
 
@@ -551,7 +552,9 @@ def _parse_on_failure(value: object, limits: SpecLimits) -> OnFailure | None:
 # --- schedule ---------------------------------------------------------------------------------
 
 
-def _parse_schedule(value: object, now: datetime, limits: SpecLimits) -> Schedule:
+def _parse_schedule(
+    value: object, now: datetime, limits: SpecLimits, budget: WorkBudget | None = None
+) -> Schedule:
     obj = _object(value, "schedule")
     _check_keys(obj, SCHEDULE_FIELDS, "schedule")
     kinds = [key for key in ("run_at", "cron", "every") if key in obj]
@@ -563,7 +566,7 @@ def _parse_schedule(value: object, now: datetime, limits: SpecLimits) -> Schedul
             "invalid_schedule",
         )
     if "every" in obj:
-        return _parse_every_schedule(obj, now, limits)
+        return _parse_every_schedule(obj, now, limits, budget)
     if "run_at" in obj:
         for key in CRON_FIELDS[1:]:
             if key in obj:
@@ -607,10 +610,12 @@ def _parse_schedule(value: object, now: datetime, limits: SpecLimits) -> Schedul
         ),
         exclude=_parse_exclude(obj.get("exclude")),
     )
-    check_cron_schedule(schedule, now)
+    # The horizon first: a start_at past it has no occurrence either, and the more specific
+    # answer (cron_never_fires on schedule.start_at) says what to change.
     _check_start_horizon(start_at, now, limits)
+    check_cron_schedule(schedule, now, budget)
     if limits.min_cron_interval_s > 0:
-        _check_cron_interval(schedule, now, limits.min_cron_interval_s)
+        _check_cron_interval(schedule, now, limits.min_cron_interval_s, budget)
     return schedule
 
 
@@ -625,7 +630,9 @@ def _parse_timezone(obj: dict[str, Any]) -> str:
     return timezone
 
 
-def _parse_every_schedule(obj: dict[str, Any], now: datetime, limits: SpecLimits) -> IntervalSchedule:
+def _parse_every_schedule(
+    obj: dict[str, Any], now: datetime, limits: SpecLimits, budget: WorkBudget | None
+) -> IntervalSchedule:
     """``{"every": "90m", "start_at", "end_at", "timezone", "exclude"}``: exact elapsed time."""
     for key in ("dst_gap", "dst_overlap"):
         if key in obj:
@@ -663,7 +670,7 @@ def _parse_every_schedule(obj: dict[str, Any], now: datetime, limits: SpecLimits
         timezone=timezone,
         exclude=_parse_exclude(obj.get("exclude")),
     )
-    check_interval_schedule(schedule, now)
+    check_interval_schedule(schedule, now, budget)
     return schedule
 
 
@@ -750,14 +757,16 @@ def _optional_time(obj: dict[str, Any], key: str) -> datetime | None:
     return None if value is None else parse_time(value, f"schedule.{key}")
 
 
-def _check_cron_interval(schedule: CronSchedule, now: datetime, min_interval_s: int) -> None:
+def _check_cron_interval(
+    schedule: CronSchedule, now: datetime, min_interval_s: int, budget: WorkBudget | None
+) -> None:
     """Refuse a cron that fires more often than the operator allows, judged on its next firings.
 
     A sample of consecutive firings is enough: a cron's tightest spacing shows up within a few
     dozen firings for every expression that repeats at least daily, and the rare sparse cron
     that bunches later (say, every minute on 1 January only) still shows it within the sample.
     """
-    fires = occurrences(schedule, now, _INTERVAL_SAMPLE)
+    fires = occurrences(schedule, now, _INTERVAL_SAMPLE, budget)
     for previous, fire in itertools.pairwise(fires):
         gap_s = (fire - previous).total_seconds()
         if gap_s < min_interval_s:
@@ -850,14 +859,20 @@ def _parse_retry(value: object, limits: SpecLimits) -> RetryPolicy:
 
 
 def parse_job_spec(
-    data: object, *, now: datetime, limits: SpecLimits = SpecLimits(), keep_name: str | None = None
+    data: object,
+    *,
+    now: datetime,
+    limits: SpecLimits = SpecLimits(),
+    keep_name: str | None = None,
+    budget: WorkBudget | None = None,
 ) -> JobSpec:
     """Judge a decoded POST body (or a merged PATCH) and return the spec with defaults filled in.
 
     ``now`` anchors the run_at horizon and the cron checks (an ``end_at`` in the past never
     fires). ``keep_name`` is the name the job already has (a PATCH, a PUT that updates): it
-    passes the rules only new names are held to (no ``.``/``..`` segment). Raises
-    ``MalformedRequest`` or ``InvalidRequest``; see the module docstring.
+    passes the rules only new names are held to (no ``.``/``..`` segment). ``budget`` counts the
+    schedule search the checks do (the request's cost). Raises ``MalformedRequest`` or
+    ``InvalidRequest``; see the module docstring.
     """
     if now.tzinfo is None:
         raise ValueError("parse_job_spec needs an aware datetime for now")
@@ -867,7 +882,7 @@ def parse_job_spec(
     labels = parse_labels(obj["labels"]) if obj.get("labels") is not None else {}
     target = _parse_target(_require(obj, "target", ""), limits)
     payload = _parse_payload(obj.get("payload"), limits)
-    schedule = _parse_schedule(_require(obj, "schedule", ""), now, limits)
+    schedule = _parse_schedule(_require(obj, "schedule", ""), now, limits, budget)
     retry = _parse_retry(obj["retry"], limits) if "retry" in obj else RetryPolicy()
     misfire = _choice(obj["misfire"], "misfire", Misfire) if "misfire" in obj else Misfire.RUN_ONCE
     misfire_grace_s = (
@@ -995,13 +1010,19 @@ PREVIEW_FIELDS = ("schedule", "count", "from")
 
 
 def parse_preview_request(
-    data: object, *, now: datetime, limits: SpecLimits, max_count: int, default_count: int
+    data: object,
+    *,
+    now: datetime,
+    limits: SpecLimits,
+    max_count: int,
+    default_count: int,
+    budget: WorkBudget | None = None,
 ) -> tuple[Schedule, int, datetime]:
     """The body of POST /v1/schedules/preview: (schedule, count, from). The schedule is judged
     exactly as a job's would be, so a preview never accepts what registration refuses."""
     obj = _object(data, None, "a JSON object")
     _check_keys(obj, PREVIEW_FIELDS, "")
-    schedule = _parse_schedule(_require(obj, "schedule", ""), now, limits)
+    schedule = _parse_schedule(_require(obj, "schedule", ""), now, limits, budget)
     count = _integer(obj["count"], "count", (1, max_count)) if "count" in obj else default_count
     start = parse_time(obj["from"], "from") if obj.get("from") is not None else now
     return schedule, count, start

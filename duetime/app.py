@@ -237,6 +237,9 @@ class Node:
                 metrics_token=s.metrics_token,
                 serve_metrics=s.metrics_port is None,
                 readiness=self._tasks_ready,
+                preview_workers=s.preview_workers,
+                preview_max_waiting=s.preview_max_waiting,
+                preview_per_owner=s.preview_per_owner,
             )
             if self.api
             else _ops_app(self.store, self._not_ready, s, access_log=s.access_log)

@@ -508,6 +508,8 @@ class Preview:
     job_id: str | None
     state: str | None
     raw: dict[str, Any] = field(repr=False, compare=False)
+    truncated: bool = False  # the server's cap on one preview's work cut the list short
+    resume_from: datetime | None = None  # when truncated: the ``start`` that lists what follows
     spread_ms: int | None = None  # job previews: the job's fixed offset, in every item's due_at
 
     @classmethod
@@ -521,6 +523,8 @@ class Preview:
             job_id=data.get("job_id"),
             state=data.get("state"),
             raw=dict(data),
+            truncated=bool(data.get("truncated", False)),
+            resume_from=_opt_time(data.get("resume_from")),
             spread_ms=data.get("spread_ms"),
         )
 

@@ -649,9 +649,39 @@ class Settings:
         metadata=_meta(
             "DUETIME_API_OWNER_RATE",
             "Requests per second one owner may make to one API process (a token bucket with bursts "
-            "of twice that); more answer 429 with Retry-After. 0 turns the limit off.",
+            "of twice that); more answer 429 with Retry-After. A request whose work grows with its "
+            "input (a schedule preview, a schedule with many excluded dates, a bulk change, a "
+            "backfill, an answer over 32 KiB) counts as several, by its measured cost "
+            "(docs/security.md). 0 turns the limit off.",
             _seconds(allow_zero=True),
             shown="1000",
+        ),
+    )
+    preview_workers: int = field(
+        default=1,
+        metadata=_meta(
+            "DUETIME_PREVIEW_WORKERS",
+            "Worker processes per API process that compute schedule previews, off the event loop "
+            "and at a lower CPU priority (nice 10). Started at the first preview.",
+            _integer(1, 64),
+        ),
+    )
+    preview_max_waiting: int = field(
+        default=8,
+        metadata=_meta(
+            "DUETIME_PREVIEW_MAX_WAITING",
+            "Previews that may wait for a busy worker, per API process; one more answers 429 "
+            "`server_busy` with Retry-After at once.",
+            _integer(0, 10_000),
+        ),
+    )
+    preview_per_owner: int = field(
+        default=2,
+        metadata=_meta(
+            "DUETIME_PREVIEW_PER_OWNER",
+            "Previews one owner may have running or waiting at once, per API process; one more "
+            "answers 429 `rate_limited` with Retry-After, so one owner cannot fill the queue.",
+            _integer(1, 10_000),
         ),
     )
     max_jobs_per_owner: int = field(

@@ -4,6 +4,7 @@ process: the answer over HTTP, and for the slow-client items the behaviour of a 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -303,6 +304,49 @@ async def test_a_duplicated_authorization_header_or_query_parameter_answers_400(
     status, _, body = await _call(api, key, "GET", "/v1/jobs?limit=1&limit=1000")
     assert status == 400 and body["error"]["code"] == "duplicate_parameter", body
     assert body["error"]["field"] == "limit"
+
+
+async def _raw_create(api: NodeProc, key: str, *idempotency_lines: bytes) -> tuple[int, Any]:
+    """POST /v1/jobs over a raw socket, with Idempotency-Key header lines exactly as given (an
+    HTTP client would trim or refuse them)."""
+    body = json.dumps(_cron(), separators=(",", ":")).encode()
+    head = (
+        f"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
+    ).encode()
+    reader, writer = await _open(api)
+    writer.write(head + b"".join(line + b"\r\n" for line in idempotency_lines) + b"\r\n" + body)
+    await writer.drain()
+    _, data = await _closed_after(reader, within=8)
+    writer.close()
+    status_line, _, rest = data.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2] or b"null")
+
+
+async def test_an_idempotency_key_sent_with_spaces_at_either_end_is_refused(api: NodeProc, key: str) -> None:
+    """The parser trims a header's value, so a key sent as ' k ' used to be taken as 'k' (the
+    contract: 422 when it has leading or trailing spaces as sent; two such headers are 400)."""
+    tag = uuid.uuid4().hex[:8]
+    for line in (
+        f"Idempotency-Key:  lead-{tag}".encode(),
+        f"Idempotency-Key: trail-{tag} ".encode(),
+        f"Idempotency-Key: tab-{tag}\t".encode(),
+        f"idempotency-key:   both-{tag}  ".encode(),
+    ):
+        status, body = await _raw_create(api, key, line)
+        assert status == 422, (line, body)
+        assert (
+            body["error"]["code"] == "invalid_idempotency_key" and body["error"]["field"] == "Idempotency-Key"
+        )
+    # the usual spellings still work: one space or none after the colon, spaces inside the key
+    status, body = await _raw_create(api, key, f"Idempotency-Key: in side {tag}".encode())
+    assert status == 201, body
+    again, replayed = await _raw_create(api, key, f"Idempotency-Key:in side {tag}".encode())
+    assert again == 200 and replayed["id"] == body["id"]
+    status, body = await _raw_create(
+        api, key, f"Idempotency-Key: a-{tag}".encode(), f"Idempotency-Key: b-{tag}".encode()
+    )
+    assert status == 400 and body["error"]["code"] == "duplicate_header", body
 
 
 async def test_metrics_can_move_to_a_listener_of_their_own(pg_dsn: str, tmp_path: Any) -> None:
