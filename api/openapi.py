@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from duetime._version import __version__
+from duetime.core.changes import REASON_HEADER, REASON_MAX, ActorType, ChangeAction
 from duetime.core.labels import LABEL_KEY_MAX, LABEL_KEY_PATTERN, LABEL_VALUE_MAX, LABELS_MAX, NAME_PATTERN
 from duetime.core.validation import SpecLimits
 
@@ -437,6 +438,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "status_code",
             "error",
             "lateness_ms",
+            "spec_version",
         ],
         "additionalProperties": False,
         "properties": {
@@ -450,6 +452,12 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "lateness_ms": {
                 "type": ["integer", "null"],
                 "description": "started_at − (scheduled_for + this occurrence's jitter).",
+            },
+            "spec_version": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "The job's spec_version this run ran under (a skipped occurrence: the "
+                "one in force when it was skipped).",
             },
         },
     }
@@ -485,6 +493,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "created_at",
             "updated_at",
             "last_run",
+            "spec_version",
         ],
         "additionalProperties": False,
         "properties": {
@@ -508,6 +517,12 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "created_at": _TIME,
             "updated_at": _TIME,
             "last_run": {"oneOf": [_ref("Run"), {"type": "null"}]},
+            "spec_version": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "1 at create, one more for each change that altered the spec "
+                "(GET /v1/jobs/{id}/changes lists them).",
+            },
         },
     }
     cursor: JsonObject = {
@@ -628,6 +643,13 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "additionalProperties": False,
             "properties": {"items": {"type": "array", "items": _ref("Run")}, "next_cursor": cursor},
         },
+        "Change": _change_schema(),
+        "ChangePage": {
+            "type": "object",
+            "required": ["items", "next_cursor"],
+            "additionalProperties": False,
+            "properties": {"items": {"type": "array", "items": _ref("Change")}, "next_cursor": cursor},
+        },
         "Target": _target_schema(),
         "TargetPage": {
             "type": "object",
@@ -659,6 +681,55 @@ def _schemas(limits: SpecLimits) -> JsonObject:
     }
     schemas.update(_preview_schemas())
     return schemas
+
+
+def _change_schema() -> JsonObject:
+    """One record of a job's change history (core/changes.py)."""
+    return {
+        "type": "object",
+        "required": ["seq", "at", "actor", "action", "reason", "spec_version", "diff"],
+        "additionalProperties": False,
+        "properties": {
+            "seq": {"type": "integer", "minimum": 1, "description": "1, 2, … per job, in order."},
+            "at": _TIME,
+            "actor": {
+                "type": "object",
+                "required": ["type", "key_id"],
+                "additionalProperties": False,
+                "properties": {
+                    "type": {"enum": [a.value for a in ActorType]},
+                    "key_id": {
+                        "type": ["string", "null"],
+                        "description": "The id (prefix) of the API key that made the change, as "
+                        "`duetime keys list` shows it; null for Duetime's own changes.",
+                    },
+                },
+            },
+            "action": {"enum": [a.value for a in ChangeAction]},
+            "reason": {
+                "type": ["string", "null"],
+                "description": f"The call's `{REASON_HEADER}` header; for Duetime's own changes, why.",
+            },
+            "spec_version": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "The job's spec_version after the change.",
+            },
+            "diff": {
+                "type": "object",
+                "description": "Every spec field the change altered, by its JSON Pointer into the spec "
+                "(`/schedule/cron`; `~1` for a `/` in a key), as `{from, to}`; a field one side lacks is "
+                'null there. A create lists the whole spec under `""`; pause, resume, trigger, '
+                "backfill, replay and cancel list nothing. Header values read `<redacted>`.",
+                "additionalProperties": {
+                    "type": "object",
+                    "required": ["from", "to"],
+                    "additionalProperties": False,
+                    "properties": {"from": {}, "to": {}},
+                },
+            },
+        },
+    }
 
 
 def _target_schema() -> JsonObject:
@@ -1008,6 +1079,21 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                 },
             }
         },
+        "/v1/jobs/{job_id}/changes": {
+            "get": {
+                "operationId": "list_changes",
+                "summary": "The job's change history, newest first, one page at a time: every change "
+                "by its owner's calls and by Duetime itself, who made it, why, and how the spec moved.",
+                "parameters": [_JOB_ID_PARAM, *_page_params()],
+                "responses": {
+                    "200": _json("A page of change records.", _ref("ChangePage")),
+                    "401": _E401,
+                    "404": _E404,
+                    "422": _E422,
+                    "503": _E503,
+                },
+            }
+        },
         "/v1/runs": {
             "get": {
                 "operationId": "list_owner_runs",
@@ -1056,6 +1142,7 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
     paths.update(_owner_scale_paths(spec_body, location))
     paths.update(_preview_paths())
     _add_edge_answers(paths)
+    _add_reasons(paths)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -1190,6 +1277,49 @@ def _add_edge_answers(paths: JsonObject) -> None:
             limit_409 = _LIMITS_409.get(operation.get("operationId", ""))
             if limit_409 is not None:
                 responses["409"] = _error(limit_409)
+            operation["responses"] = dict(sorted(responses.items()))
+
+
+# The calls that change a job: each takes a reason for its change record.
+_CHANGING: Final = frozenset(
+    {
+        "create_job",
+        "update_job",
+        "put_job_by_name",
+        "cancel_job",
+        "pause_job",
+        "resume_job",
+        "trigger_job",
+        "backfill_job",
+        "replay_job",
+        "bulk_pause",
+        "bulk_resume",
+        "bulk_cancel",
+    }
+)
+_REASON_PARAM: Final = {
+    "name": REASON_HEADER,
+    "in": "header",
+    "required": False,
+    "description": f"Why this change is made: printable text of at most {REASON_MAX} characters "
+    "(UTF-8), kept in the job's change record (GET /v1/jobs/{id}/changes). Longer, or with "
+    "control characters: 422 `invalid_reason`. Send it once (twice: 400 `duplicate_header`).",
+    "schema": {"type": "string", "maxLength": REASON_MAX},
+}
+
+
+def _add_reasons(paths: JsonObject) -> None:
+    """Every operation that changes a job takes ``Duetime-Reason``, and can answer 422 for it."""
+    for item in paths.values():
+        for operation in item.values():
+            if operation.get("operationId") not in _CHANGING:
+                continue
+            operation["parameters"] = [*operation.get("parameters", []), _REASON_PARAM]
+            responses = operation["responses"]
+            if "422" not in responses:
+                responses["422"] = _error(
+                    f"The `{REASON_HEADER}` header is not acceptable (`invalid_reason`)."
+                )
             operation["responses"] = dict(sorted(responses.items()))
 
 

@@ -215,6 +215,10 @@ class Run:
     status_code: int | None = None
     error: str | None = None
     lateness_ms: int | None = None
+    # The job's spec_version this run ran under (a skipped occurrence: the one in force when it
+    # was skipped). History from before versions were kept reads as 1, the version every job
+    # had then.
+    spec_version: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,3 +234,5 @@ class Job:
     created_at: datetime
     updated_at: datetime
     last_run: Run | None = None
+    # 1 at create, one more for each change that altered the spec (core/changes.py).
+    spec_version: int = 1

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from duetime.core import codec, failures, jitter
+from duetime.core.changes import AUTO_PAUSE_REASON
 from duetime.core.failures import FailureCount, FailureEvent, OccurrenceEnd
 from duetime.core.ids import new_job_id
 from duetime.core.lifecycle import (
@@ -83,7 +84,7 @@ def _plan_arrays(plans: Sequence[PlanWrite]) -> list[list[Any]]:
 
 
 def _history_arrays(runs: Sequence[HistoryWrite]) -> list[list[Any]]:
-    """``insert_runs``' parameters, $1..$11 in order."""
+    """``insert_runs``' parameters, $1..$12 in order."""
     return [
         [h.job_id for h in runs],
         [h.shard for h in runs],
@@ -96,6 +97,7 @@ def _history_arrays(runs: Sequence[HistoryWrite]) -> list[list[Any]]:
         [h.run.error for h in runs],
         [h.run.lateness_ms for h in runs],
         [h.fencing_token for h in runs],
+        [h.run.spec_version for h in runs],
     ]
 
 
@@ -321,6 +323,17 @@ def _running(row: asyncpg.Record) -> FencedRun:
         run_kind=kind,
         parent_id=row["parent_id"],
     )
+
+
+def _ran_under(row: asyncpg.Record) -> int:
+    """The spec_version (the API's: ``spec_revision``, migration 0018) the attempt of a row read by
+    ``lock_for_completion`` ran under: what its fence recorded under this lease, so a PATCH during
+    the call does not move it; the row's own for a run fenced by a process of an earlier release."""
+    fenced: int | None = row["fenced_revision"]
+    if fenced is not None and row["fenced_token"] == row["lease_token"]:
+        return fenced
+    current: int = row["spec_revision"]
+    return current
 
 
 def _locked_spec(row: asyncpg.Record, rep: AttemptReport | None) -> JobSpec:
@@ -650,6 +663,7 @@ class BatchWriter:
             status_code=verdict.status_code,
             error=_history_error(spec, rep, nominal_due, now),
             lateness_ms=_lateness_ms(rep, nominal_due),
+            spec_version=_ran_under(row),
         )
         last = self._history(row, run, rep.lease_token)
         current = plan_of(row)
@@ -805,6 +819,7 @@ class BatchWriter:
                     finished_at=now,
                     outcome=Outcome.SKIPPED,
                     error=error,
+                    spec_version=row["spec_revision"],
                 ),
                 row["lease_token"],
             )
@@ -874,7 +889,8 @@ class BatchWriter:
                     [c.failing for _, c in writes.counts],
                 )
             if writes.paused:
-                await conn.execute(Q["pause_failing_jobs"], writes.paused)
+                # With their change records (auto_pause), in the same statement.
+                await conn.execute(Q["pause_failing_jobs"], writes.paused, AUTO_PAUSE_REASON)
                 self.paused = writes.paused
             if writes.events:
                 await conn.execute(Q["insert_failure_events"], *_event_arrays(writes.events))

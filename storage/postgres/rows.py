@@ -35,6 +35,7 @@ def job_from_row(row: asyncpg.Record) -> Job:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         last_run=codec.run_from_json(last) if last else None,
+        spec_version=row["spec_revision"],
     )
 
 
@@ -48,4 +49,5 @@ def run_from_row(row: asyncpg.Record) -> Run:
         status_code=row["status_code"],
         error=row["error"],
         lateness_ms=row["lateness_ms"],
+        spec_version=row["spec_version"],
     )

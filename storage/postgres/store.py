@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import asyncpg
 
+from duetime.storage.postgres.changes import ChangesPart
 from duetime.storage.postgres.completion import CompletionPart
 from duetime.storage.postgres.events import EventsPart
 from duetime.storage.postgres.flow import FlowPart
@@ -44,6 +45,7 @@ class PostgresStore(
     TargetHealthPart,
     FlowPart,
     ServerKeysPart,
+    ChangesPart,
 ):
     """Registry + run store (and the outbox and flow control) on asyncpg pools, one pool per
     distinct database in the shard map."""
