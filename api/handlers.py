@@ -34,6 +34,7 @@ from duetime.core.errors import Conflict, InvalidRequest, MalformedRequest, NotF
 from duetime.core.ids import parse_job_id
 from duetime.core.labels import check_name, check_name_prefix, parse_bulk_request, parse_label_query
 from duetime.core.model import (
+    PLAIN_PAUSE,
     IntervalSchedule,
     Job,
     JobSpec,
@@ -46,12 +47,15 @@ from duetime.core.model import (
 from duetime.core.ssrf import AddressPolicy, check_webhook_url
 from duetime.core.topics import TOPIC_FIELD, TopicPolicy
 from duetime.core.validation import (
+    PAUSE_FIELDS,
     SpecLimits,
     canonical_body_hash,
     merge_patch,
     parse_backfill_range,
     parse_idempotency_key,
     parse_job_spec,
+    parse_pause_fields,
+    parse_pause_request,
     parse_replay_request,
     parse_time,
 )
@@ -409,9 +413,15 @@ class JobsApi:
 
     async def _bulk(self, request: web.Request, action: BulkAction) -> web.Response:
         by = change_by(request)
-        labels, state = parse_bulk_request(await _json_body(request))
+        data = await _json_body(request)
+        # A bulk pause says what a single one may (note, until) for every job it pauses.
+        also = PAUSE_FIELDS if action == "pause" else ()
+        labels, state = parse_bulk_request(data, also=also)
+        pause = PLAIN_PAUSE
+        if also:
+            pause = parse_pause_fields(data, now=DB_CLOCK.now(), limits=self._limits)
         result = await self._registry.bulk_action(
-            request[OWNER], action, labels, state=state, max_jobs=self._bulk_max, by=by
+            request[OWNER], action, labels, state=state, max_jobs=self._bulk_max, by=by, pause=pause
         )
         return json_response({"matched": result.matched, "changed": result.changed, "more": result.more})
 
@@ -449,8 +459,15 @@ class JobsApi:
         return json_response(job_to_json(job))
 
     async def pause_job(self, request: web.Request) -> web.Response:
+        """Without a body: paused until a resume. With ``{"note", "until"}``: the note is shown
+        while paused, and Duetime resumes the job itself at ``until``."""
         job_id, by = job_id_of(request), change_by(request)
-        job = await self._registry.pause_job(request[OWNER], job_id, by=by)
+        body = await request.read()
+        pause = PLAIN_PAUSE
+        if body.strip():
+            require_json_content_type(request)
+            pause = parse_pause_request(parse_json(body), now=DB_CLOCK.now(), limits=self._limits)
+        job = await self._registry.pause_job(request[OWNER], job_id, by=by, pause=pause)
         return json_response(job_to_json(job))
 
     async def resume_job(self, request: web.Request) -> web.Response:

@@ -13,7 +13,7 @@ from typing import Any, Final
 from duetime._version import __version__
 from duetime.core.changes import REASON_HEADER, REASON_MAX, ActorType, ChangeAction
 from duetime.core.labels import LABEL_KEY_MAX, LABEL_KEY_PATTERN, LABEL_VALUE_MAX, LABELS_MAX, NAME_PATTERN
-from duetime.core.validation import SpecLimits
+from duetime.core.validation import PAUSE_NOTE_MAX, SpecLimits
 
 JsonObject = dict[str, Any]
 
@@ -494,6 +494,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "updated_at",
             "last_run",
             "spec_version",
+            "paused",
         ],
         "additionalProperties": False,
         "properties": {
@@ -522,6 +523,10 @@ def _schemas(limits: SpecLimits) -> JsonObject:
                 "minimum": 1,
                 "description": "1 at create, one more for each change that altered the spec "
                 "(GET /v1/jobs/{id}/changes lists them).",
+            },
+            "paused": {
+                "oneOf": [{"type": "null"}, _ref("Paused")],
+                "description": "While the job is paused: what its pause said; null otherwise.",
             },
         },
     }
@@ -577,17 +582,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "type": "object",
             "required": ["labels"],
             "additionalProperties": False,
-            "properties": {
-                "labels": {
-                    **_LABELS,
-                    "minProperties": 1,
-                    "description": "The jobs that carry every pair; at least one (422 `selector_required`).",
-                },
-                "state": {
-                    "enum": ["scheduled", "paused", "completed", "cancelled", "dead"],
-                    "description": "Only jobs in this state as well.",
-                },
-            },
+            "properties": _bulk_selector(),
         },
         "BulkResult": {
             "type": "object",
@@ -644,6 +639,36 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "properties": {"items": {"type": "array", "items": _ref("Run")}, "next_cursor": cursor},
         },
         "Change": _change_schema(),
+        "Paused": {
+            "type": "object",
+            "required": ["at", "note", "until", "actor"],
+            "additionalProperties": False,
+            "properties": {
+                "at": {**_OPT_TIME, "description": "When it paused (null for a pause from before 0.3.0)."},
+                "note": {"type": ["string", "null"]},
+                "until": {**_OPT_TIME, "description": "When Duetime resumes it by itself; null: never."},
+                "actor": {
+                    "type": "object",
+                    "required": ["type", "key_id"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "type": {"enum": [a.value for a in ActorType]},
+                        "key_id": {"type": ["string", "null"]},
+                    },
+                },
+            },
+        },
+        "PauseRequest": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": _pause_fields(limits),
+        },
+        "BulkPauseRequest": {
+            "type": "object",
+            "required": ["labels"],
+            "additionalProperties": False,
+            "properties": {**_bulk_selector(), **_pause_fields(limits)},
+        },
         "ChangePage": {
             "type": "object",
             "required": ["items", "next_cursor"],
@@ -681,6 +706,36 @@ def _schemas(limits: SpecLimits) -> JsonObject:
     }
     schemas.update(_preview_schemas())
     return schemas
+
+
+def _bulk_selector() -> JsonObject:
+    return {
+        "labels": {
+            **_LABELS,
+            "minProperties": 1,
+            "description": "The jobs that carry every pair; at least one (422 `selector_required`).",
+        },
+        "state": {
+            "enum": ["scheduled", "paused", "completed", "cancelled", "dead"],
+            "description": "Only jobs in this state as well.",
+        },
+    }
+
+
+def _pause_fields(limits: SpecLimits) -> JsonObject:
+    return {
+        "note": {
+            "type": ["string", "null"],
+            "maxLength": PAUSE_NOTE_MAX,
+            "description": "Shown in the Job's `paused` while it is paused.",
+        },
+        "until": {
+            **_OPT_TIME,
+            "description": "Duetime resumes the job itself at this time (within a second or so), "
+            "applying its misfire policy as a resume does, and records an `auto_resume`. In the "
+            f"future and at most {limits.run_at_horizon_days} days ahead, else 422 `invalid_until`.",
+        },
+    }
 
 
 def _change_schema() -> JsonObject:
@@ -992,12 +1047,26 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
             ),
         },
         "/v1/jobs/{job_id}/pause": {
-            "post": _action(
-                "pause_job",
-                "Pause a job: no run starts while paused.",
-                {"200": _json("The job, now paused.", _ref("Job"))},
-                conflict=True,
-            )
+            "post": {
+                **_action(
+                    "pause_job",
+                    'Pause a job: no run starts while paused. With `{"note", "until"}`: the note is '
+                    "shown while paused, and Duetime resumes the job at `until`. Pausing a paused "
+                    "job changes nothing (resume it first to pause it anew).",
+                    {
+                        "200": _json("The job, now paused.", _ref("Job")),
+                        "400": _E400,
+                        "413": _E413,
+                        "415": _E415,
+                        "422": _E422,
+                    },
+                    conflict=True,
+                ),
+                "requestBody": {
+                    "required": False,
+                    "content": {"application/json": {"schema": _ref("PauseRequest")}},
+                },
+            }
         },
         "/v1/jobs/{job_id}/resume": {
             "post": _action(
@@ -1174,11 +1243,14 @@ def _owner_scale_paths(spec_body: JsonObject, location: JsonObject) -> JsonObjec
     bulk_body = {"required": True, "content": {"application/json": {"schema": _ref("BulkRequest")}}}
 
     def bulk(action: str, summary: str) -> JsonObject:
+        body = bulk_body
+        if action == "pause":
+            body = {"required": True, "content": {"application/json": {"schema": _ref("BulkPauseRequest")}}}
         return {
             "post": {
                 "operationId": f"bulk_{action}",
                 "summary": summary,
-                "requestBody": bulk_body,
+                "requestBody": body,
                 "responses": {
                     "200": _json("What the call did.", _ref("BulkResult")),
                     "400": _E400,
@@ -1227,7 +1299,7 @@ def _owner_scale_paths(spec_body: JsonObject, location: JsonObject) -> JsonObjec
         "/v1/jobs/bulk/pause": bulk(
             "pause",
             "Pause the owner's scheduled jobs that carry every label; none of them starts a run "
-            "after the answer.",
+            "after the answer. `note` and `until` are as for a single pause, for every job paused.",
         ),
         "/v1/jobs/bulk/resume": bulk("resume", "Resume the owner's paused jobs that carry every label."),
         "/v1/jobs/bulk/cancel": bulk(

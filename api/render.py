@@ -16,7 +16,7 @@ from aiohttp import web
 from duetime.api.errors import JSON_CONTENT_TYPE
 from duetime.core.changes import Change
 from duetime.core.codec import format_time, run_to_json, spec_to_json
-from duetime.core.model import Job, Run
+from duetime.core.model import Job, Paused, Run
 from duetime.storage.base import Backfill, Page
 from duetime.storage.ports import TargetView
 
@@ -31,7 +31,18 @@ def job_to_json(job: Job) -> dict[str, Any]:
     body["updated_at"] = format_time(job.updated_at)
     body["last_run"] = None if job.last_run is None else run_to_json(job.last_run)
     body["spec_version"] = job.spec_version
+    body["paused"] = None if job.paused is None else paused_to_json(job.paused)
     return body
+
+
+def paused_to_json(paused: Paused) -> dict[str, Any]:
+    """The Job's ``paused`` object: when, the note, until when, and who paused it."""
+    return {
+        "at": None if paused.at is None else format_time(paused.at),
+        "note": paused.note,
+        "until": None if paused.until is None else format_time(paused.until),
+        "actor": {"type": paused.actor.value, "key_id": paused.key_id},
+    }
 
 
 def jobs_page_to_json(page: Page[Job]) -> dict[str, Any]:

@@ -27,6 +27,23 @@ from typing import Any, Final
 
 from duetime.core.codec import REDACTED
 from duetime.core.errors import InvalidRequest
+from duetime.core.model import ActorType
+
+__all__ = [
+    "AUTO_PAUSE_REASON",
+    "AUTO_RESUME_REASON",
+    "REASON_HEADER",
+    "REASON_MAX",
+    "UNNAMED",
+    "ActorType",
+    "Change",
+    "ChangeAction",
+    "ChangeBy",
+    "creation_diff",
+    "parse_reason",
+    "pointer",
+    "spec_diff",
+]
 
 #: The longest reason a call may carry (characters).
 REASON_MAX: Final = 500
@@ -37,6 +54,8 @@ REASON_HEADER: Final = "Duetime-Reason"
 #: The reason Duetime gives for an ``auto_pause``, ``%s`` the count of failed occurrences (written
 #: by the completion's statement with PostgreSQL's ``format``, by the in-memory store with ``%``).
 AUTO_PAUSE_REASON: Final = "paused by pause_after_failures after %s consecutive failed occurrences"
+#: The reason Duetime gives for an ``auto_resume``, ``{until}`` the pause's end as RFC 3339.
+AUTO_RESUME_REASON: Final = "the pause until {until} ended"
 
 
 class ChangeAction(enum.StrEnum):
@@ -53,13 +72,6 @@ class ChangeAction(enum.StrEnum):
     REPLAY = "replay"
     AUTO_PAUSE = "auto_pause"  # pause_after_failures reached
     AUTO_RESUME = "auto_resume"  # a pause's ``until`` came
-
-
-class ActorType(enum.StrEnum):
-    """Who made a change: an owner through the API, or Duetime itself."""
-
-    OWNER = "owner"
-    DUETIME = "duetime"
 
 
 @dataclass(frozen=True, slots=True)

@@ -626,7 +626,10 @@ def _add_jobs_parser(sub: Any) -> None:
     for action in ("get", *_JOB_ACTIONS):
         verb = "cancel (DELETE)" if action == "cancel" else action
         parents = [conn] if action == "get" else [conn, why]
-        actions.add_parser(action, parents=parents, help=f"{verb} a job").add_argument("job_id", metavar="ID")
+        one = actions.add_parser(action, parents=parents, help=f"{verb} a job")
+        one.add_argument("job_id", metavar="ID")
+        if action == "pause":
+            _add_pause_flags(one)
     for name, what in (
         ("list", "jobs"),
         ("runs", "a job's runs, newest first"),
@@ -673,6 +676,7 @@ def _add_jobs_parser(sub: Any) -> None:
     bulk.add_argument(
         "--once", action="store_true", help="one call (at most DUETIME_BULK_MAX jobs); default: until done"
     )
+    _add_pause_flags(bulk, only_pause=True)
 
     backfill = actions.add_parser(
         "backfill",
@@ -699,6 +703,20 @@ def _add_jobs_parser(sub: Any) -> None:
     preview.add_argument("--every", help="preview an interval such as 90m")
     preview.add_argument("--start-at", help="RFC 3339 first occurrence of --every")
     preview.add_argument("--exclude", action="append", metavar="DATE[..DATE]", help="excluded local dates")
+
+
+def _add_pause_flags(parser: argparse.ArgumentParser, *, only_pause: bool = False) -> None:
+    what = " (bulk pause only)" if only_pause else ""
+    parser.add_argument(
+        "--note",
+        metavar="TEXT",
+        help=f"shown in the job's paused while it is paused (≤ 500 characters){what}",
+    )
+    parser.add_argument(
+        "--until",
+        metavar="TIME",
+        help=f"RFC 3339: the server resumes the job by itself then (its misfire policy applies){what}",
+    )
 
 
 class _JobsUsage(Exception):
@@ -844,9 +862,16 @@ def _apply(client: DuetimeClient, args: argparse.Namespace) -> None:
 
 def _bulk(client: DuetimeClient, args: argparse.Namespace) -> dict[str, Any]:
     labels = _labels_arg(args.label)
+    if args.bulk_action != "pause" and (args.note is not None or args.until is not None):
+        raise _JobsUsage("--note and --until go with bulk pause")
     total = {"matched": 0, "changed": 0, "more": False, "calls": 0}
     while True:
-        result = getattr(client, f"bulk_{args.bulk_action}")(labels, state=args.state, reason=args.reason)
+        if args.bulk_action == "pause":
+            result = client.bulk_pause(
+                labels, state=args.state, note=args.note, until=args.until, reason=args.reason
+            )
+        else:
+            result = getattr(client, f"bulk_{args.bulk_action}")(labels, state=args.state, reason=args.reason)
         total["matched"] += result.matched
         total["changed"] += result.changed
         total["more"] = result.more
@@ -880,6 +905,8 @@ def _jobs_call(client: DuetimeClient, args: argparse.Namespace) -> Any:
         return client.update_job(args.job_id, patch, reason=args.reason).raw
     if action == "get":
         return client.get_job(args.job_id).raw
+    if action == "pause":
+        return client.pause_job(args.job_id, note=args.note, until=args.until, reason=args.reason).raw
     if action in _JOB_ACTIONS:
         return getattr(client, f"{action}_job")(args.job_id, reason=args.reason).raw
     if action == "backfill":

@@ -379,6 +379,8 @@ class Job:
     pause_after_failures: int | None = None
     # 1 at create, one more per change of the spec (None from a server without change history).
     spec_version: int | None = None
+    # While paused: {"at", "note", "until", "actor": {"type", "key_id"}}; None otherwise.
+    paused: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Job:
@@ -408,6 +410,7 @@ class Job:
                 None if data.get("pause_after_failures") is None else int(data["pause_after_failures"])
             ),
             spec_version=_opt_int(data.get("spec_version")),
+            paused=None if data.get("paused") is None else dict(data["paused"]),
         )
 
 
@@ -611,6 +614,15 @@ def _reason(reason: str | None, headers: Mapping[str, str] | None = None) -> dic
     return out
 
 
+def _pause_body(note: str | None, until: datetime | str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if note is not None:
+        body["note"] = note
+    if until is not None:
+        body["until"] = _rfc3339(until)
+    return body
+
+
 def _label_query(labels: Mapping[str, str] | None) -> list[str]:
     return [f"{key}={value}" for key, value in (labels or {}).items()]
 
@@ -693,8 +705,10 @@ class Operations:
         labels: Mapping[str, str],
         state: str | None = None,
         reason: str | None = None,
+        pause: Mapping[str, Any] | None = None,
     ) -> Operation[BulkResult]:
-        body: dict[str, Any] = {"labels": dict(labels)}
+        """``pause``: a bulk pause's ``note`` and ``until`` (see ``pause_job``)."""
+        body: dict[str, Any] = {"labels": dict(labels), **(pause or {})}
         if state is not None:
             body["state"] = state
         return Operation(
@@ -727,6 +741,26 @@ class Operations:
         job_id: str, action: Literal["pause", "resume", "trigger", "replay"], reason: str | None = None
     ) -> Operation[Job]:
         return Operation("POST", _job_path(job_id, "/" + action), Job.from_json, headers=_reason(reason))
+
+    @staticmethod
+    def pause_job(
+        job_id: str,
+        note: str | None = None,
+        until: datetime | str | None = None,
+        reason: str | None = None,
+    ) -> Operation[Job]:
+        """Without ``note`` and ``until`` as ``job_action(job_id, "pause")``; with them, the body
+        ``{"note", "until"}``: the note is shown while paused, and the server resumes the job at
+        ``until`` by itself."""
+        body = _pause_body(note, until)
+        return Operation(
+            "POST",
+            _job_path(job_id, "/pause"),
+            Job.from_json,
+            body=body or None,
+            has_body=bool(body),
+            headers=_reason(reason),
+        )
 
     @staticmethod
     def backfill_job(
@@ -1065,9 +1099,16 @@ class DuetimeClient(_Base):
         return self.send(Operations.put_job_by_name(name, spec, reason))
 
     def bulk_pause(
-        self, labels: Mapping[str, str], *, state: str | None = None, reason: str | None = None
+        self,
+        labels: Mapping[str, str],
+        *,
+        state: str | None = None,
+        note: str | None = None,
+        until: datetime | str | None = None,
+        reason: str | None = None,
     ) -> BulkResult:
-        return self.send(Operations.bulk_action("pause", labels, state, reason))
+        """Pause every scheduled job carrying ``labels``; ``note`` and ``until`` as for ``pause_job``."""
+        return self.send(Operations.bulk_action("pause", labels, state, reason, _pause_body(note, until)))
 
     def bulk_resume(
         self, labels: Mapping[str, str], *, state: str | None = None, reason: str | None = None
@@ -1085,8 +1126,17 @@ class DuetimeClient(_Base):
     def cancel_job(self, job_id: str, *, reason: str | None = None) -> Job:
         return self.send(Operations.cancel_job(job_id, reason))
 
-    def pause_job(self, job_id: str, *, reason: str | None = None) -> Job:
-        return self.send(Operations.job_action(job_id, "pause", reason))
+    def pause_job(
+        self,
+        job_id: str,
+        *,
+        note: str | None = None,
+        until: datetime | str | None = None,
+        reason: str | None = None,
+    ) -> Job:
+        """Pause the job: ``note`` is shown in its ``paused`` while paused, and at ``until`` (an
+        aware datetime or RFC 3339) the server resumes it by itself."""
+        return self.send(Operations.pause_job(job_id, note, until, reason))
 
     def resume_job(self, job_id: str, *, reason: str | None = None) -> Job:
         return self.send(Operations.job_action(job_id, "resume", reason))
@@ -1281,9 +1331,18 @@ class AsyncDuetimeClient(_Base):
         return await self.send(Operations.put_job_by_name(name, spec, reason))
 
     async def bulk_pause(
-        self, labels: Mapping[str, str], *, state: str | None = None, reason: str | None = None
+        self,
+        labels: Mapping[str, str],
+        *,
+        state: str | None = None,
+        note: str | None = None,
+        until: datetime | str | None = None,
+        reason: str | None = None,
     ) -> BulkResult:
-        return await self.send(Operations.bulk_action("pause", labels, state, reason))
+        """Pause every scheduled job carrying ``labels``; ``note`` and ``until`` as for ``pause_job``."""
+        return await self.send(
+            Operations.bulk_action("pause", labels, state, reason, _pause_body(note, until))
+        )
 
     async def bulk_resume(
         self, labels: Mapping[str, str], *, state: str | None = None, reason: str | None = None
@@ -1301,8 +1360,17 @@ class AsyncDuetimeClient(_Base):
     async def cancel_job(self, job_id: str, *, reason: str | None = None) -> Job:
         return await self.send(Operations.cancel_job(job_id, reason))
 
-    async def pause_job(self, job_id: str, *, reason: str | None = None) -> Job:
-        return await self.send(Operations.job_action(job_id, "pause", reason))
+    async def pause_job(
+        self,
+        job_id: str,
+        *,
+        note: str | None = None,
+        until: datetime | str | None = None,
+        reason: str | None = None,
+    ) -> Job:
+        """Pause the job: ``note`` is shown in its ``paused`` while paused, and at ``until`` (an
+        aware datetime or RFC 3339) the server resumes it by itself."""
+        return await self.send(Operations.pause_job(job_id, note, until, reason))
 
     async def resume_job(self, job_id: str, *, reason: str | None = None) -> Job:
         return await self.send(Operations.job_action(job_id, "resume", reason))

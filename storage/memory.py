@@ -29,6 +29,7 @@ from duetime.core import codec, jitter, misfire
 from duetime.core.backfill import plan_backfill, require_room
 from duetime.core.changes import (
     AUTO_PAUSE_REASON,
+    AUTO_RESUME_REASON,
     UNNAMED,
     ActorType,
     Change,
@@ -41,7 +42,18 @@ from duetime.core.errors import InvalidRequest, NotFound, StorageUnavailable
 from duetime.core.failures import FailureEvent
 from duetime.core.ids import SHARDS, new_job_id, shard_of
 from duetime.core.lifecycle import OwnerStep, RowPlan, initial_plan, owner_step, split_point, update_step
-from duetime.core.model import Job, JobSpec, JobState, Overlap, Phase, Run, TargetState
+from duetime.core.model import (
+    PLAIN_PAUSE,
+    Job,
+    JobSpec,
+    JobState,
+    Overlap,
+    Paused,
+    PauseRequest,
+    Phase,
+    Run,
+    TargetState,
+)
 from duetime.core.runpath import (
     AttemptReport,
     Claim,
@@ -156,6 +168,8 @@ class _Row:
     # The API's spec_version (migration 0018), and what the fence found of it.
     spec_revision: int = 1
     fenced_revision: int | None = None
+    # What the pause of a paused job said (migration 0019); None while not paused.
+    pause: Paused | None = None
 
     def locked(self) -> dict[str, Any]:
         """The row as ``lock_for_completion`` reads it (the spec as its text)."""
@@ -214,6 +228,7 @@ class _Row:
             updated_at=self.updated_at,
             last_run=codec.run_from_json(self.last_run) if self.last_run else None,
             spec_version=self.spec_revision,
+            paused=self.pause if self.state == JobState.PAUSED else None,
         )
 
     def give_back_claim(self) -> None:
@@ -525,6 +540,8 @@ class MemoryStore:
         revoke: bool,
         spec: dict[str, Any] | None = None,
         spec_version: int | None = None,
+        pause: PauseRequest = PLAIN_PAUSE,
+        by: ChangeBy = UNNAMED,
     ) -> Job:
         if spec is not None:
             row.spec = spec
@@ -532,6 +549,10 @@ class MemoryStore:
             row.spec_version = spec_version
         if row.state == JobState.PAUSED and plan.state is JobState.SCHEDULED:
             row.consecutive_failures = 0  # a resume starts the failure count over (write_job)
+        if plan.state is not JobState.PAUSED:
+            row.pause = None  # write_job: cleared when the job leaves paused, kept while it stays
+        elif row.state != JobState.PAUSED:
+            row.pause = Paused(self._now(), pause.note, pause.until, ActorType.OWNER, by.key_id)
         row.state = plan.state.value
         row.next_run_at = plan.next_run_at
         row.scheduled_for = plan.scheduled_for
@@ -587,6 +608,7 @@ class MemoryStore:
         state: JobState | None,
         max_jobs: int,
         by: ChangeBy = UNNAMED,
+        pause: PauseRequest = PLAIN_PAUSE,
     ) -> BulkResult:
         self._check()
         states = {s.value for s in bulk_states(action, state)}
@@ -607,7 +629,7 @@ class MemoryStore:
             if target is JobState.CANCELLED:
                 await self.cancel_job(owner, row.job_id, by=by)
             elif target is JobState.PAUSED:
-                await self.pause_job(owner, row.job_id, by=by)
+                await self.pause_job(owner, row.job_id, by=by, pause=pause)
             else:
                 await self.resume_job(owner, row.job_id, by=by)
         return BulkResult(matched=len(chosen), changed=len(chosen), more=len(found) > max_jobs)
@@ -663,20 +685,29 @@ class MemoryStore:
         self._record(row, ChangeAction.CANCEL, by)
         return job
 
-    async def pause_job(self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED) -> Job:
-        return self._cascaded(owner, job_id, OwnerAction.PAUSE, by)
+    async def pause_job(
+        self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED, pause: PauseRequest = PLAIN_PAUSE
+    ) -> Job:
+        return self._cascaded(owner, job_id, OwnerAction.PAUSE, by, pause)
 
     async def resume_job(self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED) -> Job:
         return self._cascaded(owner, job_id, OwnerAction.RESUME, by)
 
-    def _cascaded(self, owner: str, job_id: uuid.UUID, what: OwnerAction, by: ChangeBy) -> Job:
+    def _cascaded(
+        self,
+        owner: str,
+        job_id: uuid.UUID,
+        what: OwnerAction,
+        by: ChangeBy,
+        pause: PauseRequest = PLAIN_PAUSE,
+    ) -> Job:
         self._check()
         row = self._owned(owner, job_id)
         step = self._step(what, row)
         if step is None:
             return row.job()
         self._cascade_state(job_id, step.plan.state)
-        job = self._write(row, plan=step.plan, revoke=step.revoke)
+        job = self._write(row, plan=step.plan, revoke=step.revoke, pause=pause, by=by)
         self._record(row, ChangeAction(what.value), by)
         return job
 
@@ -1151,6 +1182,7 @@ class MemoryStore:
                 row.split_at = None
                 row.give_back_claim()
                 row.updated_at = self._now()
+                row.pause = Paused(self._now(), None, None, ActorType.DUETIME, None)
                 reason = AUTO_PAUSE_REASON % row.consecutive_failures
                 self._record(row, ChangeAction.AUTO_PAUSE, ChangeBy(reason=reason), actor=ActorType.DUETIME)
         writer.paused = writes.paused
@@ -1366,6 +1398,38 @@ class MemoryStore:
             nxt.next_run_at = now
             released += 1
         return released
+
+    async def end_pauses(self, shard: int, *, limit: int) -> int:
+        """As storage/postgres/pauses.py: the owner's resume of each job whose pause ended, with
+        its auto_resume record by Duetime."""
+        self._check()
+        now = self._now()
+        ended = sorted(
+            (
+                r
+                for r in self._jobs.values()
+                if r.shard == shard
+                and r.parent_id is None
+                and r.state == JobState.PAUSED
+                and r.pause is not None
+                and r.pause.until is not None
+                and r.pause.until <= now
+            ),
+            key=lambda r: (r.pause.until if r.pause is not None else None) or now,
+        )[:limit]
+        resumed = 0
+        for row in ended:
+            assert row.pause is not None and row.pause.until is not None
+            until = row.pause.until
+            step = self._step(OwnerAction.RESUME, row)
+            if step is None:
+                continue
+            self._cascade_state(row.job_id, step.plan.state)
+            self._write(row, plan=step.plan, revoke=step.revoke)
+            reason = AUTO_RESUME_REASON.format(until=codec.format_time(until))
+            self._record(row, ChangeAction.AUTO_RESUME, ChangeBy(reason=reason), actor=ActorType.DUETIME)
+            resumed += 1
+        return resumed
 
     async def purge_idempotency_keys(self, older_than_s: float) -> None:
         self._check()

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Generic, Literal, Protocol, TypeVar
 
 from duetime.core.changes import UNNAMED, Change, ChangeBy
-from duetime.core.model import Job, JobSpec, JobState, Run, Target, TargetState
+from duetime.core.model import PLAIN_PAUSE, Job, JobSpec, JobState, PauseRequest, Run, Target, TargetState
 
 # The run path's records are the core's vocabulary (core/runpath.py); they cross this port as
 # they are, and are re-exported here for the callers that name them by the port.
@@ -234,10 +234,12 @@ class Registry(Protocol):
         state: JobState | None,
         max_jobs: int,
         by: ChangeBy = UNNAMED,
+        pause: PauseRequest = PLAIN_PAUSE,
     ) -> BulkResult:
         """Pause, resume or cancel up to ``max_jobs`` of the owner's jobs that carry every label
         (and are in ``state``, if given) and that the action would change, each under the same
-        rules as the single-job call, with a change record each (written a batch at a time)."""
+        rules as the single-job call, with a change record each (written a batch at a time). A
+        pause says ``pause`` (its note and until) for every job it pauses."""
         ...
 
     async def update_job(
@@ -249,7 +251,12 @@ class Registry(Protocol):
 
     async def cancel_job(self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED) -> Job: ...
 
-    async def pause_job(self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED) -> Job: ...
+    async def pause_job(
+        self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED, pause: PauseRequest = PLAIN_PAUSE
+    ) -> Job:
+        """Pause a scheduled job, keeping what ``pause`` says (a note; a time to resume at) and who
+        paused it (``by``), shown while it is paused. A paused job is left as it is (no-op)."""
+        ...
 
     async def resume_job(self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED) -> Job: ...
 
@@ -450,6 +457,13 @@ class RunStore(Protocol):
     async def complete_drained_jobs(self, shard: int) -> int: ...
 
     async def release_stalled_backfills(self, shard: int) -> int: ...
+
+    async def end_pauses(self, shard: int, *, limit: int) -> int:
+        """Resume up to ``limit`` jobs of ``shard`` whose pause's ``until`` has come, as an owner's
+        resume does (their missed occurrences then follow their misfire policy), each with its
+        ``auto_resume`` change record; returns how many. Safe to call from every engine serving
+        the shard at once: a job is resumed once."""
+        ...
 
     async def purge_idempotency_keys(self, older_than_s: float) -> None: ...
 

@@ -20,12 +20,13 @@ from duetime.core.changes import UNNAMED, ChangeAction, ChangeBy, creation_diff,
 from duetime.core.errors import InvalidRequest, NotFound
 from duetime.core.ids import SHARDS, new_job_id, shard_of
 from duetime.core.lifecycle import OwnerStep, RowPlan, initial_plan, owner_step, split_point, update_step
-from duetime.core.model import Job, JobSpec, JobState, Overlap, Phase, Run
+from duetime.core.model import PLAIN_PAUSE, Job, JobSpec, JobState, Overlap, PauseRequest, Phase, Run
 from duetime.core.states import OwnerAction, owner_move
 from duetime.storage.base import Backfill, IdempotencyRequest, Page
 from duetime.storage.ports import OwnerRun
 from duetime.storage.postgres.changes import record_changes
 from duetime.storage.postgres.inserts import InsertBatcher
+from duetime.storage.postgres.pauses import add_pause_ends
 from duetime.storage.postgres.pools import StoreBase, contention_retried, translated, utcnow
 from duetime.storage.postgres.rows import job_from_row, plan_of, run_from_row
 from duetime.storage.queries import Q
@@ -181,7 +182,11 @@ class RegistryPart(StoreBase):
         revision: int | None = None,
         plan: RowPlan,
         revoke: bool,
+        pause: PauseRequest = PLAIN_PAUSE,
+        by: ChangeBy = UNNAMED,
     ) -> Job:
+        """Write the row as ``plan`` says; a write that pauses the job keeps what ``pause`` says
+        and who paused it (``by``)."""
         row = action.row
         out = await action.conn.fetchrow(
             Q["write_job"],
@@ -200,6 +205,9 @@ class RegistryPart(StoreBase):
             split_point(codec.spec_from_json(spec if spec is not None else row["spec"]), plan),
             plan.handed_upto,
             revision if revision is not None else row["spec_revision"],
+            pause.note,
+            pause.until,
+            by.key_id,
         )
         action.wake = plan
         return job_from_row(out)
@@ -250,21 +258,32 @@ class RegistryPart(StoreBase):
             return job
 
     @contention_retried
-    async def pause_job(self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED) -> Job:
-        return await self._cascaded(owner, job_id, OwnerAction.PAUSE, by)
+    async def pause_job(
+        self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED, pause: PauseRequest = PLAIN_PAUSE
+    ) -> Job:
+        return await self._cascaded(owner, job_id, OwnerAction.PAUSE, by, pause)
 
     @contention_retried
     async def resume_job(self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED) -> Job:
         return await self._cascaded(owner, job_id, OwnerAction.RESUME, by)
 
-    async def _cascaded(self, owner: str, job_id: uuid.UUID, what: OwnerAction, by: ChangeBy) -> Job:
+    async def _cascaded(
+        self,
+        owner: str,
+        job_id: uuid.UUID,
+        what: OwnerAction,
+        by: ChangeBy,
+        pause: PauseRequest = PLAIN_PAUSE,
+    ) -> Job:
         """Pause or resume: the job's row and, in the same transaction, its occurrence rows."""
         async with self._locked(owner, job_id) as action:
             step = self._step(what, action.row)
             if step is None:
                 return job_from_row(action.row)
             await action.conn.fetch(Q["cascade_state"], job_id, step.plan.state.value)
-            job = await self._write(action, plan=step.plan, revoke=step.revoke)
+            job = await self._write(action, plan=step.plan, revoke=step.revoke, pause=pause, by=by)
+            if step.plan.state is JobState.PAUSED:
+                await add_pause_ends(action.conn, pause.until, [job_id], [action.row["shard"]])
             await record_changes(action.conn, [job_id], ChangeAction(what.value), by)
             return job
 

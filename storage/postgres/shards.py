@@ -47,6 +47,7 @@ _MOVE_TABLES: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
         "copy_out_changes",
         ("job_id", "seq", "shard", "at", "actor", "key_id", "action", "reason", "spec_version", "diff"),
     ),
+    ("pause_ends", "copy_out_pause_ends", ("shard", "until", "job_id")),
 )
 
 
@@ -154,6 +155,7 @@ async def move_shard(
                     progress("deleting the shard's rows at the source")
                     await src.execute(Q["delete_shard_idempotency_keys"], shard)
                     await src.execute(Q["delete_shard_changes"], shard)
+                    await src.execute(Q["delete_shard_pause_ends"], shard)
                     await src.execute(Q["delete_shard_runs"], shard)
                     await src.execute(Q["delete_shard_jobs"], shard)
             finally:

@@ -21,6 +21,7 @@ from duetime.storage.postgres.inserts import InsertBatcher
 from duetime.storage.postgres.keys import KeysPart
 from duetime.storage.postgres.maintenance import MaintenancePart
 from duetime.storage.postgres.names import NamesPart
+from duetime.storage.postgres.pauses import PausesPart
 from duetime.storage.postgres.pools import open_pools
 from duetime.storage.postgres.queue_leases import QueueLeasePart
 from duetime.storage.postgres.retention import RetentionPart
@@ -46,6 +47,7 @@ class PostgresStore(
     FlowPart,
     ServerKeysPart,
     ChangesPart,
+    PausesPart,
 ):
     """Registry + run store (and the outbox and flow control) on asyncpg pools, one pool per
     distinct database in the shard map."""

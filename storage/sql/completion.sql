@@ -122,6 +122,9 @@ WITH paused AS (
     UPDATE jobs SET
         state = 'paused',
         split_at = NULL,
+        -- The Job's "paused" object (0019): by Duetime, no note, until a resume.
+        paused_at = now(), pause_note = NULL, paused_until = NULL, paused_by = 'duetime',
+        paused_key_id = NULL,
         phase = CASE WHEN phase = 'claimed' THEN 'idle' ELSE phase END,
         claimed_by = CASE WHEN phase = 'claimed' THEN NULL ELSE claimed_by END,
         leased_until = CASE WHEN phase = 'claimed' THEN NULL ELSE leased_until END,

@@ -105,8 +105,15 @@ LIMIT $4;
 
 -- name: write_job
 -- One owner action's result: the lifecycle, the plan, and (when revoke) the lease given back.
--- $15: the spec's version as the API shows it (spec_revision, 0018).
+-- $15: the spec's version as the API shows it (spec_revision, 0018). $16..$18: what a pause says
+-- (note, until, the key's id; 0019), kept while the job stays paused and cleared when it leaves
+-- paused (a PATCH of a paused job keeps them, a resume or cancel clears them).
 UPDATE jobs SET
+    paused_at = CASE WHEN $5 <> 'paused' THEN NULL WHEN state = 'paused' THEN paused_at ELSE now() END,
+    pause_note = CASE WHEN $5 <> 'paused' THEN NULL WHEN state = 'paused' THEN pause_note ELSE $16 END,
+    paused_until = CASE WHEN $5 <> 'paused' THEN NULL WHEN state = 'paused' THEN paused_until ELSE $17 END,
+    paused_by = CASE WHEN $5 <> 'paused' THEN NULL WHEN state = 'paused' THEN paused_by ELSE 'owner' END,
+    paused_key_id = CASE WHEN $5 <> 'paused' THEN NULL WHEN state = 'paused' THEN paused_key_id ELSE $18 END,
     spec = $3, spec_version = $4, spec_revision = $15, state = $5, next_run_at = $6, scheduled_for = $7,
     attempt = $8, run_kind = $9, resume_at = $10, pending_triggers = $11,
     split_at = $13, handed_upto = $14,

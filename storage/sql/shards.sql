@@ -10,7 +10,7 @@ SELECT count(*) FROM runs WHERE shard = $1;
 
 -- name: lock_for_shard_move
 -- Writes wait while a shard is copied away (reads go on): the copy is the shard as it is.
-LOCK TABLE jobs, runs, idempotency_keys, job_changes IN EXCLUSIVE MODE;
+LOCK TABLE jobs, runs, idempotency_keys, job_changes, pause_ends IN EXCLUSIVE MODE;
 
 -- name: copy_out_jobs
 SELECT * FROM jobs WHERE shard = $1;
@@ -32,6 +32,13 @@ FROM idempotency_keys k JOIN jobs j ON j.job_id = k.job_id WHERE j.shard = $1;
 
 -- name: delete_shard_idempotency_keys
 DELETE FROM idempotency_keys k USING jobs j WHERE j.job_id = k.job_id AND j.shard = $1;
+
+-- name: copy_out_pause_ends
+-- The ends of the jobs' pauses (0019) go with them.
+SELECT shard, until, job_id FROM pause_ends WHERE shard = $1;
+
+-- name: delete_shard_pause_ends
+DELETE FROM pause_ends WHERE shard = $1;
 
 -- name: delete_shard_changes
 DELETE FROM job_changes WHERE shard = $1;

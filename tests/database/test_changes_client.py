@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +161,53 @@ async def test_cli_bulk_and_apply_send_reasons(served: Served, tmp_path: Path) -
         ("replace", "release 7"),
         ("create", "duetime jobs apply jobs.json"),
     ]
+
+
+async def test_pause_with_a_note_until_a_time_through_the_client_and_the_cli(served: Served) -> None:
+    """Issue 30, item 3: ``pause_job(note=, until=)``, ``bulk_pause(note=, until=)``, ``Job.paused``,
+    and ``duetime jobs pause ID --note --until`` / ``jobs bulk pause --note --until``."""
+    until = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
+    async with AsyncDuetimeClient(served.url, served.key, timeout_s=10) as client:
+        job = await client.create_job(_webhook_spec(served, "/pause-client"))
+        assert job.paused is None
+        paused = await client.pause_job(job.id, note="upgrade", until=until, reason="OPS-9")
+        assert paused.paused is not None and paused.paused["note"] == "upgrade"
+        assert paused.paused["until"] == until.isoformat().replace("+00:00", "Z")
+        assert (await client.resume_job(job.id)).paused is None
+        labels = {"bulkpause": uuid.uuid4().hex[:8]}
+        other = await client.create_job(_webhook_spec(served, "/pause-client", labels=labels))
+        assert (await client.bulk_pause(labels, note="freeze", until=until)).changed == 1
+        assert (await client.get_job(other.id)).paused["note"] == "freeze"  # type: ignore[index]
+        records = [c async for c in client.iter_changes(job.id)]
+        assert [(c.action, c.reason) for c in records][:2] == [("resume", None), ("pause", "OPS-9")]
+
+    code, out, err = await duetime_jobs(
+        served, "pause", job.id, "--note", "from the CLI", "--until", until.isoformat(), "--reason", "cli"
+    )
+    assert code == 0, err
+    assert (out["paused"]["note"], out["paused"]["until"]) == (
+        "from the CLI",
+        until.isoformat().replace("+00:00", "Z"),
+    )
+    code, out, err = await duetime_jobs(served, "pause", other.id, "--until", "2020-01-01T00:00:00Z")
+    assert code == 1 and "invalid_until" in err, (out, err)
+    code, out, err = await duetime_jobs(
+        served, "bulk", "resume", "--label", f"bulkpause={labels['bulkpause']}", "--note", "x"
+    )
+    assert code == 2 and "--note and --until go with bulk pause" in err, err
+    code, out, err = await duetime_jobs(
+        served, "bulk", "resume", "--label", f"bulkpause={labels['bulkpause']}"
+    )
+    assert code == 0 and out["changed"] == 1, err
+    code, out, err = await duetime_jobs(
+        served,
+        "bulk",
+        "pause",
+        "--label",
+        f"bulkpause={labels['bulkpause']}",
+        "--note",
+        "again",
+        "--until",
+        until.isoformat(),
+    )
+    assert code == 0 and out["changed"] == 1, err
