@@ -34,12 +34,14 @@ async def record_changes(
     diff: Mapping[str, Any] = _NO_DIFF,
     *,
     actor: ActorType = ActorType.OWNER,
+    reasons: Sequence[str | None] | None = None,
 ) -> None:
     """One record per job of ``job_ids`` (their rows locked in ``conn``'s transaction, and written
-    already: the records carry the spec_revision the transaction wrote), all alike."""
-    await conn.execute(
-        Q["record_changes"], list(job_ids), actor.value, by.key_id, action.value, by.reason, dict(diff)
-    )
+    already: the records carry the spec_revision the transaction wrote), alike but for their
+    reasons: ``by.reason`` for each, or ``reasons`` (Duetime's own changes give one per job)."""
+    ids = list(job_ids)
+    why = list(reasons) if reasons is not None else [by.reason] * len(ids)
+    await conn.execute(Q["record_changes"], ids, actor.value, by.key_id, action.value, why, dict(diff))
 
 
 def change_from_row(row: asyncpg.Record) -> Change:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from duetime.core import codec, failures, jitter
-from duetime.core.changes import AUTO_PAUSE_REASON
+from duetime.core.changes import AUTO_PAUSE_REASON, UNNAMED, ActorType, ChangeAction
 from duetime.core.failures import FailureCount, FailureEvent, OccurrenceEnd
 from duetime.core.ids import new_job_id
 from duetime.core.lifecycle import (
@@ -31,6 +31,7 @@ from duetime.core.runpath import AttemptReport, FencedRun, RunSpec, Skip, Verdic
 from duetime.core.spectext import spec_from_text
 from duetime.core.states import PHASE_EVENTS, RunEvent, phase_allows
 from duetime.storage.ports import CompletionStats
+from duetime.storage.postgres.changes import record_changes
 from duetime.storage.postgres.pools import StoreBase, translated, utcnow
 from duetime.storage.postgres.rows import plan_of
 from duetime.storage.queries import Q
@@ -889,9 +890,17 @@ class BatchWriter:
                     [c.failing for _, c in writes.counts],
                 )
             if writes.paused:
-                # With their change records (auto_pause), in the same statement.
-                await conn.execute(Q["pause_failing_jobs"], writes.paused, AUTO_PAUSE_REASON)
+                paused = await conn.fetch(Q["pause_failing_jobs"], writes.paused)
                 self.paused = writes.paused
+                if paused:  # their auto_pause records, by Duetime, the count as the reason
+                    await record_changes(
+                        conn,
+                        [r["job_id"] for r in paused],
+                        ChangeAction.AUTO_PAUSE,
+                        UNNAMED,
+                        actor=ActorType.DUETIME,
+                        reasons=[AUTO_PAUSE_REASON % r["consecutive_failures"] for r in paused],
+                    )
             if writes.events:
                 await conn.execute(Q["insert_failure_events"], *_event_arrays(writes.events))
 

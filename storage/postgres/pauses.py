@@ -21,10 +21,11 @@ from datetime import datetime
 import asyncpg
 
 from duetime.core import codec
-from duetime.core.changes import AUTO_RESUME_REASON
+from duetime.core.changes import AUTO_RESUME_REASON, UNNAMED, ActorType, ChangeAction
 from duetime.core.lifecycle import RowPlan, owner_step, split_point
 from duetime.core.model import JobState, Phase
 from duetime.core.states import OwnerAction
+from duetime.storage.postgres.changes import record_changes
 from duetime.storage.postgres.pools import StoreBase, translated, utcnow
 from duetime.storage.postgres.rows import plan_of
 from duetime.storage.queries import Q
@@ -69,7 +70,17 @@ class PausesPart(StoreBase):
                     wake.append((r["shard"], step.plan))
                 if todo:
                     await conn.execute(Q["bulk_cascade_state"], todo, JobState.SCHEDULED.value)
-                    resumed = await conn.fetch(Q["end_pauses"], todo, splits, reasons)
+                    resumed = await conn.fetch(Q["end_pauses"], todo, splits)
+                    why = dict(zip(todo, reasons, strict=True))
+                    ids_resumed = [r["job_id"] for r in resumed]
+                    await record_changes(
+                        conn,
+                        ids_resumed,
+                        ChangeAction.AUTO_RESUME,
+                        UNNAMED,
+                        actor=ActorType.DUETIME,
+                        reasons=[why[i] for i in ids_resumed],
+                    )
                 # Every wake-up looked at goes: its job resumed now, or its pause is not this one
                 # any more (resumed, paused anew with another end, cancelled, deleted).
                 await conn.execute(

@@ -114,30 +114,21 @@ WHERE j.job_id = u.job_id;
 -- name: pause_failing_jobs
 -- pause_after_failures reached: the job pauses as an owner's pause does (write_job): no
 -- overlap split point, a claimed row's lease given back (its fence then fails), no claim while
--- paused. Its occurrence rows follow after the commit (cascade_failure_pause). Each job that
--- paused gets its change record (0018) in the same statement: action auto_pause, by Duetime, the
--- count as its reason (apply_failure_counts wrote it just before). The rows are locked by the
--- batch (lock_for_completion), so max(seq) + 1 is the next number, as in record_changes.
-WITH paused AS (
-    UPDATE jobs SET
-        state = 'paused',
-        split_at = NULL,
-        -- The Job's "paused" object (0019): by Duetime, no note, until a resume.
-        paused_at = now(), pause_note = NULL, paused_until = NULL, paused_by = 'duetime',
-        paused_key_id = NULL,
-        phase = CASE WHEN phase = 'claimed' THEN 'idle' ELSE phase END,
-        claimed_by = CASE WHEN phase = 'claimed' THEN NULL ELSE claimed_by END,
-        leased_until = CASE WHEN phase = 'claimed' THEN NULL ELSE leased_until END,
-        updated_at = now()
-    WHERE job_id = ANY($1::uuid[]) AND state = 'scheduled'
-    RETURNING job_id, shard, spec_revision, consecutive_failures
-)
-INSERT INTO job_changes (job_id, seq, shard, actor, key_id, action, reason, spec_version, diff)
-SELECT p.job_id,
-       COALESCE((SELECT max(c.seq) FROM job_changes c WHERE c.job_id = p.job_id), 0) + 1,
-       p.shard, 'duetime', NULL, 'auto_pause',
-       format($2::text, p.consecutive_failures), p.spec_revision, '{}'
-FROM paused p;
+-- paused. Its occurrence rows follow after the commit (cascade_failure_pause). Answers the jobs
+-- it paused with their count (apply_failure_counts wrote it just before), for their auto_pause
+-- records (record_changes, in the same transaction).
+UPDATE jobs SET
+    state = 'paused',
+    split_at = NULL,
+    -- The Job's "paused" object (0019): by Duetime, no note, until a resume.
+    paused_at = now(), pause_note = NULL, paused_until = NULL, paused_by = 'duetime',
+    paused_key_id = NULL,
+    phase = CASE WHEN phase = 'claimed' THEN 'idle' ELSE phase END,
+    claimed_by = CASE WHEN phase = 'claimed' THEN NULL ELSE claimed_by END,
+    leased_until = CASE WHEN phase = 'claimed' THEN NULL ELSE leased_until END,
+    updated_at = now()
+WHERE job_id = ANY($1::uuid[]) AND state = 'scheduled'
+RETURNING job_id, consecutive_failures;
 
 -- name: cascade_failure_pause
 -- A job paused for failing: its occurrence rows follow, as cascade_state does for an owner's

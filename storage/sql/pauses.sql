@@ -38,26 +38,18 @@ FOR UPDATE;
 -- name: end_pauses
 -- Resume the jobs $1 as bulk_write_state resumes (the state, the overlap split point $2, the
 -- failure count started over, the pause's fields cleared; next_run_at is left overdue for the
--- claim to apply the misfire policy), and write each one's auto_resume record by Duetime with
--- its reason $3, in the same statement. Only jobs still paused whose pause ended: a resume or a
--- new pause that landed first wins. Answers the ids it resumed.
-WITH resumed AS (
-    UPDATE jobs j SET
-        state = 'scheduled',
-        split_at = u.split_at,
-        consecutive_failures = 0,
-        paused_at = NULL, pause_note = NULL, paused_until = NULL, paused_by = NULL, paused_key_id = NULL,
-        updated_at = now()
-    FROM unnest($1::uuid[], $2::timestamptz[], $3::text[]) AS u(job_id, split_at, reason)
-    WHERE j.job_id = u.job_id AND j.state = 'paused' AND j.paused_until <= now()
-    RETURNING j.job_id, j.shard, j.spec_revision, u.reason
-)
-INSERT INTO job_changes (job_id, seq, shard, actor, key_id, action, reason, spec_version, diff)
-SELECT r.job_id,
-       COALESCE((SELECT max(c.seq) FROM job_changes c WHERE c.job_id = r.job_id), 0) + 1,
-       r.shard, 'duetime', NULL, 'auto_resume', r.reason, r.spec_revision, '{}'
-FROM resumed r
-RETURNING job_id;
+-- claim to apply the misfire policy). Only jobs still paused whose pause ended: a resume or a new
+-- pause that landed first wins. Answers the ids it resumed, for their auto_resume records
+-- (record_changes, in the same transaction).
+UPDATE jobs j SET
+    state = 'scheduled',
+    split_at = u.split_at,
+    consecutive_failures = 0,
+    paused_at = NULL, pause_note = NULL, paused_until = NULL, paused_by = NULL, paused_key_id = NULL,
+    updated_at = now()
+FROM unnest($1::uuid[], $2::timestamptz[]) AS u(job_id, split_at)
+WHERE j.job_id = u.job_id AND j.state = 'paused' AND j.paused_until <= now()
+RETURNING j.job_id;
 
 -- name: delete_pause_ends
 -- The wake-ups this look has dealt with (the job resumed, or no longer paused until then).

@@ -24,6 +24,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from duetime.api.app import create_app
 from duetime.app import Node
+from duetime.core.codec import format_time
 from duetime.core.ids import shard_of
 from duetime.core.ssrf import AddressPolicy
 from duetime.storage.postgres import PostgresStore
@@ -36,7 +37,8 @@ SPEC = {"target": {"type": "webhook", "url": "https://1.1.1.1/hook"}, "schedule"
 
 
 def rfc3339(at: datetime) -> str:
-    return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    """As the API writes a time (UTC, ``Z``, a fraction only when there is one, no trailing zeros)."""
+    return format_time(at)
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +191,8 @@ async def test_the_engines_resume_the_job_at_until_once_across_a_restart(
                 }
             )
             await receiver.wait_for(path, 1, within=20)
-            until = datetime.now(UTC) + timedelta(seconds=4)
+            # Long enough for the engines started below to have the shards dealt to them first.
+            until = datetime.now(UTC) + timedelta(seconds=8)
             status, paused = await owner.call(
                 "POST", f"/v1/jobs/{job['id']}/pause", {"until": rfc3339(until)}
             )
@@ -205,8 +208,9 @@ async def test_the_engines_resume_the_job_at_until_once_across_a_restart(
             calls_before = len(receiver.on(path))
             after = await receiver.wait_for(path, calls_before + 1, within=30)
             resumed_call = after[calls_before].arrived
-            # Nothing ran while paused (a run the answer found in flight may end just after it).
-            assert all(c.arrived <= paused_at + timedelta(seconds=1) or c.arrived >= until for c in after)
+            # Nothing ran while paused (a call the answer found already on its way may arrive
+            # just after it, later on a loaded machine).
+            assert all(c.arrived <= paused_at + timedelta(seconds=3) or c.arrived >= until for c in after)
             assert resumed_call >= until
             assert resumed_call - until < timedelta(seconds=5), (resumed_call, until)
             status, changes = await owner.call("GET", f"/v1/jobs/{job['id']}/changes")

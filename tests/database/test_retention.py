@@ -74,7 +74,7 @@ async def _runs(conn: asyncpg.Connection, job_id: uuid.UUID, finished: list[date
 
 async def _change(conn: asyncpg.Connection, job_id: uuid.UUID) -> None:
     """A change record of ``job_id``, as an owner's call writes one (storage/sql/changes.sql)."""
-    await conn.execute(Q["record_changes"], [job_id], "owner", None, "pause", None, "{}")
+    await conn.execute(Q["record_changes"], [job_id], "owner", None, "pause", [None], "{}")
 
 
 def _service(store: PostgresStore, **overrides: float) -> RetentionService:
