@@ -161,6 +161,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
     attempts_low, attempts_high = limits.max_attempts_range
     grace_low, grace_high = limits.misfire_grace_s_range
     jitter_low, jitter_high = limits.jitter_s_range
+    spread_low, spread_high = limits.spread_s_range
     rate_low, rate_high = limits.flow_rate_range
     parallelism_low, parallelism_high = limits.flow_parallelism_range
     flow: JsonObject = {
@@ -239,7 +240,10 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "cron": {
                 "type": "string",
                 "description": "5 fields, 6 with leading seconds, or @yearly/@annually/@monthly/"
-                "@weekly/@daily/@midnight/@hourly.",
+                "@weekly/@daily/@midnight/@hourly. Day of month also takes `L` (the last day), `LW` "
+                "(the last weekday) and `15W` (the weekday nearest the 15th, within the month); day of "
+                "week `5L` (the last Friday) and `1#3` (the third Monday), with 0 or 7 = Sunday. "
+                "See docs/scheduling.md.",
             },
             "timezone": {"type": "string", "default": "UTC", "description": "An IANA zone id."},
             "start_at": _OPT_TIME,
@@ -322,7 +326,24 @@ def _schemas(limits: SpecLimits) -> JsonObject:
         "retry": _ref("RetryInput"),
         "misfire": {"enum": ["run_once", "run_all", "skip"], "default": "run_once"},
         "misfire_grace_s": {"type": "integer", "minimum": grace_low, "maximum": grace_high, "default": 60},
-        "jitter_s": {"type": "integer", "minimum": jitter_low, "maximum": jitter_high, "default": 0},
+        "jitter_s": {
+            "type": "integer",
+            "minimum": jitter_low,
+            "maximum": jitter_high,
+            "default": 0,
+            "description": "A start delay in [0, jitter_s] seconds, a different one for every "
+            "occurrence (a hash of the job id and the occurrence).",
+        },
+        "spread_s": {
+            "type": "integer",
+            "minimum": spread_low,
+            "maximum": spread_high,
+            "default": 0,
+            "description": "Stable spread: every occurrence is due at its nominal time plus one "
+            "fixed offset in [0, spread_s) seconds derived from the job's id, the same every time. "
+            "`Duetime-Scheduled-For` stays the nominal time; `next_run_at`, the preview's `due_at` "
+            'and `lateness_ms` include the offset. See docs/scheduling.md, "Spread and jitter".',
+        },
         "overlap": {
             "enum": ["allow", "skip", "buffer_one"],
             "default": "allow",
@@ -484,6 +505,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "misfire",
             "misfire_grace_s",
             "jitter_s",
+            "spread_s",
             "overlap",
             "on_failure",
             "pause_after_failures",
@@ -509,6 +531,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "misfire": {"enum": ["run_once", "run_all", "skip"]},
             "misfire_grace_s": {"type": "integer"},
             "jitter_s": {"type": "integer"},
+            "spread_s": {"type": "integer"},
             "overlap": {"enum": ["allow", "skip", "buffer_one"]},
             "on_failure": {"oneOf": [{"type": "null"}, _ref("OnFailure")]},
             "pause_after_failures": {"type": ["integer", "null"]},
@@ -844,7 +867,8 @@ def _preview_schemas() -> JsonObject:
             "shifted_from": {**wall, "description": "For `gap_shifted`: the nominal wall time it replaces."},
             "due_at": {
                 **_TIME,
-                "description": "Job previews only: when the first attempt is due, the job's jitter included.",
+                "description": "Job previews only: when the first attempt is due, the job's spread "
+                "and jitter included (the `next_run_at` the job shows for that occurrence).",
             },
         },
     }
@@ -869,6 +893,12 @@ def _preview_schemas() -> JsonObject:
             "state": {
                 "enum": ["scheduled", "paused", "completed", "cancelled", "dead"],
                 "description": "Job previews only; a cancelled, completed or dead job lists no items.",
+            },
+            "spread_ms": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Job previews only: the job's fixed offset (`spread_s`) in milliseconds, "
+                "added to every item's `due_at`; 0 without a spread.",
             },
             "timezone": {"type": "string"},
             "from": _TIME,

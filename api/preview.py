@@ -32,8 +32,17 @@ from duetime.api.render import json_response
 from duetime.core.codec import format_time
 from duetime.core.cron import cron_notes, parse_cron
 from duetime.core.errors import InvalidRequest
-from duetime.core.jitter import due_at
-from duetime.core.model import CronSchedule, DstGap, IntervalSchedule, Job, JobState, OneOffSchedule, Schedule
+from duetime.core.jitter import due_at, spread
+from duetime.core.model import (
+    CronSchedule,
+    DstGap,
+    IntervalSchedule,
+    Job,
+    JobSpec,
+    JobState,
+    OneOffSchedule,
+    Schedule,
+)
 from duetime.core.schedule import describe_instant, first_occurrence, load_zone, next_occurrence
 from duetime.core.validation import SpecLimits, parse_preview_request, parse_time
 from duetime.storage.base import Registry
@@ -47,6 +56,7 @@ _LIVE_STATES: Final = frozenset({JobState.SCHEDULED, JobState.PAUSED})
 # zones), so this bounds the work for a schedule whose matches fall mostly inside gaps.
 _SKIP_SCAN_LIMIT: Final = 1000
 _SECOND: Final = timedelta(seconds=1)
+_MILLISECOND: Final = timedelta(milliseconds=1)
 _DIGITS: Final = re.compile(r"[0-9]{1,4}")
 
 
@@ -62,25 +72,30 @@ class Preview:
     excluded: list[datetime] = dataclasses.field(default_factory=list)  # occurrences on excluded days
 
 
-def compute_preview(schedule: Schedule, start: datetime, count: int) -> Preview:
+def compute_preview(
+    schedule: Schedule, start: datetime, count: int, spread: timedelta = timedelta(0)
+) -> Preview:
     """Up to ``count`` occurrences of a job created at ``start`` with this schedule.
 
     The chain is the engine's: the first run is ``first_occurrence(schedule, start)`` (a one-off's
     ``run_at`` even when it is already past, because such a job runs at once) and each later one is
-    ``next_occurrence`` of the previous scheduled time.
+    ``next_occurrence`` of the previous scheduled time. A job's ``spread`` (its fixed offset) moves
+    the walk's start back by as much, as ``core.lifecycle.initial_plan`` does: the first item is
+    the first occurrence whose spread time is after ``start``, the one ``next_run_at`` shows.
     """
+    walk_from = start - spread
     items: list[datetime] = []
-    current = first_occurrence(schedule, start)
+    current = first_occurrence(schedule, walk_from)
     while current is not None and len(items) < count:
         items.append(current)
         current = next_occurrence(schedule, current)
     has_more = current is not None
     skipped: list[datetime] = []
     if isinstance(schedule, CronSchedule) and schedule.dst_gap == DstGap.SKIP:
-        skipped = _skipped_gaps(schedule, start, items[-1] if has_more and items else None, count)
+        skipped = _skipped_gaps(schedule, walk_from, items[-1] if has_more and items else None, count)
     excluded: list[datetime] = []
     if isinstance(schedule, CronSchedule | IntervalSchedule) and schedule.exclude:
-        excluded = _excluded(schedule, start, items[-1] if has_more and items else None, count)
+        excluded = _excluded(schedule, walk_from, items[-1] if has_more and items else None, count)
     return Preview(
         schedule=schedule, start=start, items=items, has_more=has_more, skipped=skipped, excluded=excluded
     )
@@ -183,14 +198,22 @@ def _skipped_json(schedule: CronSchedule, transition: datetime) -> dict[str, Any
     }
 
 
-def preview_to_json(preview: Preview, job: tuple[uuid.UUID, int] | None = None) -> dict[str, Any]:
-    """The answer body; with ``job`` (its id and jitter_s) each item also says when it is due."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class PreviewedJob:
+    """The job a preview is of: its id (the spread and jitter hash it) and its spec."""
+
+    job_id: uuid.UUID
+    spec: JobSpec
+
+
+def preview_to_json(preview: Preview, job: PreviewedJob | None = None) -> dict[str, Any]:
+    """The answer body; with ``job`` each item also says when it is due (spread and jitter)."""
     schedule = preview.schedule
     items = []
     for instant in preview.items:
         item = _item_json(schedule, instant)
         if job is not None:
-            item["due_at"] = format_time(due_at(job[0], instant, job[1]))
+            item["due_at"] = format_time(due_at(job.job_id, instant, job.spec))
         items.append(item)
     return {
         "timezone": "UTC" if isinstance(schedule, OneOffSchedule) else schedule.timezone,
@@ -261,9 +284,10 @@ class PreviewApi:
 
 def _job_preview(job: Job, job_id: uuid.UUID, start: datetime, count: int) -> dict[str, Any]:
     schedule = job.spec.schedule
+    offset = spread(job_id, job.spec)
     if job.state in _LIVE_STATES:
-        preview = compute_preview(schedule, start, count)
+        preview = compute_preview(schedule, start, count, offset)
     else:
         preview = Preview(schedule=schedule, start=start, items=[], has_more=False, skipped=[], excluded=[])
-    body = preview_to_json(preview, (job_id, job.spec.jitter_s))
-    return {"job_id": job.id, "state": job.state.value, **body}
+    body = preview_to_json(preview, PreviewedJob(job_id, job.spec))
+    return {"job_id": job.id, "state": job.state.value, "spread_ms": offset // _MILLISECOND, **body}

@@ -204,6 +204,7 @@ def spec_to_json(spec: JobSpec, *, redact: bool = False) -> dict[str, Any]:
         "misfire": spec.misfire.value,
         "misfire_grace_s": spec.misfire_grace_s,
         "jitter_s": spec.jitter_s,
+        "spread_s": spec.spread_s,
         "overlap": spec.overlap.value,
         "on_failure": on_failure_to_json(spec.on_failure, redact=redact),
         "pause_after_failures": spec.pause_after_failures,
@@ -240,6 +241,7 @@ def spec_from_json(data: dict[str, Any]) -> JobSpec:
         misfire=Misfire(data.get("misfire", "run_once")),
         misfire_grace_s=int(data.get("misfire_grace_s", 60)),
         jitter_s=int(data.get("jitter_s", 0)),
+        spread_s=int(data.get("spread_s", 0)),
         overlap=Overlap(data.get("overlap", "allow")),
         on_failure=on_failure_from_json(data.get("on_failure")),
         pause_after_failures=(

@@ -5,9 +5,17 @@ second matches next?". Time zones, DST gaps and overlaps are ``core.schedule``'s
 them apart lets this module be tested exhaustively with plain naive datetimes.
 
 The parser is strict on purpose. A cron expression is stored for years and read by people who did
-not write it, so anything a reader could misread (tabs, double spaces, ``L``/``W``/``#`` extensions
-other crons accept, Unicode digits that ``int()`` would happily take) is refused with a message that
+not write it, so anything a reader could misread (tabs, double spaces, ``?``, a bare ``L`` in the
+day-of-week field, Unicode digits that ``int()`` would happily take) is refused with a message that
 names the field and the allowed range instead of being guessed at.
+
+Besides Vixie cron, the calendar forms of Quartz and EventBridge are read (docs/scheduling.md):
+``L``, ``LW`` and ``nW`` in the day-of-month field, ``nL`` and ``n#k`` in the day-of-week field, with
+Vixie's weekday numbers (``5L`` is the last Friday). They are rules about a day, not sets of values,
+so they live beside the sets (``DayRules``) and are asked only of a day the sets did not already
+match; each depends on nothing but the day, its weekday and the month's length, which is also what
+lets ``never_fires_reason`` decide exactly from the 13 x 7 shapes a month can have (a length,
+February's two included, and the weekday of its 1st).
 """
 
 from __future__ import annotations
@@ -16,10 +24,19 @@ import re
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from datetime import date, datetime
+from typing import NamedTuple
 
 from duetime.core.errors import InvalidRequest
 
-__all__ = ["MAX_EXPRESSION_LENGTH", "SEARCH_HORIZON_YEARS", "CronExpr", "cron_notes", "parse_cron"]
+__all__ = [
+    "MAX_EXPRESSION_LENGTH",
+    "SEARCH_HORIZON_YEARS",
+    "CronExpr",
+    "DayRules",
+    "NthWeekday",
+    "cron_notes",
+    "parse_cron",
+]
 
 MAX_EXPRESSION_LENGTH = 256
 # 29 February can be 8 years away (2096 -> 2104); 30 years leaves room and still bounds the work.
@@ -55,7 +72,12 @@ _Parts = tuple[int, int, int, int, int, int]
 
 _DIGITS = re.compile(r"[0-9]+", re.ASCII)
 _LETTERS = re.compile(r"[A-Za-z]+", re.ASCII)
-_ALLOWED_CHARS = re.compile(r"[0-9A-Za-z*,/\- @]*", re.ASCII)
+_ALLOWED_CHARS = re.compile(r"[0-9A-Za-z*,/\-# @]*", re.ASCII)
+# The calendar forms, matched case-insensitively on a whole item.
+_DOM_RULE = re.compile(r"(L)|(LW)|([0-9]+)W", re.ASCII | re.IGNORECASE)
+_DOW_LAST = re.compile(r"([0-9]+|[A-Z]+)L", re.ASCII | re.IGNORECASE)
+_DOW_NTH = re.compile(r"([0-9]+|[A-Z]+)#([0-9]+)", re.ASCII | re.IGNORECASE)
+_CALENDAR_HINT = "the day-of-month field (L, LW, 15W) and the day-of-week field (5L, 1#3)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +111,81 @@ def _invalid(message: str) -> InvalidRequest:
     return InvalidRequest(message, code="invalid_cron", field=_CRON_FIELD)
 
 
+class NthWeekday(NamedTuple):
+    """``weekday#nth`` in the day-of-week field: the nth such weekday of the month (1#3: the
+    third Monday)."""
+
+    weekday: int  # 0-6, 0 = Sunday
+    nth: int  # 1-5
+
+
+def _weekday_of(target: int, day: int, weekday: int) -> int:
+    """The weekday (0 = Sunday) of day ``target`` of the month in which ``day`` is a ``weekday``."""
+    return (weekday + target - day) % 7
+
+
+def _nearest_weekday(target: int, target_weekday: int, last_day: int) -> int | None:
+    """The day ``nW`` names in a month of ``last_day`` days whose day ``target`` is a
+    ``target_weekday``: that day if it is Monday-Friday, else the nearest weekday without leaving
+    the month (Saturday the 1st: Monday the 3rd; Sunday the last: Friday two days before).
+    None when the month has no day ``target`` (``31W`` in April), as ``31`` alone has no run
+    there: the month's end is ``LW``."""
+    if target > last_day:
+        return None
+    if target_weekday == 6:
+        return target - 1 if target > 1 else target + 2
+    if target_weekday == 0:
+        return target + 1 if target < last_day else target - 2
+    return target
+
+
+@dataclass(frozen=True, slots=True)
+class DayRules:
+    """The calendar forms of the two day fields, each a rule about one day of one month.
+
+    Day of month: ``last_day`` (``L``), ``last_weekday`` (``LW``, the last Monday-Friday),
+    ``nearest_weekday_to`` (``15W``: the weekday nearest the 15th, within the month). Day of week:
+    ``last_of`` (``5L``: the last Friday), ``nth_of`` (``1#3``: the third Monday). Every rule needs
+    only the day, its weekday and the month's length, so a month's *shape* decides it.
+    """
+
+    last_day: bool = False
+    last_weekday: bool = False
+    nearest_weekday_to: frozenset[int] = frozenset()
+    last_of: frozenset[int] = frozenset()
+    nth_of: frozenset[NthWeekday] = frozenset()
+
+    @property
+    def day_of_month(self) -> bool:
+        return self.last_day or self.last_weekday or bool(self.nearest_weekday_to)
+
+    @property
+    def day_of_week(self) -> bool:
+        return bool(self.last_of or self.nth_of)
+
+    def month_day_matches(self, day: int, weekday: int, last_day: int) -> bool:
+        """Whether a day-of-month rule names ``day``, a ``weekday`` of a ``last_day``-day month."""
+        if self.last_day and day == last_day:
+            return True
+        if self.last_weekday:
+            last = _weekday_of(last_day, day, weekday)
+            if day == (last_day if 1 <= last <= 5 else last_day - 1 if last == 6 else last_day - 2):
+                return True
+        for target in self.nearest_weekday_to:
+            if day == _nearest_weekday(target, _weekday_of(target, day, weekday), last_day):
+                return True
+        return False
+
+    def week_day_matches(self, day: int, weekday: int, last_day: int) -> bool:
+        """Whether a day-of-week rule names ``day``, a ``weekday`` of a ``last_day``-day month."""
+        if weekday in self.last_of and day + 7 > last_day:
+            return True
+        return NthWeekday(weekday, (day - 1) // 7 + 1) in self.nth_of
+
+
+_NO_RULES = DayRules()
+
+
 @dataclass(frozen=True, slots=True)
 class CronExpr:
     """A parsed cron expression: the allowed values of each field and the Vixie day flags.
@@ -96,7 +193,8 @@ class CronExpr:
     ``day_of_month_star``/``day_of_week_star`` record whether the field was written starting with
     ``*``: Vixie cron ANDs the two day fields when either one is a star form (so ``*/2`` in
     day-of-month with ``MON`` means "odd days that are Mondays") and ORs them only when both are
-    restricted. Weekdays are 0-6 with 0 = Sunday; a written 7 is stored as 0.
+    restricted. Weekdays are 0-6 with 0 = Sunday; a written 7 is stored as 0. ``rules`` holds the
+    calendar forms (``L``, ``W``, ``#``); a field's side matches when its set *or* its rules do.
     """
 
     source: str
@@ -109,11 +207,14 @@ class CronExpr:
     day_of_month_star: bool
     day_of_week_star: bool
     has_seconds: bool
+    rules: DayRules = _NO_RULES
     _seconds_sorted: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _minutes_sorted: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _hours_sorted: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _months_sorted: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _every_day: bool = field(init=False, repr=False, compare=False)
+    _month_rules: bool = field(init=False, repr=False, compare=False)
+    _week_rules: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Sorted tuples let the search jump with bisect instead of stepping value by value.
@@ -128,6 +229,8 @@ class CronExpr:
             and len(self.days_of_week) == 7
         )
         object.__setattr__(self, "_every_day", every_day)
+        object.__setattr__(self, "_month_rules", self.rules.day_of_month)
+        object.__setattr__(self, "_week_rules", self.rules.day_of_week)
 
     # -- matching -----------------------------------------------------------------------------
 
@@ -135,8 +238,23 @@ class CronExpr:
         """The Vixie day rule: AND when either day field is a star form, OR when both are restricted."""
         if self._every_day:
             return True
-        dom_ok = day in self.days_of_month
-        dow_ok = (date(year, month, day).weekday() + 1) % 7 in self.days_of_week
+        weekday = (date(year, month, day).weekday() + 1) % 7
+        if not (self._month_rules or self._week_rules):
+            dom_ok = day in self.days_of_month
+            dow_ok = weekday in self.days_of_week
+            if self.day_of_month_star or self.day_of_week_star:
+                return dom_ok and dow_ok
+            return dom_ok or dow_ok
+        return self._day_shape_matches(day, weekday, _days_in_month(year, month))
+
+    def _day_shape_matches(self, day: int, weekday: int, last_day: int) -> bool:
+        """``day_matches`` for day ``day``, a ``weekday``, of a month of ``last_day`` days."""
+        dom_ok = day in self.days_of_month or (
+            self._month_rules and self.rules.month_day_matches(day, weekday, last_day)
+        )
+        dow_ok = weekday in self.days_of_week or (
+            self._week_rules and self.rules.week_day_matches(day, weekday, last_day)
+        )
         if self.day_of_month_star or self.day_of_week_star:
             return dom_ok and dow_ok
         return dom_ok or dow_ok
@@ -154,10 +272,30 @@ class CronExpr:
     def never_fires_reason(self) -> str | None:
         """Why no calendar day can ever match, or None when some day can.
 
-        Only the day-of-month side can make an expression impossible: every weekday falls on every
-        month in some year, and every (month, day) pair that exists in some year (29 February
-        included) falls on every weekday within the 400-year Gregorian cycle.
+        Without calendar forms only the day-of-month side can make an expression impossible: every
+        weekday falls on every month in some year, and every (month, day) pair that exists in some
+        year (29 February included) falls on every weekday within the 400-year Gregorian cycle.
+
+        With them the answer depends on a month's *shape*: its length and the weekday of its 1st.
+        Within the 400-year cycle every month starts on every weekday, and February does so both
+        in common and in leap years, so trying the (at most) 13 x 7 shapes of the chosen months is
+        exact.
         """
+        months = ",".join(_MONTH_LABELS[m] for m in sorted(self.months))
+        if self._month_rules or self._week_rules:
+            for month in self.months:
+                for last_day in (28, 29) if month == 2 else (_DAYS_IN_MONTH[month],):
+                    for first_weekday in range(7):
+                        for day in range(1, last_day + 1):
+                            if self._day_shape_matches(day, (first_weekday + day - 1) % 7, last_day):
+                                return None
+            dom_text, dow_text = self.source.split(" ")[-3], self.source.split(" ")[-1]
+            if self.day_of_week_star and len(self.days_of_week) == 7 and not self._week_rules:
+                return f"day-of-month {dom_text} does not exist in {months}"
+            return (
+                f"no day in {months} is both day-of-month {dom_text} and day-of-week {dow_text} "
+                f"(a day field written with '*' combines with the other by AND)"
+            )
         if not (self.day_of_month_star or self.day_of_week_star):
             return None  # OR rule: the weekday side alone fires every week of the chosen months
         possible = any(
@@ -168,7 +306,6 @@ class CronExpr:
         if possible:
             return None
         days = ",".join(str(d) for d in sorted(self.days_of_month))
-        months = ",".join(_MONTH_LABELS[m] for m in sorted(self.months))
         return f"day-of-month {days} does not exist in {months}"
 
     # -- searching ----------------------------------------------------------------------------
@@ -308,13 +445,18 @@ def parse_cron(expr: str) -> CronExpr:
         return _parse_macro(expr)
     if "@" in expr:
         raise _invalid("'@' may only start a macro such as @daily")
-    for char, meaning in (("?", "'?' (no specific value)"), ("#", "'#' (nth weekday of the month)")):
-        if char in expr:
-            raise _invalid(f"{meaning} is not supported: this dialect has no Quartz extensions")
+    if "?" in expr:
+        raise _invalid(
+            "'?' (Quartz's 'no specific value') is not accepted: write '*' in its place; a day field "
+            "written '*' leaves the other day field in charge, as in Vixie cron"
+        )
     bad = _ALLOWED_CHARS.fullmatch(expr)
     if bad is None:
         offending = next(c for c in expr if not _ALLOWED_CHARS.fullmatch(c))
-        raise _invalid(f"character {offending!r} is not allowed: use digits, names, '*', ',', '-' and '/'")
+        raise _invalid(
+            f"character {offending!r} is not allowed: use digits, names, '*', ',', '-', '/', and "
+            f"'L', 'W', '#' in the day fields"
+        )
     fields = expr.split(" ")
     if len(fields) == 5:
         has_seconds = False
@@ -331,9 +473,10 @@ def parse_cron(expr: str) -> CronExpr:
         )
     minute_set, _ = _parse_field(rest[0], _MINUTE)
     hour_set, _ = _parse_field(rest[1], _HOUR)
-    dom_set, dom_star = _parse_field(rest[2], _DAY)
+    rules = _RuleCollector()
+    dom_set, dom_star = _parse_field(rest[2], _DAY, rules)
     month_set, _ = _parse_field(rest[3], _MONTH)
-    dow_set, dow_star = _parse_field(rest[4], _WEEKDAY)
+    dow_set, dow_star = _parse_field(rest[4], _WEEKDAY, rules)
     return CronExpr(
         source=expr,
         seconds=second_set,
@@ -345,6 +488,7 @@ def parse_cron(expr: str) -> CronExpr:
         day_of_month_star=dom_star,
         day_of_week_star=dow_star,
         has_seconds=has_seconds,
+        rules=rules.frozen(),
     )
 
 
@@ -370,17 +514,162 @@ def _parse_macro(expr: str) -> CronExpr:
     )
 
 
-def _parse_field(text: str, spec: _FieldSpec) -> tuple[frozenset[int], bool]:
-    """One field's allowed values, and whether it starts with ``*`` (the Vixie "star" flag)."""
+@dataclass(slots=True)
+class _RuleCollector:
+    """The calendar forms met while parsing the two day fields, frozen into ``DayRules`` after."""
+
+    last_day: bool = False
+    last_weekday: bool = False
+    nearest_weekday_to: set[int] = field(default_factory=set)
+    last_of: set[int] = field(default_factory=set)
+    nth_of: set[NthWeekday] = field(default_factory=set)
+
+    def frozen(self) -> DayRules:
+        if not (self.last_day or self.last_weekday or self.nearest_weekday_to or self.last_of or self.nth_of):
+            return _NO_RULES
+        return DayRules(
+            last_day=self.last_day,
+            last_weekday=self.last_weekday,
+            nearest_weekday_to=frozenset(self.nearest_weekday_to),
+            last_of=frozenset(self.last_of),
+            nth_of=frozenset(self.nth_of),
+        )
+
+
+def _parse_field(
+    text: str, spec: _FieldSpec, rules: _RuleCollector | None = None
+) -> tuple[frozenset[int], bool]:
+    """One field's allowed values, and whether it starts with ``*`` (the Vixie "star" flag).
+
+    The day fields pass ``rules``: their calendar items (``L``, ``15W``, ``5L``, ``1#3``) go there
+    instead of into the set."""
     values: set[int] = set()
     for item in text.split(","):
         if item == "":
             raise _invalid(f"{spec.name} field: empty item in {text!r}")
+        if rules is not None and _calendar_item(item, spec, rules):
+            continue
         values.update(_parse_item(item, spec))
     return frozenset(values), text.startswith("*")
 
 
+def _calendar_item(item: str, spec: _FieldSpec, rules: _RuleCollector) -> bool:
+    """Record ``item`` in ``rules`` if it is a calendar form of its day field; False when it is an
+    ordinary item. A calendar letter used wrongly is refused here, saying how to write it."""
+    if spec is _DAY:
+        found = _DOM_RULE.fullmatch(item)
+        if found is None:
+            _refuse_day_of_month_misuse(item)
+            return False
+        if found.group(1):
+            rules.last_day = True
+        elif found.group(2):
+            rules.last_weekday = True
+        else:
+            target = int(found.group(3))
+            if not 1 <= target <= 31:
+                raise _invalid(
+                    f"day-of-month field: {target} in {item!r} is out of range 1-31: 'nW' names the "
+                    f"weekday nearest day n of the month"
+                )
+            rules.nearest_weekday_to.add(target)
+        return True
+    last = _DOW_LAST.fullmatch(item)
+    if last is not None and (last.group(1).isdigit() or last.group(1).upper() in _WEEKDAY_NAMES):
+        rules.last_of.add(_parse_value(last.group(1), item, spec) % 7)
+        return True
+    nth = _DOW_NTH.fullmatch(item)
+    if nth is not None:
+        weekday = _parse_value(nth.group(1), item, spec) % 7
+        count = int(nth.group(2))
+        if not 1 <= count <= 5:
+            raise _invalid(
+                f"day-of-week field: '#{count}' in {item!r} is out of range: a month has at most five "
+                f"of each weekday, so write 1#1 to 1#5 (1#3 is the third Monday)"
+            )
+        rules.nth_of.add(NthWeekday(weekday, count))
+        return True
+    _refuse_day_of_week_misuse(item)
+    return False
+
+
+def _refuse_day_of_month_misuse(item: str) -> None:
+    """A day-of-month item holding a calendar letter that is not one of its forms."""
+    upper = item.upper()
+    if "#" in upper:
+        raise _invalid(
+            f"day-of-month field: '#' (nth weekday) in {item!r} belongs in the day-of-week field, as "
+            f"in 1#3 (the third Monday)"
+        )
+    if upper.startswith("L-"):
+        raise _invalid(
+            f"day-of-month field: {item!r} (days before the last) is not supported: write L for the "
+            f"last day of the month or LW for its last weekday"
+        )
+    if "W" in upper:
+        raise _invalid(
+            f"day-of-month field: 'W' (nearest weekday) in {item!r} takes a single day, as in 15W "
+            f"(the weekday nearest the 15th) or LW (the last weekday); it does not combine with a "
+            f"range, a step, a list inside the item or '*'"
+        )
+    if "L" in upper:
+        if re.fullmatch(r"[0-9]+L", upper, re.ASCII):
+            raise _invalid(
+                f"day-of-month field: {item!r}: 'nL' (the last given weekday) belongs in the "
+                f"day-of-week field, as in 5L (the last Friday); here write L for the last day"
+            )
+        raise _invalid(
+            f"day-of-month field: 'L' (last day) in {item!r} stands alone, as L or LW; it does not "
+            f"combine with a range or a step (list other days beside it: 1,L)"
+        )
+
+
+def _refuse_day_of_week_misuse(item: str) -> None:
+    """A day-of-week item holding a calendar letter that is not one of its forms."""
+    upper = item.upper()
+    if upper == "L":
+        raise _invalid(
+            "day-of-week field: 'L' alone is ambiguous (Quartz reads it as Saturday): write 6 or SAT "
+            "for Saturdays, or a weekday before it for the last one of the month, as in 5L (the last "
+            "Friday)"
+        )
+    if "#" in upper:
+        before, _, after = upper.partition("#")
+        if before == "":
+            raise _invalid(
+                f"day-of-week field: {item!r} needs a weekday before '#', as in 1#3 (the third Monday)"
+            )
+        if after == "":
+            raise _invalid(
+                f"day-of-week field: {item!r} needs a number 1-5 after '#', as in 1#3 (the third Monday)"
+            )
+        raise _invalid(
+            f"day-of-week field: '#' in {item!r} takes one weekday and one number 1-5, as in 1#3 or "
+            f"MON#3 (the third Monday); it does not combine with a range, a step or '*'"
+        )
+    if upper in ("W", "LW") or re.fullmatch(r"[0-9]+W", upper, re.ASCII):
+        raise _invalid(
+            f"day-of-week field: 'W' (nearest weekday) in {item!r} belongs in the day-of-month "
+            f"field, as in 15W (the weekday nearest the 15th)"
+        )
+    if upper.startswith("L") and upper[1:].isdigit():
+        raise _invalid(
+            f"day-of-week field: {item!r}: write the weekday before 'L', as in {upper[1:]}L (the last "
+            f"one of the month)"
+        )
+    if re.search(r"L(?:/|$)", upper) and not upper.isalpha():  # letters alone: a name, or not
+        raise _invalid(
+            f"day-of-week field: 'L' (last) in {item!r} takes one weekday, as in 5L or FRIL (the last "
+            f"Friday of the month); it does not combine with a range, a step or '*'"
+        )
+
+
 def _parse_item(item: str, spec: _FieldSpec) -> range:
+    if "#" in item:
+        raise _invalid(
+            f"{spec.name} field: '#' (nth weekday) in {item!r} is only allowed in the day-of-week "
+            f"field, as in 1#3 (the third Monday)"
+        )
     base, slash, step_text = item.partition("/")
     step = 1
     if slash:
@@ -421,10 +710,9 @@ def _parse_value(token: str, item: str, spec: _FieldSpec) -> int:
     upper = token.upper()
     if spec.names is not None and upper in spec.names:
         return spec.names[upper]
-    if upper == "L" or (upper.endswith("L") and upper[:-1].isdigit()):
-        raise _invalid(f"{spec.name} field: 'L' (last) in {item!r} is not supported")
-    if upper in ("W", "LW") or (upper.endswith("W") and upper[:-1].isdigit()):
-        raise _invalid(f"{spec.name} field: 'W' (nearest weekday) in {item!r} is not supported")
+    if spec is not _DAY and spec is not _WEEKDAY and re.fullmatch(r"[0-9]*L?W?", upper, re.ASCII):
+        letter = "'L' (last)" if "L" in upper else "'W' (nearest weekday)"
+        raise _invalid(f"{spec.name} field: {letter} in {item!r} is only allowed in {_CALENDAR_HINT}")
     if spec.names is not None and _LETTERS.fullmatch(token):
         choices = "JAN-DEC" if spec.names is _MONTH_NAMES else "SUN-SAT"
         raise _invalid(f"{spec.name} field: unknown name {token!r} (use {choices} or numbers)")

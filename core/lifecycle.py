@@ -70,14 +70,19 @@ def _regular(job_id: uuid.UUID, spec: JobSpec, occurrence: datetime | None, stat
         return RowPlan(state=state, next_run_at=None, scheduled_for=None, attempt=0)
     return RowPlan(
         state=state,
-        next_run_at=jitter.due_at(job_id, occurrence, spec.jitter_s),
+        next_run_at=jitter.due_at(job_id, occurrence, spec),
         scheduled_for=occurrence,
         attempt=0,
     )
 
 
 def initial_plan(job_id: uuid.UUID, spec: JobSpec, now: datetime) -> RowPlan:
-    """The row of a new job, or of a job whose schedule was just replaced."""
+    """The row of a new job, or of a job whose schedule was just replaced.
+
+    A spread job's timeline is its schedule moved by its fixed offset, so its first occurrence is
+    the first whose *spread time* is after ``now`` (an hourly job created at 10:30 whose offset
+    is 50 minutes runs the 10:00 occurrence at 10:50), the same rule as the job's preview and
+    the misfire policy's."""
     schedule = spec.schedule
     if isinstance(schedule, OneOffSchedule):
         plan = _regular(job_id, spec, schedule.run_at, JobState.SCHEDULED)
@@ -87,7 +92,7 @@ def initial_plan(job_id: uuid.UUID, spec: JobSpec, now: datetime) -> RowPlan:
         return plan
     from duetime.core.schedule import first_occurrence
 
-    first = first_occurrence(schedule, now)
+    first = first_occurrence(schedule, now - jitter.spread(job_id, spec))
     return _regular(job_id, spec, first, JobState.SCHEDULED if first else JobState.COMPLETED)
 
 
@@ -144,15 +149,16 @@ def _overlapping(
     more = 0
     last: datetime | None = None
     occ: datetime | None = first
-    while occ is not None and jitter.due_at(job_id, occ, spec.jitter_s) <= now:
+    while occ is not None and jitter.due_at(job_id, occ, spec) <= now:
         if len(came) == OVERLAP_RECORD_CAP:
             # A long run under a fast cron: count the rest instead of walking them one by one.
-            horizon = max(now - timedelta(seconds=spec.jitter_s), came[-1])
+            # Every occurrence up to here is due whatever its jitter (the spread is the job's own).
+            horizon = max(now - jitter.spread(job_id, spec) - timedelta(seconds=spec.jitter_s), came[-1])
             more = count_between(schedule, came[-1], horizon, 10_000_000)
             if more:
                 last = latest_at_or_before(schedule, horizon, came[-1])
             occ = next_occurrence(schedule, horizon)
-            while occ is not None and jitter.due_at(job_id, occ, spec.jitter_s) <= now:
+            while occ is not None and jitter.due_at(job_id, occ, spec) <= now:
                 more += 1
                 last = occ
                 occ = next_occurrence(schedule, occ)

@@ -110,13 +110,18 @@ def decide(
     *,
     due_at: datetime | None = None,
     deferred: bool = False,
+    spread: timedelta = timedelta(0),
     run_all_cap: int = 100,
     record_cap: int = 100,
 ) -> Decision:
     """The decision for a row claimed at ``now`` whose occurrence is ``scheduled_for``.
 
-    ``due_at`` is when the row was due (the occurrence plus the job's jitter); it is missed when
-    that is more than the grace ago. Without it the row is taken as missed.
+    ``due_at`` is when the row was due (the occurrence plus the job's spread and jitter); it is
+    missed when that is more than the grace ago. Without it the row is taken as missed.
+
+    ``spread`` is the job's fixed offset (``core.jitter.spread``): an occurrence is due only once
+    its time plus the spread has passed, so the schedule is walked against ``now - spread``. A
+    catch-up or run_once then never starts an occurrence before its spread time.
 
     ``deferred``: the row was made due later than its occurrence's own time on purpose (the run
     buffer_one kept for after a long run); the occurrences between were already passed over by
@@ -124,6 +129,8 @@ def decide(
     """
     threshold = now - timedelta(seconds=spec.misfire_grace_s)
     missed = due_at is None or due_at < threshold
+    # The same two instants on the schedule's own (nominal) times.
+    nominal_now, nominal_threshold = now - spread, threshold - spread
     schedule = spec.schedule
     if not isinstance(schedule, CronSchedule | IntervalSchedule):
         if missed and spec.misfire is Misfire.SKIP:
@@ -133,24 +140,24 @@ def decide(
     if deferred and (not missed or spec.misfire is Misfire.RUN_ALL):
         return FireNow(scheduled_for)
     if not missed or spec.misfire is Misfire.RUN_ALL:
-        return _catch_up(spec, schedule, scheduled_for, now, cap=run_all_cap, record_cap=record_cap)
+        return _catch_up(spec, schedule, scheduled_for, nominal_now, cap=run_all_cap, record_cap=record_cap)
 
     if spec.misfire is Misfire.RUN_ONCE:
-        latest = latest_at_or_before(schedule, now, scheduled_for)
+        latest = latest_at_or_before(schedule, nominal_now, scheduled_for)
         return FireNow(latest or scheduled_for)
 
     skipped = [scheduled_for]
     cursor = scheduled_for
     while len(skipped) < record_cap:
         nxt = next_occurrence(schedule, cursor)
-        if nxt is None or nxt > threshold:
+        if nxt is None or nxt > nominal_threshold:
             break
         skipped.append(nxt)
         cursor = nxt
-    following = next_occurrence(schedule, threshold)
+    following = next_occurrence(schedule, nominal_threshold)
     unrecorded = 0
     if len(skipped) == record_cap and following is not None:
-        unrecorded = max(count_between(schedule, skipped[-1], threshold, 10_000_000), 0)
+        unrecorded = max(count_between(schedule, skipped[-1], nominal_threshold, 10_000_000), 0)
     return SkipTo(tuple(skipped), following, unrecorded)
 
 

@@ -200,6 +200,9 @@ class JobSpec:
     misfire: Misfire = Misfire.RUN_ONCE
     misfire_grace_s: int = 60
     jitter_s: int = 0
+    # A fixed per-job offset window: every occurrence is due at its time plus the job's own offset
+    # in [0, spread_s) (core.jitter.spread_ms), so a thousand "0 * * * *" jobs do not fire at once.
+    spread_s: int = 0
     overlap: Overlap = Overlap.ALLOW
     on_failure: OnFailure | None = None
     # After this many consecutive failed occurrences the job is paused (None: never).

@@ -27,6 +27,7 @@ import re
 import threading
 import zoneinfo
 from bisect import bisect_right
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
@@ -582,6 +583,22 @@ def check_cron_schedule(schedule: CronSchedule, now: datetime) -> None:
             f"years: remove some dates from exclude",
             code="cron_never_fires",
             field="schedule.exclude",
+        )
+    if first_occurrence(schedule, now) is None:
+        # Possible on the calendar, yet nothing within the search horizon: every wall time named
+        # falls in a DST gap that ``skip`` drops (02:30 on the last Sunday of March in Berlin:
+        # ``30 2 * 3 0L``), or the day is rare (a fifth Monday of February, ``1#5``, needs
+        # 29 February on a Monday, which can be 40 years away across 2100).
+        why = "choose days that come round more often"
+        if schedule.dst_gap == DstGap.SKIP and first_occurrence(replace(schedule, dst_gap=DstGap.SHIFT), now):
+            why = (
+                f"every wall time it names falls in a DST gap of {schedule.timezone}, which "
+                f"dst_gap 'skip' drops; use dst_gap 'shift' or another time"
+            )
+        raise InvalidRequest(
+            f"cron {schedule.cron!r} has no occurrence within {SEARCH_HORIZON_YEARS} years: {why}",
+            code="cron_never_fires",
+            field="schedule.cron",
         )
 
 

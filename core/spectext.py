@@ -101,6 +101,7 @@ class _Spec(msgspec.Struct):
     misfire: Misfire = Misfire.RUN_ONCE
     misfire_grace_s: int = 60
     jitter_s: int = 0
+    spread_s: int = 0
     overlap: Overlap = Overlap.ALLOW
     on_failure: _OnFailure | None = None
     pause_after_failures: int | None = None
@@ -131,6 +132,7 @@ def spec_from_text(text: str | bytes) -> JobSpec:
             misfire=s.misfire,
             misfire_grace_s=s.misfire_grace_s,
             jitter_s=s.jitter_s,
+            spread_s=s.spread_s,
             overlap=s.overlap,
             on_failure=on_failure,
             pause_after_failures=s.pause_after_failures,

@@ -114,6 +114,7 @@ class RunEvent(enum.StrEnum):
     KEEP = "keep"
     FENCE = "fence"
     RELEASE = "release"
+    RETURN_UNSTARTED = "return_unstarted"
     REVOKE = "revoke"
     HEARTBEAT = "heartbeat"
     TAKE = "take"
@@ -196,6 +197,13 @@ PHASE_EVENTS: dict[RunEvent, PhaseStep] = {
     ),
     RunEvent.RELEASE: PhaseStep(
         _ph(_CLAIMED), _IDLE, "an engine stops and gives back what it has not fired", ("release_claims",)
+    ),
+    RunEvent.RETURN_UNSTARTED: PhaseStep(
+        _ph(_RUNNING),
+        _IDLE,
+        "a worker stops with fenced runs it never called (they waited for a host that backs off): "
+        "given back unused, unless an owner's edit rewrote the row since the fence",
+        ("return_unstarted",),
     ),
     RunEvent.REVOKE: PhaseStep(
         _ph(_CLAIMED),

@@ -87,6 +87,7 @@ class SpecLimits:
     flow_parallelism_range: tuple[int, int] = (1, 10000)  # target.flow.parallelism, calls at once
     max_attempts_range: tuple[int, int] = (1, 100)
     jitter_s_range: tuple[int, int] = (0, 3600)
+    spread_s_range: tuple[int, int] = (0, 3600)
     misfire_grace_s_range: tuple[int, int] = (0, 86400)
     timeout_s_range: tuple[int, int] = (1, 300)
     backoff_s_max: float = 31_536_000.0  # one year: bound for backoff_initial_s and backoff_max_s
@@ -108,6 +109,7 @@ TOP_LEVEL_FIELDS = (
     "misfire",
     "misfire_grace_s",
     "jitter_s",
+    "spread_s",
     "overlap",
     "on_failure",
     "pause_after_failures",
@@ -875,6 +877,7 @@ def parse_job_spec(
         else 60
     )
     jitter_s = _integer(obj["jitter_s"], "jitter_s", limits.jitter_s_range) if "jitter_s" in obj else 0
+    spread_s = _integer(obj["spread_s"], "spread_s", limits.spread_s_range) if "spread_s" in obj else 0
     overlap = _choice(obj["overlap"], "overlap", Overlap) if "overlap" in obj else Overlap.ALLOW
     on_failure = _parse_on_failure(obj.get("on_failure"), limits)
     raw_pause = obj.get("pause_after_failures")
@@ -891,6 +894,7 @@ def parse_job_spec(
         misfire=misfire,
         misfire_grace_s=misfire_grace_s,
         jitter_s=jitter_s,
+        spread_s=spread_s,
         overlap=overlap,
         on_failure=on_failure,
         pause_after_failures=pause_after_failures,

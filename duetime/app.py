@@ -39,10 +39,8 @@ from duetime.runqueue.leases import LeaseKeeper
 from duetime.runqueue.natsqueue import NatsRunPublisher, PublishedLeaseKeeper
 from duetime.settings import Settings
 from duetime.storage.dbclock import DB_CLOCK, ClockSync
-from duetime.storage.ports import Registry
+from duetime.storage.ports import Registration, Registry
 from duetime.storage.postgres import PostgresStore
-from duetime.storage.postgres.due_age import oldest_unclaimed_due
-from duetime.storage.postgres.membership import EngineIdLock, MembershipStore, Registration
 from duetime.storage.postgres.sessions import SessionBounds
 from duetime.storage.shardmap import ShardMap
 from duetime.supervisor import SUPERVISOR
@@ -210,9 +208,8 @@ class Node:
             )
             self._events.start()
         if self.engine:
-            store = self.store
             self._due_age = DueAgeSampler(
-                lambda shards: oldest_unclaimed_due(store, shards),
+                self.store,
                 s.shards,
                 interval_s=max(s.janitor_interval_s, 1.0),
             )
@@ -355,7 +352,7 @@ class Node:
         s = self.settings
         assert self.store is not None
         self._membership = MembershipKeeper(
-            MembershipStore(self.store.home_pool),
+            self.store,
             Registration(
                 engine_id=s.engine_id,
                 host=socket.gethostname(),
@@ -365,7 +362,7 @@ class Node:
                 incarnation=uuid.uuid4(),
             ),
             interval_s=s.heartbeat_s,
-            id_lock=EngineIdLock(self.store.shard_map.home, self.store.bounds, s.engine_id),
+            id_lock=self.store.engine_id_lock(s.engine_id),
         )
         return self._membership
 

@@ -37,6 +37,7 @@ _DEFAULTS: dict[str, Any] = {
     "misfire": "run_once",
     "misfire_grace_s": 60,
     "jitter_s": 0,
+    "spread_s": 0,
     "overlap": "allow",
     "pause_after_failures": None,
 }

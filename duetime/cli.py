@@ -484,14 +484,13 @@ def _add_cluster_parser(sub: Any) -> None:
 
 async def cmd_cluster(settings: Settings, args: argparse.Namespace) -> int:
     from duetime.clusterstatus import ClusterStatus
-    from duetime.storage.postgres.membership import MembershipStore
 
     settings = database_settings(settings)
     try:
         store = await _open_store(settings)
         try:
             async with _about(store.shard_map.home):
-                records = await MembershipStore(store.home_pool).engines()
+                records = await store.list_engines()
         finally:
             await store.close()
     except SettingsError:

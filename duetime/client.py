@@ -173,6 +173,7 @@ class JobSpec(TypedDict):
     misfire: NotRequired[Literal["run_once", "run_all", "skip"]]
     misfire_grace_s: NotRequired[int]
     jitter_s: NotRequired[int]
+    spread_s: NotRequired[int]
     overlap: NotRequired[Literal["allow", "skip", "buffer_one"]]
     on_failure: NotRequired[OnFailureSpec | None]
     pause_after_failures: NotRequired[int | None]
@@ -377,6 +378,8 @@ class Job:
     # Failure handling: where failure events go ({"target", "after"}) and when the job pauses.
     on_failure: dict[str, Any] | None = None
     pause_after_failures: int | None = None
+    # The job's stable spread window (seconds): every occurrence is due at a fixed offset in it.
+    spread_s: int = 0
     # 1 at create, one more per change of the spec (None from a server without change history).
     spec_version: int | None = None
     # While paused: {"at", "note", "until", "actor": {"type", "key_id"}}; None otherwise.
@@ -409,6 +412,7 @@ class Job:
             pause_after_failures=(
                 None if data.get("pause_after_failures") is None else int(data["pause_after_failures"])
             ),
+            spread_s=int(data.get("spread_s", 0)),
             spec_version=_opt_int(data.get("spec_version")),
             paused=None if data.get("paused") is None else dict(data["paused"]),
         )
@@ -507,7 +511,7 @@ class PreviewItem:
     abbreviation: str | None
     dst: str | None  # None | "gap_shifted" | "overlap_first" | "overlap_second"
     shifted_from: str | None = None
-    due_at: datetime | None = None  # job previews: jitter included
+    due_at: datetime | None = None  # job previews: the job's spread and jitter included
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PreviewItem:
@@ -553,6 +557,7 @@ class Preview:
     job_id: str | None
     state: str | None
     raw: dict[str, Any] = field(repr=False, compare=False)
+    spread_ms: int | None = None  # job previews: the job's fixed offset, in every item's due_at
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Preview:
@@ -565,6 +570,7 @@ class Preview:
             job_id=data.get("job_id"),
             state=data.get("state"),
             raw=dict(data),
+            spread_ms=data.get("spread_ms"),
         )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from duetime.core.dealing import Member, deal
 from duetime.core.ids import SHARDS
 from duetime.settings import format_shard_set
-from duetime.storage.postgres.membership import EngineRecord
+from duetime.storage.ports import EngineRecord
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,22 +11,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 
 from duetime.runqueue.metrics import OLDEST_UNCLAIMED_DUE
-from duetime.storage.ports import DueBacklog
+from duetime.storage.ports import DueAge, DueBacklog
 from duetime.supervisor import SUPERVISOR
 
 log = logging.getLogger("duetime.engine")
 
-Reader = Callable[[Iterable[int]], Awaitable[list[DueBacklog]]]
-
 
 class DueAgeSampler:
-    """Reads the backlog of ``shards`` every ``interval_s`` seconds until stopped."""
+    """Reads the backlog of ``shards`` from ``store`` (the ``DueAge`` port) every ``interval_s``
+    seconds until stopped."""
 
-    def __init__(self, read: Reader, shards: Iterable[int], *, interval_s: float) -> None:
-        self._read = read
+    def __init__(self, store: DueAge, shards: Iterable[int], *, interval_s: float) -> None:
+        self._store = store
         self._shards = tuple(sorted(shards))
         self._interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
@@ -36,7 +35,7 @@ class DueAgeSampler:
         self._task = SUPERVISOR.spawn("duetime-due-age", self._loop)
 
     async def sample(self) -> list[DueBacklog]:
-        readings = await self._read(self._shards)
+        readings = await self._store.oldest_unclaimed_due(self._shards)
         for reading in readings:
             OLDEST_UNCLAIMED_DUE.labels(str(reading.shard)).set(reading.oldest_age_s)
         return readings

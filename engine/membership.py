@@ -10,6 +10,9 @@ after that; a graceful stop leaves the membership first, so its shards move at o
 No election: a moment in which two engines disagree (one has read the membership, the other not
 yet) only means a shard is claimed by one engine more or less for a heartbeat, and claims are
 ``SKIP LOCKED`` under lease tokens either way.
+
+It stands on the ``Membership`` port (storage/ports.py): ``PostgresStore`` in production, the
+in-memory store in tests.
 """
 
 from __future__ import annotations
@@ -25,12 +28,7 @@ from duetime.core.errors import DuetimeError, is_transient
 from duetime.core.ids import SHARDS
 from duetime.engine.service import Engine
 from duetime.runqueue import metrics
-from duetime.storage.postgres.membership import (
-    EngineIdLock,
-    EngineRecord,
-    MembershipStore,
-    Registration,
-)
+from duetime.storage.ports import EngineIdLock, EngineRecord, Membership, Registration
 from duetime.supervisor import SUPERVISOR
 
 log = logging.getLogger("duetime.membership")
@@ -60,7 +58,7 @@ class EngineIdTakenOver(DuetimeError):
 class MembershipKeeper:
     def __init__(
         self,
-        store: MembershipStore,
+        store: Membership,
         registration: Registration,
         *,
         interval_s: float,
@@ -92,9 +90,9 @@ class MembershipKeeper:
         (``EngineIdLock``) is held by a process for its whole life, frozen or not, and goes with
         it when it dies, so a restart after a crash goes on at once."""
         await self.claim_id()
-        await self._store.join(self.registration)
+        await self._store.join_engine(self.registration)
         # No ERROR for unserved shards yet: engines started together join one by one.
-        mine = self._deal(await self._store.engines(), self.registration.allowed, report=False)
+        mine = self._deal(await self._store.list_engines(), self.registration.allowed, report=False)
         self._reported = frozenset()
         return mine
 
@@ -122,12 +120,12 @@ class MembershipKeeper:
 
     async def _holder(self) -> EngineRecord | None:
         rid = self.registration.engine_id
-        return next((r for r in await self._store.engines() if r.engine_id == rid), None)
+        return next((r for r in await self._store.list_engines() if r.engine_id == rid), None)
 
     async def start(self, engine: Engine) -> None:
         """Report what ``engine`` (started with the dealt shards) serves, then heartbeat."""
         self._engine = engine
-        await self._store.set_serving(self.registration, engine.serving)
+        await self._store.set_engine_serving(self.registration, engine.serving)
         self._reported = engine.serving
         metrics.SERVING.set(len(engine.serving))
         self._task = SUPERVISOR.spawn("duetime-membership", self._run)
@@ -141,7 +139,7 @@ class MembershipKeeper:
         if self._id_lock is not None:
             await self._id_lock.release()
         try:
-            await self._store.leave(self.registration)
+            await self._store.leave_engine(self.registration)
         except Exception:
             log.warning(
                 "could not leave the membership; the others deal without this engine once its "
@@ -179,7 +177,7 @@ class MembershipKeeper:
             self._taken_over(
                 engine, "another process, while this one had lost its session with the home database"
             )
-        if not await self._store.heartbeat(reg, serving):
+        if not await self._store.heartbeat_engine(reg, serving):
             holder = await self._holder()
             if holder is not None and holder.incarnation != reg.incarnation:
                 # Another process registered under the id while this one was silent (frozen, cut
@@ -190,17 +188,17 @@ class MembershipKeeper:
                     "while this process was silent",
                 )
             log.warning("engine id %s was forgotten by the membership; registering again", reg.engine_id)
-            await self._store.join(reg)
+            await self._store.join_engine(reg)
             self._reported = frozenset()
         else:
             self._reported = serving
         self._beats += 1
         if self._beats % 100 == 1:
-            await self._store.forget_dead(FORGET_AFTER_S)
-        mine = self._deal(await self._store.engines(), reg.allowed)
+            await self._store.forget_dead_engines(FORGET_AFTER_S)
+        mine = self._deal(await self._store.list_engines(), reg.allowed)
         await engine.serve(mine)
         if engine.serving != self._reported:
-            await self._store.set_serving(reg, engine.serving)
+            await self._store.set_engine_serving(reg, engine.serving)
             self._reported = engine.serving
 
     def _taken_over(self, engine: Engine, by: str) -> NoReturn:

@@ -10,8 +10,9 @@ health reports of workers that stopped over an hour ago (``storage.target_rules.
 running worker deletes its own stale reports, but one that never comes back (a pod of an earlier
 deployment) would leave its rows for good.
 
-It runs beside every engine; a try-lock per database and batch (see the storage part) makes one
-of them do the work and lets the others skip. The clock is injected so tests can age rows
+It runs beside every engine, on the ``Retention`` port (storage/ports.py); a try-lock per
+database and batch (see the PostgreSQL store's part) makes one of them do the work and lets the
+others skip. The clock is injected so tests can age rows
 without waiting, and the cut-offs it computes are passed to the database as values.
 """
 
@@ -24,13 +25,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Protocol
 
 from prometheus_client import Counter, Histogram
 
 from duetime.core.errors import DuetimeError, is_transient
 from duetime.storage.dbclock import DB_CLOCK
-from duetime.storage.ports import HistorySweep
+from duetime.storage.ports import Retention
 from duetime.storage.target_rules import PURGE_S
 from duetime.supervisor import SUPERVISOR
 
@@ -46,22 +46,6 @@ ROUND_SECONDS = Histogram(
     "How long one maintenance round took (every database, until nothing old was left)",
     buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800),
 )
-
-
-class RetentionStore(Protocol):
-    """The storage calls the service makes (``PostgresStore`` provides them)."""
-
-    def databases(self) -> list[str]: ...
-
-    async def delete_old_runs(
-        self, dsn: str, *, before: datetime, limit: int, after: int = 0
-    ) -> HistorySweep | None: ...
-
-    async def delete_finished_jobs(
-        self, dsn: str, *, before: datetime, limit: int
-    ) -> tuple[int, int] | None: ...
-
-    async def purge_target_health(self, *, older_than_s: float) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +80,7 @@ class RetentionService:
 
     def __init__(
         self,
-        store: RetentionStore,
+        store: Retention,
         config: RetentionConfig,
         *,
         clock: Callable[[], datetime] = _wall_clock,
@@ -146,15 +130,14 @@ class RetentionService:
         cfg = self._config
         before = self._clock() - timedelta(seconds=cfg.finished_job_retention_s)
         while not self._stopping.is_set():
-            result = await self._store.delete_finished_jobs(dsn, before=before, limit=cfg.batch)
-            if result is None:
+            sweep = await self._store.delete_finished_jobs(dsn, before=before, limit=cfg.batch)
+            if sweep is None:
                 return False
-            jobs, runs = result
-            report.jobs += jobs
-            report.runs += runs
-            DELETED.labels("jobs").inc(jobs)
-            DELETED.labels("runs").inc(runs)
-            if jobs < cfg.batch:
+            report.jobs += sweep.jobs
+            report.runs += sweep.history
+            DELETED.labels("jobs").inc(sweep.jobs)
+            DELETED.labels("runs").inc(sweep.history)
+            if sweep.jobs < cfg.batch:
                 return True
             await self._pause()
         return True

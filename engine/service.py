@@ -474,7 +474,8 @@ class Engine:
                     row.scheduled_for,
                     row.db_now,
                     due_at=row.due_at,
-                    deferred=row.due_at > jitter.due_at(row.job_id, row.scheduled_for, spec.jitter_s),
+                    deferred=row.due_at > jitter.due_at(row.job_id, row.scheduled_for, spec),
+                    spread=jitter.spread(row.job_id, spec),
                     run_all_cap=self.config.run_all_cap,
                     record_cap=self.config.record_cap,
                 )

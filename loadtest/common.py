@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import multiprocessing as mp
 import os
+import re
 import resource
 import secrets
 import socket
@@ -133,6 +135,20 @@ class InflightSample:
     open_by_port: dict[int, int]
 
 
+_HEAD_END = b"\r\n\r\n"
+_FIELDS = re.compile(
+    rb"\r\n(idempotency-key|duetime-attempt|duetime-fencing-token|content-length|connection)"
+    rb"[ \t]*:[ \t]*([^\r]*)",
+    re.IGNORECASE,
+)
+_REASONS = {200: b"OK", 202: b"Accepted", 429: b"Too Many Requests", 500: b"Internal Server Error"}
+
+
+def _response(status: int, body: bytes = b"") -> bytes:
+    reason = _REASONS.get(status, b"Status")
+    return b"HTTP/1.1 %d %s\r\ncontent-length: %d\r\n\r\n%s" % (status, reason, len(body), body)
+
+
 def _receiver_main(ports: list[int], ready: Any, status: int, delay_s: float, sample_s: float | None) -> None:
     """A uvloop webhook receiver in its own process, so its timing is not the engine's loop.
 
@@ -140,36 +156,82 @@ def _receiver_main(ports: list[int], ready: Any, status: int, delay_s: float, sa
     (idempotency key, attempt, fencing token, arrival ns, port) per call, and answers ``status``
     ``delay_s`` later (a slow or hanging target). GET /__dump returns the calls as lines; with
     ``sample_s``, GET /__inflight returns the requests open per port, sampled that often.
+
+    HTTP/1.1 is parsed by hand on an ``asyncio.Protocol`` (keep-alive, pipelined requests,
+    ``Content-Length`` bodies) rather than served by a web framework: a framework's server costs
+    about ten times the CPU per request, and on a 2-core box the receiver shares the cores with
+    the scheduler it measures, so its own cost would be counted against the scheduler's throughput.
     """
     import uvloop
-    from aiohttp import web
 
     records: list[str] = []
     open_now = dict.fromkeys(ports, 0)
     samples: list[str] = []
+    answer = _response(status)
 
-    def handler(port: int) -> Any:
-        async def handle(request: web.Request) -> web.Response:
+    class Conn(asyncio.Protocol):
+        __slots__ = ("buf", "closing", "port", "transport")
+
+        def __init__(self, port: int) -> None:
+            self.port = port
+            self.buf = b""
+            self.closing = False
+            self.transport: asyncio.Transport | None = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.transport = None
+
+        def data_received(self, data: bytes) -> None:
             arrived = time.time_ns()
-            if request.path == "/__dump":
-                return web.Response(text="\n".join(records))
-            if request.path == "/__inflight":
-                return web.Response(text="\n".join(samples))
-            h = request.headers
-            await request.read()
-            records.append(
-                f"{h.get('Idempotency-Key')}\t{h.get('Duetime-Attempt')}\t{h.get('Duetime-Fencing-Token')}"
-                f"\t{arrived}\t{port}"
-            )
-            if delay_s > 0:
-                open_now[port] += 1
-                try:
-                    await asyncio.sleep(delay_s)
-                finally:
-                    open_now[port] -= 1
-            return web.Response(status=status)
+            buf = self.buf + data if self.buf else data
+            while True:
+                end = buf.find(_HEAD_END)
+                if end < 0:
+                    break
+                head = buf[:end]
+                fields = {m[1].lower(): m[2] for m in _FIELDS.finditer(head)}
+                size = int(fields.get(b"content-length", b"0"))
+                if len(buf) < end + 4 + size:
+                    break
+                buf = buf[end + 4 + size :]
+                self.request(head, fields, arrived)
+            self.buf = buf
 
-        return handle
+        def request(self, head: bytes, fields: dict[bytes, bytes], arrived: int) -> None:
+            line = head[: head.find(b"\r\n")] if b"\r\n" in head else head
+            path = line.split(b" ", 2)[1] if line.count(b" ") >= 2 else b"/"
+            if fields.get(b"connection", b"").lower() == b"close":
+                self.closing = True
+            if path == b"/__dump":
+                self.send(_response(200, "\n".join(records).encode()))
+                return
+            if path == b"/__inflight":
+                self.send(_response(200, "\n".join(samples).encode()))
+                return
+            key, attempt, token = (
+                value.decode() if (value := fields.get(name)) is not None else None
+                for name in (b"idempotency-key", b"duetime-attempt", b"duetime-fencing-token")
+            )
+            records.append(f"{key}\t{attempt}\t{token}\t{arrived}\t{self.port}")
+            if delay_s > 0:
+                open_now[self.port] += 1
+                asyncio.get_running_loop().call_later(delay_s, self.answer_late)
+            else:
+                self.send(answer)
+
+        def answer_late(self) -> None:
+            open_now[self.port] -= 1
+            self.send(answer)
+
+        def send(self, response: bytes) -> None:
+            if self.transport is None or self.transport.is_closing():
+                return
+            self.transport.write(response)
+            if self.closing:
+                self.transport.close()
 
     async def sample() -> None:
         assert sample_s is not None
@@ -178,12 +240,9 @@ def _receiver_main(ports: list[int], ready: Any, status: int, delay_s: float, sa
             await asyncio.sleep(sample_s)
 
     async def main() -> None:
-        for port in ports:
-            app = web.Application()
-            app.router.add_route("*", "/{tail:.*}", handler(port))
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
+        loop = asyncio.get_running_loop()
+        for port in ports:  # a server lives as long as its loop: nothing to hold
+            await loop.create_server(functools.partial(Conn, port), "127.0.0.1", port, backlog=4096)
         _sampler = asyncio.create_task(sample()) if sample_s else None  # held: tasks are weak refs
         ready.set()
         await asyncio.Event().wait()
@@ -225,6 +284,13 @@ class ReceiverProcess:
     def pid(self) -> int | None:
         pid: int | None = self._proc.pid
         return pid
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the receiver process has used so far: what a benchmark
+        subtracts to know what the receiver, not the scheduler, cost of the box's two cores."""
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     async def _get(self, path: str) -> str:
         import aiohttp

@@ -36,7 +36,8 @@ fence      ``Engine._fence_loop``/``_take_fair`` and the store's ``fence_runs``:
 deliver    the workers (``WorkerPool._work`` and the calls under it, ``workers/dispatch.py``,
            ``workers/queues.py``: Redis XADD pipelines, or webhooks): the target call
 record     ``Completer`` and the store's completion (``storage/postgres/completion.py``,
-           ``core/lifecycle.py``): the fenced completion and the history row
+           ``storage/completion_rules.py``, ``core/lifecycle.py``): the fenced completion and
+           the history row
 =========  ===========================================================================
 
 and "other", split into: ``gc`` (native ``gc_collect_main`` and its kin), ``metrics``
@@ -161,6 +162,7 @@ RULES: tuple[Rule, ...] = (
         "Completer.room",
     ),
     _r("record", "storage/postgres/completion.py"),
+    _r("record", "storage/completion_rules.py"),
     _r("record", "core/lifecycle.py"),
     _r("deliver", "workers/pool.py"),
     _r("deliver", "workers/dispatch.py"),

@@ -5,7 +5,8 @@
 ``workers/http1.py``), without the host queues that admit runs to it,
 against ``loadtest.common.ReceiverProcess`` in another process, ``--concurrency`` calls in flight
 as a node's ``DUETIME_WORKER_CONCURRENCY`` makes them. Reports this process's CPU µs per call
-(getrusage: user + system) and calls/s; the receiver's CPU is not counted.
+(getrusage: user + system) and calls/s; the receiver's CPU per call is reported beside it (when
+this command started the receiver), not added to the client's.
 
     python -m loadtest.webhook_bench --calls 20000 --concurrency 1024
 
@@ -86,7 +87,9 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-async def _bench(url: str, calls: int, concurrency: int, warmup: int, path: str) -> dict[str, Any]:
+async def _bench(
+    url: str, calls: int, concurrency: int, warmup: int, path: str, *, receiver: ReceiverProcess | None
+) -> dict[str, Any]:
     dispatcher = Dispatcher(
         policy=ssrf.AddressPolicy(allow_private=os.environ.get("BENCH_STRICT") != "1"),
         nats_url=None,
@@ -202,8 +205,10 @@ async def _bench(url: str, calls: int, concurrency: int, warmup: int, path: str)
         gc.collect()
         made0 = http.connections_made
         cpu0, t0 = _cpu_s(), time.perf_counter()
+        peer0 = receiver.cpu_s() if receiver is not None else None
         outcomes = await drive(runs)
         cpu1, t1 = _cpu_s(), time.perf_counter()
+        peer1 = receiver.cpu_s() if receiver is not None else None
         made = http.connections_made - made0
         still_open = http.open_connections
     finally:
@@ -216,6 +221,9 @@ async def _bench(url: str, calls: int, concurrency: int, warmup: int, path: str)
         "wall_s": round(t1 - t0, 3),
         "calls_per_s": round(calls / (t1 - t0)),
         "client_cpu_us_per_call": round((cpu1 - cpu0) / calls * 1e6, 1),
+        "receiver_cpu_us_per_call": (
+            round((peer1 - peer0) / calls * 1e6, 1) if peer0 is not None and peer1 is not None else None
+        ),
         "connections_opened": made,
         "connections_open_at_end": still_open,
         "load_1m": round(os.getloadavg()[0], 2),
@@ -240,7 +248,8 @@ def main() -> None:
         receiver.start()
         url = receiver.url + "/hook"
     try:
-        result = uvloop.run(_bench(url, args.calls, args.concurrency, args.warmup, args.path))
+        bench = _bench(url, args.calls, args.concurrency, args.warmup, args.path, receiver=receiver)
+        result = uvloop.run(bench)
     finally:
         if receiver is not None:
             receiver.stop()
@@ -254,6 +263,7 @@ def main() -> None:
             ("outcomes", str(result["outcomes"])),
             ("calls/s", str(result["calls_per_s"])),
             ("client CPU µs/call", str(result["client_cpu_us_per_call"])),
+            ("receiver CPU µs/call", str(result["receiver_cpu_us_per_call"])),
             ("connections opened", str(result["connections_opened"])),
             ("connections open at end", str(result["connections_open_at_end"])),
             ("load (1 min)", str(result["load_1m"])),

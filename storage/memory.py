@@ -1,11 +1,12 @@
 """``MemoryStore``: the storage ports (``Registry``, ``RunStore``, ``EventOutbox``,
-``FlowControl``, ``TargetHealth``) in memory, for tests of what sits on top of storage (engine,
-workers, API) without a database.
+``FlowControl``, ``TargetHealth``, ``Membership``, ``Retention``, ``DueAge``) in memory, for
+tests of what sits on top of storage (engine, workers, API) without a database.
 
 Faithful, not approximate: it keeps the same rows PostgreSQL keeps (state, phase, lease token,
 holder, lease expiry, occurrence rows, history), answers with the same records and errors, and
 decides what a row becomes with the very code the PostgreSQL store uses (``core.lifecycle`` via
-the completion writer's ``BatchWriter``, and ``storage.registry_rules``). What SQL does in a
+``storage.completion_rules``, and ``storage.registry_rules``); it imports neither asyncpg nor
+``storage.postgres``. What SQL does in a
 statement is done here between two awaits, which on one event loop is what a row lock and
 ``SKIP LOCKED`` give: no two claimers hold a row, a stale token changes nothing. Time is the
 injected ``clock`` (database time and the store's own, as one), so a test lapses leases by
@@ -67,31 +68,37 @@ from duetime.core.runpath import (
 )
 from duetime.core.schedule import next_occurrence
 from duetime.core.states import OwnerAction, owner_move
+from duetime.storage.completion_rules import (
+    CompletionBatch,
+    LockedRow,
+    apply_leased,
+    expire_rows,
+    failure_parents,
+    finishable,
+    skippable,
+)
 from duetime.storage.flow_rules import IDLE_BUCKET_S, bucket_capacity, check_asks, grant, refilled
 from duetime.storage.ports import (
     Backfill,
     BulkAction,
     BulkResult,
     CompletionStats,
+    DueBacklog,
+    EngineRecord,
     EventSettlement,
+    FinishedJobsSweep,
     FlowAsk,
     FlowGrant,
+    HistorySweep,
     IdempotencyRequest,
     NameHolderChanged,
     OutboxEvent,
     OwnerRun,
     Page,
+    Registration,
     SigningKeys,
     TargetHealthReport,
     TargetView,
-)
-from duetime.storage.postgres.completion import (
-    BatchWriter,
-    apply_leased,
-    expire_rows,
-    failure_parents,
-    finishable,
-    skippable,
 )
 from duetime.storage.registry_rules import (
     BULK_TARGET,
@@ -110,6 +117,7 @@ from duetime.storage.registry_rules import (
     replay_plan,
     require_failed_occurrence,
     run_cursor,
+    timing_changed,
 )
 from duetime.storage.target_rules import (
     LIVE_S,
@@ -171,38 +179,38 @@ class _Row:
     # What the pause of a paused job said (migration 0019); None while not paused.
     pause: Paused | None = None
 
-    def locked(self) -> dict[str, Any]:
+    def locked(self) -> LockedRow:
         """The row as ``lock_for_completion`` reads it (the spec as its text)."""
-        return {
-            "job_id": self.job_id,
-            "shard": self.shard,
-            "owner": self.owner,
-            "spec": _spec_text(self.spec),
-            "spec_version": self.spec_version,
-            "state": self.state,
-            "phase": self.phase,
-            "lease_token": self.lease_token,
-            "scheduled_for": self.scheduled_for,
-            "next_run_at": self.next_run_at,
-            "attempt": self.attempt,
-            "run_kind": self.run_kind,
-            "resume_at": self.resume_at,
-            "pending_triggers": list(self.pending_triggers),
-            "parent_id": self.parent_id,
-            "handed_upto": self.handed_upto,
-            "split_at": self.split_at,
-            "backfill_seq": self.backfill_seq,
-            "consecutive_failures": self.consecutive_failures,
-            "failing": self.failing,
-            "fenced_token": self.fenced_token,
-            "fenced_for": self.fenced_for,
-            "fenced_due": self.fenced_due,
-            "fenced_attempt": self.fenced_attempt,
-            "fenced_version": self.fenced_version,
-            "fenced_kind": self.fenced_kind,
-            "spec_revision": self.spec_revision,
-            "fenced_revision": self.fenced_revision,
-        }
+        return LockedRow(
+            job_id=self.job_id,
+            shard=self.shard,
+            owner=self.owner,
+            spec=_spec_text(self.spec),
+            spec_version=self.spec_version,
+            state=self.state,
+            phase=self.phase,
+            lease_token=self.lease_token,
+            scheduled_for=self.scheduled_for,
+            next_run_at=self.next_run_at,
+            attempt=self.attempt,
+            run_kind=self.run_kind,
+            resume_at=self.resume_at,
+            pending_triggers=list(self.pending_triggers),
+            parent_id=self.parent_id,
+            handed_upto=self.handed_upto,
+            split_at=self.split_at,
+            backfill_seq=self.backfill_seq,
+            consecutive_failures=self.consecutive_failures,
+            failing=self.failing,
+            fenced_token=self.fenced_token,
+            fenced_for=self.fenced_for,
+            fenced_due=self.fenced_due,
+            fenced_attempt=self.fenced_attempt,
+            fenced_version=self.fenced_version,
+            fenced_kind=self.fenced_kind,
+            spec_revision=self.spec_revision,
+            fenced_revision=self.fenced_revision,
+        )
 
     def plan(self) -> RowPlan:
         return RowPlan(
@@ -271,6 +279,46 @@ class _TargetRow:
 
     report: TargetHealthReport
     reported_at: datetime
+
+
+@dataclass(slots=True)
+class _EngineRow:
+    """One row of ``engines`` (migration 0004): a member of the membership."""
+
+    reg: Registration
+    serving: frozenset[int]
+    started_at: datetime
+    heartbeat_at: datetime
+
+
+class _EngineIdLock:
+    """``Membership.engine_id_lock`` in memory: the store keeps which lock holds each id, as the
+    database keeps a session's advisory lock. A process's death is ``release`` here."""
+
+    def __init__(self, store: MemoryStore, engine_id: str) -> None:
+        self._store = store
+        self._engine_id = engine_id
+
+    def _try(self) -> bool:
+        self._store._check()
+        holder = self._store._id_locks.setdefault(self._engine_id, self)
+        return holder is self
+
+    async def acquire(self, within_s: float) -> bool:
+        deadline = asyncio.get_running_loop().time() + within_s
+        while True:
+            if self._try():
+                return True
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.1)
+
+    async def held(self) -> bool:
+        return self._try()
+
+    async def release(self) -> None:
+        if self._store._id_locks.get(self._engine_id) is self:
+            del self._store._id_locks[self._engine_id]
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +400,8 @@ class MemoryStore:
         self._targets: dict[tuple[str, str, str], _TargetRow] = {}  # (owner, host, worker)
         self._flow_buckets: dict[tuple[str, str], _FlowBucket] = {}
         self._flow_holders: dict[tuple[str, str], dict[str, _FlowHolder]] = {}
+        self._engines: dict[str, _EngineRow] = {}
+        self._id_locks: dict[str, _EngineIdLock] = {}
         # The installation's cursor key: one store here is one installation.
         self._cursor_key = secrets.token_bytes(32)
         self.available = True  # False: every call raises StorageUnavailable (an outage)
@@ -648,9 +698,9 @@ class MemoryStore:
             if holder is not None and holder.job_id != job_id:
                 raise name_taken(spec.name, holder.job_id)
         old = row.spec
-        timing_changed = old["schedule"] != new_json["schedule"] or old["jitter_s"] != new_json["jitter_s"]
-        step = update_step(job_id, spec, row.plan(), timing_changed=timing_changed, now=self._now())
-        version = row.spec_version + 1 if timing_changed else row.spec_version
+        changed = timing_changed(old, new_json)
+        step = update_step(job_id, spec, row.plan(), timing_changed=changed, now=self._now())
+        version = row.spec_version + 1 if changed else row.spec_version
         diff = spec_diff(codec.spec_to_json(codec.spec_from_json(old)), new_json)
         revision = row.spec_revision + 1 if diff else row.spec_revision
         if new_json != old:
@@ -658,7 +708,7 @@ class MemoryStore:
                 child.spec = {**_copy(new_json), "schedule": child.spec["schedule"]}
                 child.spec_revision = revision
                 child.updated_at = self._now()
-        if timing_changed:
+        if changed:
             for child in self._children(job_id):
                 if child.backfill_seq is None and child.phase != "running":
                     del self._jobs[child.job_id]
@@ -1103,19 +1153,30 @@ class MemoryStore:
                 released += 1
         return released
 
+    async def return_unstarted(self, leases: Sequence[Leased]) -> int:
+        self._check()
+        returned = 0
+        for lease in leases:
+            row = self._held(lease, lambda phase: phase == "running")
+            if row is not None and row.fenced_token == lease.lease_token:
+                row.phase, row.claimed_by, row.leased_until, row.run_until = "idle", None, None, None
+                returned += 1
+        return returned
+
     # ------------------------------------------------------------------ completion
 
-    def _locked_rows(self, ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, dict[str, Any]]:
+    def _locked_rows(self, ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, LockedRow]:
         return {i: self._jobs[i].locked() for i in sorted(set(ids)) if i in self._jobs}
 
-    def _flush(self, writer: BatchWriter) -> set[int]:
-        """What ``BatchWriter.flush`` and ``after_commit`` write, statement for statement
-        (apply_plans, insert_runs, delete_occurrences; then release_next_backfill,
-        parent_last_run, complete_drained_jobs). Returns the shards to wake."""
+    def _flush(self, writer: CompletionBatch) -> set[int]:
+        """The batch the completion rules decided, applied to the rows as PostgreSQL's statements
+        apply it (storage/sql/completion.sql: insert_catch_up, apply_plans, insert_runs,
+        delete_occurrences, the failure counts; after the commit cascade_failure_pause,
+        release_next_backfill, parent_last_run, complete_drained_jobs). Returns the shards to wake."""
         now = self._now()
         last_seq: dict[uuid.UUID, int] = {}
-        for _occ_id, parent_id, scheduled_for, place in writer.catch_up:  # insert_catch_up
-            parent_row = self._jobs[parent_id]
+        for catch_up in writer.catch_up:  # insert_catch_up
+            parent_id, place = catch_up.parent_id, catch_up.position
             seq = None
             if place is not None:
                 if parent_id not in last_seq:
@@ -1123,9 +1184,8 @@ class MemoryStore:
                         (c.backfill_seq or 0 for c in self._children(parent_id)), default=0
                     )
                 seq = last_seq[parent_id] + place
-            self._insert_occurrence(
-                parent_row, now if place is None else None, scheduled_for, seq=seq, now=now
-            )
+            due = now if place is None else None
+            self._insert_occurrence(self._jobs[parent_id], due, catch_up.scheduled_for, seq=seq, now=now)
         for w in writer.plans:
             plan = w.plan
             row = self._jobs[w.job_id]
@@ -1169,7 +1229,7 @@ class MemoryStore:
         self._complete_drained(r for r in (self._jobs.get(p) for p in writer.parent_last) if r is not None)
         return shards
 
-    def _write_failures(self, writer: BatchWriter) -> None:
+    def _write_failures(self, writer: CompletionBatch) -> None:
         """apply_failure_counts, pause_failing_jobs and insert_failure_events."""
         writes = writer.failure_writes(self._locked_rows(writer.failure_rows_missing()))
         for job_id, count in writes.counts:
@@ -1287,27 +1347,27 @@ class MemoryStore:
 
     async def complete_runs(self, reports: Sequence[AttemptReport]) -> CompletionStats:
         self._check()
-        return self._under_lease(reports, finishable, BatchWriter.finish)
+        return self._under_lease(reports, finishable, CompletionBatch.finish)
 
     async def skip_missed(self, items: Sequence[Skip]) -> CompletionStats:
         self._check()
-        return self._under_lease(items, skippable, BatchWriter.skip)
+        return self._under_lease(items, skippable, CompletionBatch.skip)
 
     def _under_lease(
         self,
         items: Sequence[Any],
         phase_ok: Callable[[str], bool],
-        apply: Callable[[BatchWriter, Any, Any, datetime], None],
+        apply: Callable[[CompletionBatch, LockedRow, Any, datetime], None],
     ) -> CompletionStats:
-        writer = BatchWriter()
-        also = failure_parents(items) if apply is BatchWriter.finish else []
+        writer = CompletionBatch()
+        also = failure_parents(items) if apply is CompletionBatch.finish else []
         rows = self._locked_rows([*(i.job_id for i in items), *also])
         stale = apply_leased(writer, rows, items, phase_ok=phase_ok, apply=apply, now=self._now())
         self._wake(self._flush(writer))
         return CompletionStats(applied=len(writer.seen), stale=stale, history=writer.history_count)
 
     def _expire(self, rows: Iterable[_Row]) -> CompletionStats:
-        writer = BatchWriter()
+        writer = CompletionBatch()
         expire_rows(writer, self._locked_rows(r.job_id for r in rows).values(), self._now())
         self._wake(self._flush(writer))
         return CompletionStats(applied=len(writer.seen), history=writer.history_count)
@@ -1364,9 +1424,7 @@ class MemoryStore:
             spec = codec.spec_from_json(row.spec)
             occ = row.split_at
             assert occ is not None
-            self._insert_occurrence(
-                row, jitter.due_at(row.job_id, occ, spec.jitter_s), occ, seq=None, now=now
-            )
+            self._insert_occurrence(row, jitter.due_at(row.job_id, occ, spec), occ, seq=None, now=now)
             row.handed_upto = occ
             row.split_at = next_occurrence(spec.schedule, occ)
         return len(rows)
@@ -1550,6 +1608,157 @@ class MemoryStore:
         idle = now - timedelta(seconds=IDLE_BUCKET_S)
         for ident in [i for i, b in self._flow_buckets.items() if b.refilled_at < idle]:
             del self._flow_buckets[ident]
+
+    # ------------------------------------------------------------------ membership
+
+    def _own_engine(self, reg: Registration) -> _EngineRow | None:
+        """The row of ``reg``'s process: under its id and its incarnation (not a later process's)."""
+        row = self._engines.get(reg.engine_id)
+        return row if row is not None and row.reg.incarnation == reg.incarnation else None
+
+    async def join_engine(self, reg: Registration) -> None:
+        self._check()
+        now = self._now()
+        self._engines[reg.engine_id] = _EngineRow(reg, frozenset(), started_at=now, heartbeat_at=now)
+
+    async def heartbeat_engine(self, reg: Registration, serving: Iterable[int]) -> bool:
+        self._check()
+        row = self._own_engine(reg)
+        if row is None:
+            return False
+        row.heartbeat_at, row.serving = self._now(), frozenset(serving)
+        return True
+
+    async def set_engine_serving(self, reg: Registration, serving: Iterable[int]) -> None:
+        self._check()
+        row = self._own_engine(reg)
+        if row is not None:
+            row.serving = frozenset(serving)
+
+    async def leave_engine(self, reg: Registration) -> None:
+        self._check()
+        if self._own_engine(reg) is not None:
+            del self._engines[reg.engine_id]
+
+    async def list_engines(self) -> list[EngineRecord]:
+        self._check()
+        now = self._now()
+        out = []
+        for engine_id in sorted(self._engines):
+            row = self._engines[engine_id]
+            reg = row.reg
+            out.append(
+                EngineRecord(
+                    engine_id=engine_id,
+                    host=reg.host,
+                    allowed=frozenset(reg.allowed),
+                    serving=row.serving,
+                    lease_s=float(reg.lease_s),
+                    replicas=reg.replicas,
+                    incarnation=reg.incarnation,
+                    started_at=row.started_at,
+                    heartbeat_at=row.heartbeat_at,
+                    heartbeat_age_s=max((now - row.heartbeat_at).total_seconds(), 0.0),
+                    live=row.heartbeat_at > now - timedelta(seconds=reg.lease_s),
+                )
+            )
+        return out
+
+    async def forget_dead_engines(self, older_than_s: float) -> int:
+        self._check()
+        now = self._now()
+        dead = [
+            engine_id
+            for engine_id, row in self._engines.items()
+            if row.heartbeat_at < now - timedelta(seconds=max(row.reg.lease_s, older_than_s))
+        ]
+        for engine_id in dead:
+            del self._engines[engine_id]
+        return len(dead)
+
+    def engine_id_lock(self, engine_id: str) -> _EngineIdLock:
+        return _EngineIdLock(self, engine_id)
+
+    # ------------------------------------------------------------------ retention
+
+    def databases(self) -> list[str]:
+        """One database holds everything here."""
+        return ["memory"]
+
+    async def delete_old_runs(
+        self, dsn: str, *, before: datetime, limit: int, after: int = 0
+    ) -> HistorySweep | None:
+        """As ``retention_old_runs``: the oldest ``limit`` history rows after ``after`` walked,
+        those of them finished before ``before`` deleted. Nothing else holds the lock here."""
+        self._check()
+        head = sorted((h for h in self._runs if h.run_id > after), key=lambda h: h.run_id)[:limit]
+        gone = {h.run_id for h in head if (h.run.finished_at or h.run.scheduled_for) < before}
+        self._runs = [h for h in self._runs if h.run_id not in gone]
+        return HistorySweep(deleted=len(gone), walked=head[-1].run_id if head else None)
+
+    async def delete_finished_jobs(
+        self, dsn: str, *, before: datetime, limit: int
+    ) -> FinishedJobsSweep | None:
+        """As ``retention_finished_jobs`` and the deletes after it: jobs finished before
+        ``before``, idle, with no occurrence row in flight, oldest first; their history,
+        Idempotency-Keys and occurrence rows with them."""
+        self._check()
+        finished = (JobState.COMPLETED.value, JobState.CANCELLED.value, JobState.DEAD.value)
+        chosen = sorted(
+            (
+                r
+                for r in self._jobs.values()
+                if r.parent_id is None
+                and r.state in finished
+                and r.updated_at < before
+                and r.phase == Phase.IDLE
+                and not any(c.phase != Phase.IDLE for c in self._children(r.job_id))
+            ),
+            key=lambda r: r.updated_at,
+        )[:limit]
+        ids = {r.job_id for r in chosen}
+        if not ids:
+            return FinishedJobsSweep(jobs=0, history=0)
+        history = sum(1 for h in self._runs if h.job_id in ids)
+        self._runs = [h for h in self._runs if h.job_id not in ids]
+        for key, record in list(self._idempotency.items()):
+            if record.job_id in ids:
+                del self._idempotency[key]
+        for job_id, row in list(self._jobs.items()):
+            if job_id in ids or row.parent_id in ids:
+                del self._jobs[job_id]
+        return FinishedJobsSweep(jobs=len(ids), history=history)
+
+    async def purge_target_health(self, *, older_than_s: float) -> int:
+        self._check()
+        cutoff = self._now() - timedelta(seconds=older_than_s)
+        old = [key for key, row in self._targets.items() if row.reported_at < cutoff]
+        for key in old:
+            del self._targets[key]
+        return len(old)
+
+    # ------------------------------------------------------------------ due age
+
+    async def oldest_unclaimed_due(self, shards: Iterable[int]) -> list[DueBacklog]:
+        """As ``oldest_unclaimed_due``: per shard, how long its earliest due, scheduled, unclaimed
+        row has waited (0 when none)."""
+        self._check()
+        now = self._now()
+        oldest: dict[int, datetime] = {}
+        for r in self._jobs.values():
+            if (
+                r.state == JobState.SCHEDULED
+                and r.claimed_by is None
+                and r.phase == Phase.IDLE
+                and r.next_run_at is not None
+                and r.next_run_at <= now
+                and (r.shard not in oldest or r.next_run_at < oldest[r.shard])
+            ):
+                oldest[r.shard] = r.next_run_at
+        return [
+            DueBacklog(shard, (now - oldest[shard]).total_seconds() if shard in oldest else 0.0)
+            for shard in sorted(set(shards))
+        ]
 
     async def close(self) -> None:
         self._listeners.clear()

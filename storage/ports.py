@@ -2,10 +2,11 @@
 and the typed records that cross them.
 
 The API talks to a ``Registry`` (and lists target health: ``ApiStore`` is both); the engine and
-workers talk to a ``RunStore``. Both are
-implemented by ``storage.postgres.PostgresStore`` (the real thing, built only by the composition
-root) and by ``storage.memory.MemoryStore`` (a faithful in-memory fake for tests); the contract
-suite in tests/contract/ runs the same cases against both, so the fake cannot drift. Methods are
+workers talk to a ``RunStore``; the engine's membership keeper to ``Membership``, its
+maintenance service to ``Retention``, its due-age sampler to ``DueAge``. All are implemented by
+``storage.postgres.PostgresStore`` (the real thing, built only by the composition root) and by
+``storage.memory.MemoryStore`` (a faithful in-memory fake for tests); the contract suite in
+tests/contract/ runs the same cases against both, so the fake cannot drift. Methods are
 verb-named; each names its shard where one shard is meant. Database errors reach callers as
 ``core.errors`` (``StorageUnavailable``, ``NotFound``, ``Conflict``, ``InvalidRequest``), never as
 a driver's exceptions.
@@ -14,12 +15,13 @@ a driver's exceptions.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, Literal, Protocol, TypeVar
 
 from duetime.core.changes import UNNAMED, Change, ChangeBy
+from duetime.core.dealing import Member
 from duetime.core.model import PLAIN_PAUSE, Job, JobSpec, JobState, PauseRequest, Run, Target, TargetState
 
 # The run path's records are the core's vocabulary (core/runpath.py); they cross this port as
@@ -43,23 +45,32 @@ __all__ = [
     "Backfill",
     "Claim",
     "CompletionStats",
+    "DueAge",
+    "DueBacklog",
     "DueListener",
+    "EngineIdLock",
+    "EngineRecord",
     "EventOutbox",
     "EventSettlement",
     "FenceItem",
     "FenceRequest",
     "FencedRun",
+    "FinishedJobsSweep",
     "FlowAsk",
     "FlowControl",
     "FlowGrant",
+    "HistorySweep",
     "IdempotencyRequest",
     "Lease",
     "Leased",
+    "Membership",
     "Offered",
     "OutboxEvent",
     "Page",
     "PublishedRun",
+    "Registration",
     "Registry",
+    "Retention",
     "RunStore",
     "Skip",
     "TargetHealth",
@@ -68,15 +79,6 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------------- the registry (API side)
-
-
-@dataclass(frozen=True, slots=True)
-class HistorySweep:
-    """One batch of the history sweep: how many rows went, and the last run id it walked (the
-    next batch starts after it; None when there was nothing after the batch's start)."""
-
-    deleted: int
-    walked: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,14 +166,6 @@ class ApiKeyInfo:
     owner: str
     created_at: datetime
     revoked_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class DueBacklog:
-    """One shard's reading: seconds since its earliest unclaimed due row fell due (0 = none)."""
-
-    shard: int
-    oldest_age_s: float
 
 
 class Registry(Protocol):
@@ -429,6 +423,12 @@ class RunStore(Protocol):
         """Give back claims that were not fired (shutdown); they are claimable at once."""
         ...
 
+    async def return_unstarted(self, leases: Sequence[Leased]) -> int:
+        """Give back fenced runs that were never called (a worker stops while they wait for
+        their host): idle and claimable at once, their attempt unused. A run an owner's edit has
+        rewritten since its fence is left to its new plan. Returns how many were given back."""
+        ...
+
     # -- the completion writer (storage/postgres/completion.py)
 
     async def complete_runs(self, reports: Sequence[AttemptReport]) -> CompletionStats:
@@ -655,3 +655,157 @@ class TargetHealth(Protocol):
 class ApiStore(Registry, TargetHealth, Protocol):
     """Everything the API asks of storage: the registry, and the target health it lists. The
     composition root hands it the concrete store (``PostgresStore``; ``MemoryStore`` in tests)."""
+
+
+# ---------------------------------------------------------------------- the engines' membership (engine)
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """What an engine registers under: its id, where it runs, what it may serve, and the
+    incarnation (one per process) that tells its own row from a later process's under the id."""
+
+    engine_id: str
+    host: str
+    allowed: frozenset[int]
+    lease_s: float
+    replicas: int
+    incarnation: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRecord:
+    """One member, as read (its heartbeat's age and liveness by the store's clock)."""
+
+    engine_id: str
+    host: str
+    allowed: frozenset[int]
+    serving: frozenset[int]
+    lease_s: float
+    replicas: int
+    incarnation: uuid.UUID
+    started_at: datetime
+    heartbeat_at: datetime
+    heartbeat_age_s: float
+    live: bool
+
+    def member(self) -> Member:
+        return Member(self.engine_id, self.allowed)
+
+
+class EngineIdLock(Protocol):
+    """What makes an engine id one live process's, held for the process's whole life (frozen or
+    not) and gone with it when it dies (``Membership.engine_id_lock``)."""
+
+    async def acquire(self, within_s: float) -> bool:
+        """Take the lock, trying for up to ``within_s`` (a killed predecessor lets go a moment
+        after its death); False when another process holds it."""
+        ...
+
+    async def held(self) -> bool:
+        """Whether this process still holds the id: after its hold was lost (the store restarted,
+        the network cut) it takes the lock again; False when another process took it meanwhile.
+        Raises ``StorageUnavailable`` while the store cannot be asked."""
+        ...
+
+    async def release(self) -> None: ...
+
+
+class Membership(Protocol):
+    """Who is in the cluster (engine/membership.py): one membership for every engine, on the home
+    database; "live" is decided by the store's clock against each member's own lease."""
+
+    async def join_engine(self, reg: Registration) -> None:
+        """Register (a restart under the same id is the same member, with a new incarnation)."""
+        ...
+
+    async def heartbeat_engine(self, reg: Registration, serving: Iterable[int]) -> bool:
+        """Refresh this process's heartbeat and what it serves; False when the row is not its own
+        any more (another process registered under the id, or the row was forgotten)."""
+        ...
+
+    async def set_engine_serving(self, reg: Registration, serving: Iterable[int]) -> None: ...
+
+    async def leave_engine(self, reg: Registration) -> None:
+        """A graceful stop: the others deal without this engine at their next heartbeat."""
+        ...
+
+    async def list_engines(self) -> list[EngineRecord]:
+        """Every member, live or dead, by id."""
+        ...
+
+    async def forget_dead_engines(self, older_than_s: float) -> int:
+        """Forget members silent for longer than ``older_than_s`` and their own lease."""
+        ...
+
+    def engine_id_lock(self, engine_id: str) -> EngineIdLock:
+        """A lock on ``engine_id``, not taken yet (``acquire``)."""
+        ...
+
+
+# ---------------------------------------------------------------------- retention (engine)
+
+
+@dataclass(frozen=True, slots=True)
+class HistorySweep:
+    """One batch of the history sweep: how many rows went, and the last run id it walked (the
+    next batch starts after it; None when there was nothing after the batch's start)."""
+
+    deleted: int
+    walked: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedJobsSweep:
+    """One batch of finished jobs deleted: the jobs, and the history rows that went with them."""
+
+    jobs: int
+    history: int
+
+
+class Retention(Protocol):
+    """What the maintenance service deletes (engine/retention.py), one batch per call and
+    database, each call a short transaction of its own."""
+
+    def databases(self) -> list[str]:
+        """The store's databases, by the names the calls below take (a PostgreSQL store's DSNs)."""
+        ...
+
+    async def delete_old_runs(
+        self, dsn: str, *, before: datetime, limit: int, after: int = 0
+    ) -> HistorySweep | None:
+        """History rows that finished before ``before``, among the oldest ``limit`` with a run id
+        above ``after``; None when another process holds this database's maintenance lock."""
+        ...
+
+    async def delete_finished_jobs(
+        self, dsn: str, *, before: datetime, limit: int
+    ) -> FinishedJobsSweep | None:
+        """Up to ``limit`` jobs finished (completed, cancelled, dead) before ``before``, none with
+        a run in flight, with their history, Idempotency-Keys and occurrence rows; None when
+        another process holds this database's maintenance lock."""
+        ...
+
+    async def purge_target_health(self, *, older_than_s: float) -> int:
+        """Target health reports older than ``older_than_s`` (workers long gone)."""
+        ...
+
+
+# ---------------------------------------------------------------------- due age (engine)
+
+
+@dataclass(frozen=True, slots=True)
+class DueBacklog:
+    """One shard's reading: seconds since its earliest unclaimed due row fell due (0 = none)."""
+
+    shard: int
+    oldest_age_s: float
+
+
+class DueAge(Protocol):
+    """How long each shard's oldest due row has waited for a claim (engine/due_age.py)."""
+
+    async def oldest_unclaimed_due(self, shards: Iterable[int]) -> list[DueBacklog]:
+        """A reading for each of ``shards`` (0 when nothing due waits); raises
+        ``StorageUnavailable`` when a database is down."""
+        ...

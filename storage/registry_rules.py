@@ -13,8 +13,10 @@ import base64
 import binascii
 import hashlib
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from duetime.core.errors import Conflict, InvalidRequest
 from duetime.core.lifecycle import RowPlan
@@ -88,6 +90,18 @@ def run_cursor(cursor: str | None) -> int:
     if before > MAX_RUN_ID:
         raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor")
     return before
+
+
+# The spec fields that decide when a job's runs are due: a change of any one starts the job over
+# from its new timing (core.lifecycle.update_step).
+_TIMING_FIELDS = (("schedule", None), ("jitter_s", 0), ("spread_s", 0))
+
+
+def timing_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether an update changes when the job's runs are due, comparing stored spec JSON. A field
+    missing from a spec stored before it existed reads as its default, so an update that only
+    adds ``spread_s: 0`` to an old job changes nothing."""
+    return any(old.get(name, default) != new.get(name, default) for name, default in _TIMING_FIELDS)
 
 
 #: The cursor of a first page of a job's changes (listed newest first, before the cursor).

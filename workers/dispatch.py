@@ -128,6 +128,27 @@ class Dispatcher:
             verdict = Verdict(Outcome.FAILED, True, None, f"internal error ({type(exc).__name__})")
         return CallResult(verdict, started_at, max(self._clock(), started_at))
 
+    def now(self) -> datetime:
+        """The clock attempts are timed by (the database's: lateness is measured against it)."""
+        return self._clock()
+
+    def begin(self, d: Delivery, now: datetime) -> Verdict | webhook.Started:
+        """A webhook attempt started without a task (``webhook.begin``), or its verdict when it
+        was decided before any request; the caller has given it its host's slot, as for
+        ``call``. An error of ours is a retryable failure here too, never raised."""
+        http = self._http
+        if http is None:
+            raise RuntimeError("Dispatcher.begin() before start()")
+        target = d.target
+        if not isinstance(target, WebhookTarget):
+            raise TypeError("Dispatcher.begin() starts webhook calls; queue targets go through call()")
+        try:
+            body = signing.encode_body(d.payload)
+            return webhook.begin(http, policy=self._policy, d=d, target=target, body=body, now=now)
+        except Exception as exc:
+            log.exception("delivery of job %s failed inside the dispatcher", d.job_id)
+            return Verdict(Outcome.FAILED, True, None, f"internal error ({type(exc).__name__})")
+
     async def deliver_redis_many(self, ds: list[Delivery]) -> BatchResult:
         """One attempt each for many deliveries to Redis targets, sent together in one batcher
         call; the caller has given the batch its slot (one) and its rate (one token a run)."""

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import cast
 
 from duetime.core.errors import StorageUnavailable, is_transient
 from duetime.core.model import Broker, Outcome, TargetState, WebhookTarget
@@ -32,6 +34,7 @@ from duetime.workers import tracing
 from duetime.workers.dispatch import Dispatcher
 from duetime.workers.hostqueues import FlowKey, HostQueues, Start, default_burst
 from duetime.workers.targets import CallTracker
+from duetime.workers.webhook import Started
 
 log = logging.getLogger("duetime.workers")
 
@@ -40,6 +43,8 @@ FLOW_HOLD_S = 10.0  # a worker's flow slots lapse this long after its last ask (
 FLOW_TICK_S = 0.1  # asks for flow grants at most this far apart while runs wait for them
 FLOW_MIN_GAP_S = 0.02
 REPORT_BATCH = 2000
+RETURN_BATCH = 1000  # runs given back unused at shutdown, per statement
+WATCHDOG_TICK_S = 1.0  # how often calls started without a task are checked against the watchdog
 _REDIS_HOST = f"broker:{Broker.REDIS.value}"
 _BAD_URL_HOST = "invalid-url:0"
 
@@ -73,6 +78,14 @@ class SecretCache:
     async def get(self, owner: str) -> tuple[str, ...]:
         """The secrets that sign a call made now: the current one first."""
         return (await self._keys(owner)).valid_at(datetime.now(UTC))
+
+    def cached(self, owner: str, now: datetime) -> tuple[str, ...] | None:
+        """``get`` without waiting, from a fresh entry only: None when the secrets must be read
+        (the caller then takes the path that can wait for the database)."""
+        hit = self._cache.get(owner)
+        if hit is None or hit[0] <= time.monotonic():
+            return None
+        return hit[2].valid_at(now)
 
     async def _keys(self, owner: str) -> SigningKeys:
         hit = self._cache.get(owner)
@@ -348,6 +361,10 @@ class WorkerPool:
         self._tracker = CallTracker()
         self._tasks: list[asyncio.Task[None]] = []
         self._calls: set[asyncio.Task[None]] = set()
+        # Webhook calls started without a task (``_begin``): each answer's future -> the
+        # monotonic instant past which the watchdog abandons it.
+        self._begun: dict[asyncio.Future[object], float] = {}
+        self._stopping = False
         self._pump_wake = asyncio.Event()
         self._flow_wake = asyncio.Event()
         self._room = asyncio.Event()  # set while fewer than max_waiting runs wait
@@ -372,6 +389,7 @@ class WorkerPool:
             SUPERVISOR.spawn("duetime-worker-pump", self._pump_loop),
             SUPERVISOR.spawn("duetime-worker-flow", self._flow_loop),
             SUPERVISOR.spawn("duetime-worker-targets", self._report_loop),
+            SUPERVISOR.spawn("duetime-worker-watchdog", self._watchdog_loop),
         ]
 
     def _busy(self) -> bool:
@@ -380,8 +398,9 @@ class WorkerPool:
     async def stop(self, grace_s: float) -> None:
         """Drain: runs already fenced are due, so they are called; in-flight calls finish within
         the grace; outcomes are recorded before returning. Anything still unrecorded after the
-        grace (a call still running, a run still waiting for a host that backs off) keeps its
-        lease and is rescued by the janitor (recorded as lease_expired)."""
+        grace: a call still running keeps its lease and is rescued by the janitor (recorded as
+        lease_expired); a run still waiting for its host was never called and is given back
+        unused."""
         if self._busy():
             self._idle.clear()
             with contextlib.suppress(TimeoutError):
@@ -391,19 +410,16 @@ class WorkerPool:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._stopping = True
+        for answer in list(self._begun):
+            answer.cancel()  # abandoned: unrecorded, so its lease lapses as a task's call's does
         calls = list(self._calls)
         for call in calls:
             call.cancel()
         for call in calls:
             with contextlib.suppress(asyncio.CancelledError):
                 await call
-        left = self.queues.drain()
-        if left:
-            log.warning(
-                "%d runs still waited for their hosts at shutdown; their leases lapse and the "
-                "janitor retries them",
-                len(left),
-            )
+        await self._return_unstarted(self.queues.drain())
         await self.completer.stop()
         if self._flows is not None:
             # The slots this worker held go back to the cluster now, not when they lapse.
@@ -415,6 +431,31 @@ class WorkerPool:
                 ]
                 with contextlib.suppress(Exception):
                     await self._flows.take_flow(self.worker_id, asks, hold_s=FLOW_HOLD_S)
+
+    async def _return_unstarted(self, left: list[FencedRun]) -> None:
+        """Runs still waiting for their hosts at shutdown were never called: they go back to
+        their rows unused (no attempt, no failure count), claimable by any engine at once. What
+        cannot be given back (the database is away) keeps its lease, which lapses: the janitor
+        then records it as lease_expired and retries it."""
+        if not left:
+            return
+        returned = 0
+        try:
+            for i in range(0, len(left), RETURN_BATCH):
+                part = left[i : i + RETURN_BATCH]
+                returned += await self._store.return_unstarted(part)
+                for run in part:
+                    self._keeper.untrack(run.job_id, run.lease_token)
+        except Exception as exc:
+            log.warning(
+                "%d runs waited for their hosts at shutdown and %d could not be given back (%s); "
+                "their leases lapse and the janitor retries them",
+                len(left),
+                len(left) - returned,
+                exc,
+            )
+            return
+        log.info("%d runs waited for their hosts at shutdown; %d given back unused", len(left), returned)
 
     # ------------------------------------------------------------------ the taker
 
@@ -480,6 +521,11 @@ class WorkerPool:
 
     def _start_calls(self, loop: asyncio.AbstractEventLoop, starts: list[Start[FencedRun]]) -> None:
         for start in starts:
+            try:
+                if self._begin(start):
+                    continue
+            except Exception:  # our bug: the call goes the task's way, which records what it can
+                log.exception("starting a call without a task failed; starting it in a task")
             task = loop.create_task(self._run(start))
             self._calls.add(task)
             task.add_done_callback(self._calls.discard)
@@ -492,9 +538,13 @@ class WorkerPool:
             else:
                 reports = [await self.call(runs[0])]
         except BaseException:
-            self.queues.ended(start, Signal.ANSWERED)
-            self._pump_wake.set()
+            self._abandoned(start)
             raise
+        self._ended(start, reports)
+
+    def _ended(self, start: Start[FencedRun], reports: list[AttemptReport]) -> None:
+        """A call (or a Redis pipeline) ended: its slot back to its host, what it said of the host
+        to the host's health and the target reports, its outcomes to the completer."""
         self.queues.ended(start, _signal(reports))
         if not start.host.startswith("broker:"):
             now = time.monotonic()
@@ -505,6 +555,83 @@ class WorkerPool:
         self._pump_wake.set()
         if not self._busy():
             self._idle.set()
+
+    def _abandoned(self, start: Start[FencedRun]) -> None:
+        """A call given up at shutdown: its slot back, nothing recorded (its lease lapses)."""
+        self.queues.ended(start, Signal.ANSWERED)
+        self._pump_wake.set()
+
+    # ------------------------------------------------------------------ calls without a task
+
+    def _begin(self, start: Start[FencedRun]) -> bool:
+        """Start a webhook call with no task or coroutine of its own, as the Redis path sends a
+        pipeline: the request is written now and the answer's done callback records it. At a
+        burst's rate a task per call (with its coroutines and its watchdog timer) cost as much CPU
+        as the HTTP exchange itself. False, and the caller runs the call in a task, when this
+        path cannot serve it: a queue target, tracing on (a span per call), or the owner's
+        signing secrets not cached (reading them may wait for the database)."""
+        if start.host.startswith("broker:") or tracing.enabled():
+            return False
+        run = start.items[0]
+        target = run.spec.parsed.target
+        if not isinstance(target, WebhookTarget):
+            return False
+        now = self._dispatcher.now()
+        secrets = self._secrets.cached(run.owner, now)
+        if secrets is None:
+            return False
+        delivery = Delivery.of(run, signing_secret=secrets[0], extra_signing_secrets=secrets[1:])
+        began = self._dispatcher.begin(delivery, now)
+        if isinstance(began, Verdict):  # decided before any request (a refused URL, a bad header)
+            report = AttemptReport(run, began, now, now)
+            self._count(report)
+            asyncio.get_running_loop().call_soon(self._ended, start, [report])
+            return True
+        answer = cast("asyncio.Future[object]", began.answer)
+        self._begun[answer] = time.monotonic() + target.timeout_s + self._watchdog_s
+        answer.add_done_callback(functools.partial(self._answered, start, began, now))
+        return True
+
+    def _answered(self, start: Start[FencedRun], began: Started, started_at: datetime, _f: object) -> None:
+        """The done callback of a call ``_begin`` started."""
+        self._begun.pop(cast("asyncio.Future[object]", began.answer), None)
+        run = start.items[0]
+        if began.answer.cancelled():
+            if self._stopping:
+                self._abandoned(start)
+                return
+            limit = began.timeout_s + self._watchdog_s
+            log.error("a call to job %s hung past %s s; recorded as timed out", run.job_id, limit)
+            error = f"the call did not finish within {limit} s (worker watchdog)"
+            verdict = Verdict(Outcome.TIMED_OUT, True, None, error)
+        else:
+            try:
+                verdict = began.verdict()
+            except Exception as exc:
+                # Our own bug, not the target's: recorded as a retryable failure, as a task's is.
+                log.exception("delivery of job %s failed inside the dispatcher", run.job_id)
+                verdict = Verdict(Outcome.FAILED, True, None, f"internal error ({type(exc).__name__})")
+        report = AttemptReport(run, verdict, started_at, max(self._dispatcher.now(), started_at))
+        self._count(report)
+        self._ended(start, [report])
+
+    async def _watchdog_loop(self) -> None:
+        """The last-resort watchdog of the calls started without a task: one that outlives its
+        own timeout by ``watchdog_s`` (a client that never answers) is abandoned and recorded as
+        timed out, as ``asyncio.timeout`` does for a call in a task."""
+        while True:
+            await asyncio.sleep(WATCHDOG_TICK_S)
+            now = time.monotonic()
+            for answer in [a for a, deadline in self._begun.items() if deadline <= now]:
+                answer.cancel()
+
+    @staticmethod
+    def _count(report: AttemptReport) -> None:
+        v = report.verdict
+        metrics.CALLS.labels(v.outcome.value).inc()
+        if report.started_at is not None:
+            metrics.START_LATENESS.observe(max((report.started_at - report.run.due_at).total_seconds(), 0.0))
+            metrics.TARGET_LATENCY.observe((report.finished_at - report.started_at).total_seconds())
 
     # ------------------------------------------------------------------ flow keys
 
@@ -674,10 +801,9 @@ class WorkerPool:
             log.error("a call to job %s hung past %s s; recorded as timed out", run.job_id, limit)
             error = f"the call did not finish within {limit} s (worker watchdog)"
             result = CallResult(Verdict(Outcome.TIMED_OUT, True, None, error), now, DB_CLOCK.now())
-        metrics.CALLS.labels(result.outcome.value).inc()
-        metrics.START_LATENESS.observe(max((result.started_at - run.due_at).total_seconds(), 0.0))
-        metrics.TARGET_LATENCY.observe((result.finished_at - result.started_at).total_seconds())
-        return AttemptReport.of(run, result)
+        report = AttemptReport.of(run, result)
+        self._count(report)
+        return report
 
 
 def _run_info(d: Delivery) -> tracing.RunInfo:

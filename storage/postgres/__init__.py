@@ -14,6 +14,8 @@
 - ``shards``: moving a logical shard between databases
 - ``keys``: API keys listed, signing secrets rotated
 - ``due_age``: each shard's oldest due row no engine has claimed (a gauge's reading)
+- ``membership``: the engines' membership and the engine id's lock (home database)
+- ``retention``: the maintenance service's batched deletes
 - ``target_health``: workers' reports of the hosts they call, listed per owner (home database)
 - ``server_keys``: the installation's own keys (the page cursors' sealing key), home database
 - ``store``: ``PostgresStore``, composed of those parts
@@ -22,7 +24,6 @@ Their SQL lives in ``storage/sql/<concept>.sql``.
 """
 
 from duetime.storage.ports import CompletionStats
-from duetime.storage.postgres.completion import _locked_spec
 from duetime.storage.postgres.hints import NOTIFY_CHANNEL
 from duetime.storage.postgres.rows import job_from_row
 from duetime.storage.postgres.shards import ShardMoveReport, move_shard
@@ -33,7 +34,6 @@ __all__ = [
     "CompletionStats",
     "PostgresStore",
     "ShardMoveReport",
-    "_locked_spec",
     "job_from_row",
     "move_shard",
 ]

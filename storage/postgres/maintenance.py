@@ -69,7 +69,7 @@ class MaintenancePart(StoreBase):
                 spec = codec.spec_from_json(r["spec"])
                 occ: datetime = r["split_at"]
                 occurrence_ids.append(new_job_id(shard))
-                dues.append(jitter.due_at(r["job_id"], occ, spec.jitter_s))
+                dues.append(jitter.due_at(r["job_id"], occ, spec))
                 handed.append(occ)
                 following.append(next_occurrence(spec.schedule, occ))
             n = len(rows)

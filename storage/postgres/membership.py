@@ -5,22 +5,23 @@ It lives on the **home database** (shard 0's, where owners and API keys are): on
 process already reaches, even when the shards are spread over several primaries, so every engine
 reads the same membership and deals the same way. "Live" is decided by the database's clock
 (``now() - heartbeat_at`` against the member's own ``DUETIME_LEASE_S``), never by an engine's.
+
+``MembershipPart`` is the ``Membership`` port of ``PostgresStore`` (storage/ports.py has the
+records it reads and writes); ``PostgresEngineIdLock`` is its ``EngineIdLock``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from datetime import datetime
 
 import asyncpg
 
-from duetime.core.dealing import Member
 from duetime.core.errors import DuetimeError, StorageUnavailable
+from duetime.storage.ports import EngineRecord, Registration
+from duetime.storage.postgres.pools import StoreBase
 from duetime.storage.postgres.sessions import SessionBounds, connect
 from duetime.storage.queries import Q
 
@@ -29,38 +30,6 @@ class MembershipMissing(DuetimeError):
     """The home database has no membership table: the schema predates it."""
 
     code = "schema_outdated"
-
-
-@dataclass(frozen=True, slots=True)
-class EngineRecord:
-    """One row of the membership, as read (ages by the database's clock)."""
-
-    engine_id: str
-    host: str
-    allowed: frozenset[int]
-    serving: frozenset[int]
-    lease_s: float
-    replicas: int
-    incarnation: uuid.UUID
-    started_at: datetime
-    heartbeat_at: datetime
-    heartbeat_age_s: float
-    live: bool
-
-    def member(self) -> Member:
-        return Member(self.engine_id, self.allowed)
-
-
-@dataclass(frozen=True, slots=True)
-class Registration:
-    """What an engine registers under: its id, where it runs, what it may serve."""
-
-    engine_id: str
-    host: str
-    allowed: frozenset[int]
-    lease_s: float
-    replicas: int
-    incarnation: uuid.UUID
 
 
 @asynccontextmanager
@@ -84,15 +53,12 @@ def _shards(values: Iterable[int]) -> list[int]:
     return sorted(values)
 
 
-class MembershipStore:
-    """The membership statements, on the pool of the home database."""
+class MembershipPart(StoreBase):
+    """The membership statements of ``PostgresStore``, on the pool of the home database."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self._pool = pool
-
-    async def join(self, reg: Registration) -> None:
+    async def join_engine(self, reg: Registration) -> None:
         async with _translated():
-            await self._pool.execute(
+            await self.home_pool.execute(
                 Q["join_engine"],
                 reg.engine_id,
                 reg.host,
@@ -102,30 +68,30 @@ class MembershipStore:
                 reg.incarnation,
             )
 
-    async def heartbeat(self, reg: Registration, serving: Iterable[int]) -> bool:
+    async def heartbeat_engine(self, reg: Registration, serving: Iterable[int]) -> bool:
         """Refresh this process's heartbeat; False when the row is not ours any more (another
         process registered under the same id, or the row was forgotten)."""
         async with _translated():
-            row = await self._pool.fetchval(
+            row = await self.home_pool.fetchval(
                 Q["heartbeat_engine"], reg.engine_id, reg.incarnation, _shards(serving)
             )
         return row is not None
 
-    async def set_serving(self, reg: Registration, serving: Iterable[int]) -> None:
+    async def set_engine_serving(self, reg: Registration, serving: Iterable[int]) -> None:
         async with _translated():
-            await self._pool.execute(
+            await self.home_pool.execute(
                 Q["set_engine_serving"], reg.engine_id, reg.incarnation, _shards(serving)
             )
 
-    async def leave(self, reg: Registration) -> None:
+    async def leave_engine(self, reg: Registration) -> None:
         """A graceful stop: the others deal without this engine at their next heartbeat."""
         async with _translated():
-            await self._pool.execute(Q["leave_engine"], reg.engine_id, reg.incarnation)
+            await self.home_pool.execute(Q["leave_engine"], reg.engine_id, reg.incarnation)
 
-    async def engines(self) -> list[EngineRecord]:
+    async def list_engines(self) -> list[EngineRecord]:
         """Every member, live or dead, by id."""
         async with _translated():
-            rows = await self._pool.fetch(Q["list_engines"])
+            rows = await self.home_pool.fetch(Q["list_engines"])
         return [
             EngineRecord(
                 engine_id=r["engine_id"],
@@ -143,13 +109,18 @@ class MembershipStore:
             for r in rows
         ]
 
-    async def forget_dead(self, older_than_s: float) -> int:
+    async def forget_dead_engines(self, older_than_s: float) -> int:
         async with _translated():
-            status: str = await self._pool.execute(Q["forget_dead_engines"], float(older_than_s))
+            status: str = await self.home_pool.execute(Q["forget_dead_engines"], float(older_than_s))
         return int(status.rsplit(" ", 1)[-1])
 
+    def engine_id_lock(self, engine_id: str) -> PostgresEngineIdLock:
+        """The id's lock on a connection of its own to the home database, under the store's
+        session bounds (its keepalives tell a dead holder's session from a frozen one's)."""
+        return PostgresEngineIdLock(self.shard_map.home, self.bounds, engine_id)
 
-class EngineIdLock:
+
+class PostgresEngineIdLock:
     """The lock that makes an engine id one live process's (``lock_engine_id``): held on a
     connection of its own to the home database for as long as the process runs.
 

@@ -168,6 +168,7 @@ class StoreBase:
     """What the parts of the store share: the shard map, a pool per database, the hints."""
 
     shard_map: ShardMap
+    bounds: SessionBounds
     _pools: dict[str, asyncpg.Pool]
     _hints: Hints
 

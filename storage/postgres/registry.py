@@ -41,6 +41,7 @@ from duetime.storage.registry_rules import (
     replay_plan,
     require_failed_occurrence,
     run_cursor,
+    timing_changed,
 )
 
 
@@ -227,16 +228,16 @@ class RegistryPart(StoreBase):
         new_json = codec.spec_to_json(spec)
         row = action.row
         old = row["spec"]
-        timing_changed = old["schedule"] != new_json["schedule"] or old["jitter_s"] != new_json["jitter_s"]
-        step = update_step(job_id, spec, plan_of(row), timing_changed=timing_changed, now=utcnow())
-        version = row["spec_version"] + 1 if timing_changed else row["spec_version"]
+        changed = timing_changed(old, new_json)
+        step = update_step(job_id, spec, plan_of(row), timing_changed=changed, now=utcnow())
+        version = row["spec_version"] + 1 if changed else row["spec_version"]
         # Against the stored spec as the API shows it: a row written by an older release lacks
         # fields added since, which are no change.
         diff = spec_diff(codec.spec_to_json(codec.spec_from_json(old)), new_json)
         revision = row["spec_revision"] + 1 if diff else row["spec_revision"]
         if new_json != old:
             await action.conn.execute(Q["cascade_spec"], job_id, new_json, revision)
-        if timing_changed:
+        if changed:
             await action.conn.execute(Q["drop_split_occurrences"], job_id)
         job = await self._write(
             action, spec=new_json, spec_version=version, revision=revision, plan=step.plan, revoke=step.revoke

@@ -14,7 +14,7 @@ from typing import Final
 
 import asyncpg
 
-from duetime.storage.ports import HistorySweep
+from duetime.storage.ports import FinishedJobsSweep, HistorySweep
 from duetime.storage.postgres.pools import StoreBase, translated
 from duetime.storage.queries import Q
 
@@ -43,10 +43,12 @@ class RetentionPart(StoreBase):
             assert row is not None
             return HistorySweep(deleted=int(row["deleted"]), walked=row["walked"])
 
-    async def delete_finished_jobs(self, dsn: str, *, before: datetime, limit: int) -> tuple[int, int] | None:
+    async def delete_finished_jobs(
+        self, dsn: str, *, before: datetime, limit: int
+    ) -> FinishedJobsSweep | None:
         """Up to ``limit`` jobs finished before ``before``, with their history (``limit`` rows per
-        statement), Idempotency-Keys, change records and occurrence rows. Returns (jobs, history
-        rows) deleted, or None when another process holds this database's maintenance lock.
+        statement), Idempotency-Keys, change records and occurrence rows. Returns the jobs and
+        history rows deleted, or None when another process holds this database's maintenance lock.
 
         The lock is held for the whole batch, not only while its jobs are chosen: otherwise a
         second engine chose the same jobs while the first deleted their history, found them gone
@@ -65,12 +67,12 @@ class RetentionPart(StoreBase):
                     raise
 
 
-async def _finished_batch(conn: asyncpg.Connection, before: datetime, limit: int) -> tuple[int, int]:
+async def _finished_batch(conn: asyncpg.Connection, before: datetime, limit: int) -> FinishedJobsSweep:
     """One batch of ``delete_finished_jobs``, on a connection that holds the maintenance lock."""
     chosen = await conn.fetch(Q["retention_finished_jobs"], before, limit)
     ids: list[uuid.UUID] = [r["job_id"] for r in chosen]
     if not ids:
-        return 0, 0
+        return FinishedJobsSweep(jobs=0, history=0)
     history = 0
     while True:  # their history first, in statements of its own: it may be long
         deleted = _count(await conn.execute(Q["retention_runs_of_jobs"], ids, limit))
@@ -80,10 +82,10 @@ async def _finished_batch(conn: asyncpg.Connection, before: datetime, limit: int
     async with conn.transaction():
         locked = [r["job_id"] for r in await conn.fetch(Q["retention_lock_finished"], before, ids)]
         if not locked:
-            return 0, history
+            return FinishedJobsSweep(jobs=0, history=history)
         history += _count(await conn.execute(Q["retention_all_runs_of_jobs"], locked))
         await conn.execute(Q["retention_keys_of_jobs"], locked)
         await conn.execute(Q["retention_changes_of_jobs"], locked)
         await conn.execute(Q["retention_occurrences_of_jobs"], locked)
         jobs = _count(await conn.execute(Q["retention_delete_jobs"], locked))
-    return jobs, history
+    return FinishedJobsSweep(jobs=jobs, history=history)

@@ -97,14 +97,21 @@ class RunPathPart(StoreBase):
         return int(status.rsplit(" ", 1)[-1])
 
     async def release_claims(self, items: Sequence[Leased]) -> int:
-        released = 0
+        return await self._give_back("release_claims", items)
+
+    async def return_unstarted(self, leases: Sequence[Leased]) -> int:
+        return await self._give_back("return_unstarted", leases)
+
+    async def _give_back(self, statement: str, items: Sequence[Leased]) -> int:
+        """``statement`` (ids, tokens) once per database of ``items``; how many rows it changed."""
+        given = 0
         async with translated():
             for dsn, group in self.by_db(items).items():
                 rows = await self.pool_for_dsn(dsn).fetch(
-                    Q["release_claims"], [g.job_id for g in group], [g.lease_token for g in group]
+                    Q[statement], [g.job_id for g in group], [g.lease_token for g in group]
                 )
-                released += len(rows)
-        return released
+                given += len(rows)
+        return given
 
 
 def fence_args(group: Sequence[FenceItem], lease_s: float) -> tuple[Any, ...]:

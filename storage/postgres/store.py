@@ -14,12 +14,14 @@ import asyncpg
 
 from duetime.storage.postgres.changes import ChangesPart
 from duetime.storage.postgres.completion import CompletionPart
+from duetime.storage.postgres.due_age import DueAgePart
 from duetime.storage.postgres.events import EventsPart
 from duetime.storage.postgres.flow import FlowPart
 from duetime.storage.postgres.hints import DueConnections, Hints, listen_due
 from duetime.storage.postgres.inserts import InsertBatcher
 from duetime.storage.postgres.keys import KeysPart
 from duetime.storage.postgres.maintenance import MaintenancePart
+from duetime.storage.postgres.membership import MembershipPart
 from duetime.storage.postgres.names import NamesPart
 from duetime.storage.postgres.pauses import PausesPart
 from duetime.storage.postgres.pools import open_pools
@@ -46,11 +48,13 @@ class PostgresStore(
     TargetHealthPart,
     FlowPart,
     ServerKeysPart,
+    MembershipPart,
+    DueAgePart,
     ChangesPart,
     PausesPart,
 ):
-    """Registry + run store (and the outbox and flow control) on asyncpg pools, one pool per
-    distinct database in the shard map."""
+    """Registry + run store (and the outbox, flow control, membership, retention and due age) on
+    asyncpg pools, one pool per distinct database in the shard map."""
 
     def __init__(
         self,

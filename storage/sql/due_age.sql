@@ -1,4 +1,5 @@
--- The per-shard age of the oldest due row no engine has claimed (storage/due_age.py).
+-- The per-shard age of the oldest due row no engine has claimed (storage/postgres/due_age.py,
+-- the DueAge port; MemoryStore reads its rows the same way).
 
 -- name: oldest_unclaimed_due
 -- For each shard of $1, how many seconds the earliest row that is due, scheduled and claimed by

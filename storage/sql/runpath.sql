@@ -153,6 +153,27 @@ UPDATE jobs j SET leased_until = now() + make_interval(secs => $4)
 FROM held
 WHERE j.job_id = held.job_id;
 
+-- name: return_unstarted
+-- Give back runs that were fenced but never called (a worker stops while they wait for a host
+-- that backs off, issue 28): the row is as its claim's release leaves it, idle and claimable at
+-- once, its attempt unused. Only a row still running under the fence's own token (fenced_token:
+-- an owner's edit since has written its plan onto the row, which stands) is returned. Locked in
+-- job id order first, behind the gate, as release_claims.
+WITH locked AS MATERIALIZED (
+    SELECT j.job_id, j.lease_token, j.phase, j.fenced_token, u.token
+    FROM unnest($1::uuid[], $2::bigint[]) AS u(job_id, token)
+    JOIN jobs j ON j.job_id = u.job_id
+    ORDER BY j.job_id
+    FOR UPDATE OF j
+)
+UPDATE jobs j SET phase = 'idle', claimed_by = NULL, leased_until = NULL, run_until = NULL,
+    taken_by = NULL
+FROM locked l
+WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
+  AND j.job_id = l.job_id AND l.lease_token = l.token AND l.phase = 'running'
+  AND l.fenced_token = l.token
+RETURNING j.job_id;
+
 -- name: release_claims
 -- Give back rows that were claimed but not fired (shutdown): they become claimable at once.
 -- Locked in job id order first, behind the gate of fence_runs; the guards are read from the rows

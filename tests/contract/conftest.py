@@ -21,13 +21,24 @@ import pytest
 
 from duetime.core.model import CronSchedule, JobSpec, OneOffSchedule, WebhookTarget
 from duetime.storage.memory import MemoryStore
-from duetime.storage.ports import EventOutbox, FlowControl, Registry, RunStore, TargetHealth
+from duetime.storage.ports import (
+    DueAge,
+    EventOutbox,
+    FlowControl,
+    Membership,
+    Registry,
+    Retention,
+    RunStore,
+    TargetHealth,
+)
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
 from tests.conftest import _create_db, _drop_db
 
 
-class Store(Registry, RunStore, EventOutbox, FlowControl, TargetHealth, Protocol):
+class Store(
+    Registry, RunStore, EventOutbox, FlowControl, TargetHealth, Membership, Retention, DueAge, Protocol
+):
     """The ports, as the composition root's store offers them."""
 
 

@@ -105,6 +105,51 @@ async def test_claim_fence_complete_a_one_off(store: Store) -> None:
     assert runs.items[0].lateness_ms is not None
 
 
+async def test_a_fenced_run_never_called_is_given_back_unused(store: Store) -> None:
+    """A worker that stops while runs wait for a host that backs off gives them back: the row is
+    claimable at once, the same occurrence with its attempt unused, and no history is written."""
+    o, e = new_owner(), engine_id()
+    jid = await due_job(store, o)
+    row = (await claim(store, e, [jid]))[jid]
+    [run] = await fence(store, [row])
+    assert await store.return_unstarted([lease(run)]) == 1
+    assert await store.return_unstarted([lease(run)]) == 0, "given back once"
+    assert (await store.complete_runs([report(run, Outcome.SUCCEEDED)])).applied == 0, "its token is stale"
+    again = (await claim(store, engine_id(), [jid]))[jid]
+    assert again.lease_token > run.lease_token, "a new lease: the old token is fenced out"
+    assert (again.scheduled_for, again.attempt, again.run_kind) == (row.scheduled_for, 0, "scheduled")
+    assert (await store.list_runs(o, jid, limit=10, cursor=None)).items == [], "no attempt recorded"
+    [rerun] = await fence(store, [again])
+    assert rerun.attempt == 1
+
+
+async def test_only_a_run_running_under_the_callers_fence_is_given_back(store: Store) -> None:
+    """A claimed row (not fenced), another lease's token and an ended run are not touched."""
+    o, e = new_owner(), engine_id()
+    jid = await due_job(store, o)
+    row = (await claim(store, e, [jid]))[jid]
+    assert await store.return_unstarted([lease(row)]) == 0, "claimed, not fenced: release_claims' job"
+    [run] = await fence(store, [row])
+    assert await store.return_unstarted([replace(lease(run), lease_token=run.lease_token + 1)]) == 0
+    stats = await store.complete_runs([report(run, Outcome.SUCCEEDED)])
+    assert stats.applied == 1, "still running under its own token until then"
+    assert await store.return_unstarted([lease(run)]) == 0, "an ended run is not given back"
+
+
+async def test_a_run_given_back_after_an_owners_edit_follows_the_new_plan(store: Store) -> None:
+    """An edit while the run waited wrote its plan onto the row; given back, the row is that
+    plan, not the occurrence that was fenced."""
+    o, e = new_owner(), engine_id()
+    jid = await due_job(store, o)
+    [run] = await fence(store, (await claim(store, e, [jid])).values())
+    later = now() + timedelta(hours=1)
+    await store.update_job(o, jid, one_off(later))
+    assert await store.return_unstarted([lease(run)]) == 1
+    assert await claim(store, engine_id(), [jid]) == {}, "not due until the new time"
+    job = await store.get_job(o, jid)
+    assert job.next_run_at == later and job.state is JobState.SCHEDULED
+
+
 async def test_claims_are_exclusive_between_concurrent_claimers(store: Store) -> None:
     o = new_owner()
     ids = [await due_job(store, o) for _ in range(12)]

@@ -1,5 +1,5 @@
 """The shared fixtures (tests/support/fixtures.py) for the tests of this folder."""
 
-from tests.support.fixtures import node, own_db, owner, receiver
+from tests.support.fixtures import client, db, node, own_db, owner, receiver, store
 
-__all__ = ["node", "own_db", "owner", "receiver"]
+__all__ = ["client", "db", "node", "own_db", "owner", "receiver", "store"]

@@ -11,14 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import asyncpg
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from multidict import CIMultiDict
 
@@ -29,44 +27,10 @@ from duetime.core.ids import shard_of
 from duetime.core.ssrf import AddressPolicy
 from duetime.storage.ports import ApiStore
 from duetime.storage.postgres import PostgresStore
-from duetime.storage.shardmap import ShardMap
+from tests.support.fixtures import Client, api_owner, serve
 
 SECRET = "s3cr3t-header-VALUE-9f2e"
 PUBLIC_URL = "https://1.1.1.1/hook"  # a public literal: no DNS lookup, allowed by the default policy
-
-Client = TestClient[web.Request, web.Application]
-
-
-@pytest.fixture(scope="module")
-async def store(pg_dsn: str) -> AsyncIterator[PostgresStore]:
-    opened = await PostgresStore.open(ShardMap.single(pg_dsn))
-    yield opened
-    await opened.close()
-
-
-@asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[Client]:
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-async def client(store: PostgresStore) -> AsyncIterator[Client]:
-    async with serve(create_app(store, policy=AddressPolicy())) as c:
-        yield c
-
-
-@pytest.fixture
-async def db(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(pg_dsn)
-    yield conn
-    await conn.close()
-
-
-async def new_owner(store: PostgresStore) -> dict[str, str]:
-    """A fresh owner and its auth header; every test works in its own owners."""
-    api_key, _ = await store.create_api_key(f"owner-{uuid.uuid4().hex[:12]}")
-    return {"Authorization": f"Bearer {api_key}"}
 
 
 def in_an_hour() -> str:
@@ -130,7 +94,7 @@ async def set_state(db: asyncpg.Connection, job_id: str, state: str) -> None:
 async def test_create_answers_201_with_location_and_the_job_with_defaults(
     client: Client, store: PostgresStore
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     resp = await client.post("/v1/jobs", json=webhook_spec(), headers=headers)
     assert resp.status == 201
     assert resp.content_type == "application/json"
@@ -182,7 +146,7 @@ async def test_create_answers_201_with_location_and_the_job_with_defaults(
 async def test_request_times_accept_any_offset_and_answer_in_utc(
     client: Client, store: PostgresStore
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     run_at = (datetime.now(UTC) + timedelta(days=2)).replace(microsecond=0)
     local = run_at.astimezone(datetime.now(UTC).astimezone().tzinfo).isoformat()
     offset = run_at.astimezone(UTC).replace(tzinfo=None).isoformat() + "-05:00"
@@ -193,7 +157,7 @@ async def test_request_times_accept_any_offset_and_answer_in_utc(
 
 
 async def test_invalid_spec_values_answer_422_with_the_field(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     cases = [
         (queue_spec(jitter_s=3601), "jitter_s"),
         (queue_spec(misfire="sometimes"), "misfire"),
@@ -208,7 +172,7 @@ async def test_invalid_spec_values_answer_422_with_the_field(client: Client, sto
 
 
 async def test_wrong_types_answer_400(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     for spec in (queue_spec(jitter_s="5"), queue_spec(jitter_s=5.5), [queue_spec()], "job", 7):
         error = await error_of(await client.post("/v1/jobs", json=spec, headers=headers), 400)
         assert error["code"] == "wrong_type", (spec, error)
@@ -218,7 +182,7 @@ async def test_wrong_types_answer_400(client: Client, store: PostgresStore) -> N
 
 
 async def test_list_answers_items_and_next_cursor(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     ids = [(await create(client, headers))["id"] for _ in range(3)]
     resp = await client.get("/v1/jobs", headers=headers)
     assert resp.status == 200
@@ -239,7 +203,7 @@ async def test_list_answers_items_and_next_cursor(client: Client, store: Postgre
 async def test_list_treats_empty_parameters_as_absent_and_ignores_unknown_ones(
     client: Client, store: PostgresStore
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     job = await create(client, headers)
     resp = await client.get("/v1/jobs?state=&limit=&cursor=&colour=blue", headers=headers)
     assert resp.status == 200
@@ -250,14 +214,14 @@ async def test_list_treats_empty_parameters_as_absent_and_ignores_unknown_ones(
 async def test_list_refuses_a_limit_out_of_range_or_not_an_integer(
     client: Client, store: PostgresStore, limit: str
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     for path in ("/v1/jobs", f"/v1/jobs/{(await create(client, headers))['id']}/runs"):
         error = await error_of(await client.get(path, params={"limit": limit}, headers=headers), 422)
         assert error["field"] == "limit"
 
 
 async def test_list_accepts_the_limit_bounds(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     await create(client, headers)
     for limit in ("1", "1000"):
         assert (await client.get("/v1/jobs", params={"limit": limit}, headers=headers)).status == 200
@@ -266,7 +230,7 @@ async def test_list_accepts_the_limit_bounds(client: Client, store: PostgresStor
 async def test_list_refuses_an_unknown_state_and_a_foreign_cursor(
     client: Client, store: PostgresStore
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     error = await error_of(await client.get("/v1/jobs?state=running", headers=headers), 422)
     assert error["field"] == "state"
     job = await create(client, headers)
@@ -307,7 +271,7 @@ async def _all_pages(client: Client, headers: dict[str, str], **params: str) -> 
 async def test_pagination_lists_every_job_once_despite_concurrent_inserts(
     client: Client, store: PostgresStore
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     before = [(await create(client, headers))["id"] for _ in range(30)]
     paused = set(before[::3])
     for job_id in paused:
@@ -335,7 +299,7 @@ async def test_pagination_lists_every_job_once_despite_concurrent_inserts(
 
 
 async def test_patch_merges_and_keeps_the_rest(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     job = await create(client, headers, webhook_spec(retry={"max_attempts": 3, "backoff_max_s": 60}))
     resp = await client.patch(
         f"/v1/jobs/{job['id']}", json={"name": "renamed", "retry": {"max_attempts": 7}}, headers=headers
@@ -362,7 +326,7 @@ async def test_patch_merges_and_keeps_the_rest(client: Client, store: PostgresSt
 
 
 async def test_patch_of_the_schedule_recomputes_next_run_at(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     job = await create(client, headers)
     run_at = (datetime.now(UTC) + timedelta(days=3)).replace(microsecond=0)
     resp = await client.patch(
@@ -385,7 +349,7 @@ async def test_patch_of_the_schedule_recomputes_next_run_at(client: Client, stor
 
 
 async def test_patch_keeps_redacted_header_secrets(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     job = await create(client, headers, webhook_spec())
     target = dict(job["target"], timeout_s=10)  # the GET body sent back, header shown redacted
     resp = await client.patch(f"/v1/jobs/{job['id']}", json={"target": target}, headers=headers)
@@ -403,7 +367,7 @@ async def test_patch_keeps_redacted_header_secrets(client: Client, store: Postgr
 
 
 async def test_patch_refuses_bad_values_and_bad_shapes(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     job = await create(client, headers)
     path = f"/v1/jobs/{job['id']}"
     error = await error_of(await client.patch(path, json={"jitter_s": -1}, headers=headers), 422)
@@ -419,7 +383,7 @@ async def test_patch_refuses_bad_values_and_bad_shapes(client: Client, store: Po
 async def test_patch_answers_409_on_a_cancelled_or_completed_job(
     client: Client, store: PostgresStore, db: asyncpg.Connection
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     cancelled = await create(client, headers)
     assert (await client.delete(f"/v1/jobs/{cancelled['id']}", headers=headers)).status == 200
     error = await error_of(
@@ -438,7 +402,7 @@ async def test_patch_answers_409_on_a_cancelled_or_completed_job(
 
 
 async def test_delete_cancels_and_repeating_it_is_harmless(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     job = await create(client, headers)
     first = await client.delete(f"/v1/jobs/{job['id']}", headers=headers)
     assert first.status == 200
@@ -454,7 +418,7 @@ async def test_delete_cancels_and_repeating_it_is_harmless(client: Client, store
 
 
 async def test_pause_and_resume(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     job = await create(client, headers)
     paused = await client.post(f"/v1/jobs/{job['id']}/pause", headers=headers)
     assert paused.status == 200
@@ -471,7 +435,7 @@ async def test_pause_and_resume(client: Client, store: PostgresStore) -> None:
 
 
 async def test_trigger_answers_202_with_the_job(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     job = await create(client, headers, webhook_spec())
     resp = await client.post(f"/v1/jobs/{job['id']}/trigger", headers=headers)
     assert resp.status == 202
@@ -484,7 +448,7 @@ async def test_trigger_answers_202_with_the_job(client: Client, store: PostgresS
 async def test_replay_brings_a_dead_job_back_and_refuses_others(
     client: Client, store: PostgresStore, db: asyncpg.Connection
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     job = await create(client, headers)
     error = await error_of(await client.post(f"/v1/jobs/{job['id']}/replay", headers=headers), 409)
     assert error["code"] == "job_scheduled"
@@ -505,7 +469,7 @@ async def test_replay_brings_a_dead_job_back_and_refuses_others(
 async def test_runs_are_listed_newest_first_across_pages(
     client: Client, store: PostgresStore, db: asyncpg.Connection
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     job = await create(client, headers, webhook_spec())
     empty = await client.get(f"/v1/jobs/{job['id']}/runs", headers=headers)
     assert empty.status == 200
@@ -576,7 +540,7 @@ JOB_CALLS: list[tuple[str, str, dict[str, Any] | None]] = [
 async def test_another_owners_job_answers_404_like_a_missing_one(
     client: Client, store: PostgresStore, method: str, suffix: str, body: dict[str, Any] | None
 ) -> None:
-    alice, mallory = await new_owner(store), await new_owner(store)
+    (_, alice), (_, mallory) = await api_owner(store), await api_owner(store)
     job = await create(client, alice, webhook_spec())
     missing = str(uuid.uuid4())
     answers = []
@@ -600,7 +564,7 @@ async def test_another_owners_job_answers_404_like_a_missing_one(
 async def test_idempotency_key_replays_the_same_body_and_refuses_a_different_one(
     client: Client, store: PostgresStore
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     key = {"Idempotency-Key": f"order-{uuid.uuid4()}"}
     spec = webhook_spec()
     first = await client.post("/v1/jobs", json=spec, headers={**headers, **key})
@@ -620,14 +584,14 @@ async def test_idempotency_key_replays_the_same_body_and_refuses_a_different_one
     listed = await (await client.get("/v1/jobs", headers=headers)).json()
     assert [j["id"] for j in listed["items"]] == [job["id"]]
     # another owner's identical key is a different key
-    other = await new_owner(store)
+    _, other = await api_owner(store)
     theirs = await client.post("/v1/jobs", json=spec, headers={**other, **key})
     assert theirs.status == 201
     assert (await theirs.json())["id"] != job["id"]
 
 
 async def test_concurrent_retries_with_one_key_make_one_job(client: Client, store: PostgresStore) -> None:
-    headers = {**(await new_owner(store)), "Idempotency-Key": "retry-storm"}
+    headers = {**(await api_owner(store)).headers, "Idempotency-Key": "retry-storm"}
     answers = await asyncio.gather(
         *(client.post("/v1/jobs", json=queue_spec(name="once"), headers=headers) for _ in range(8))
     )
@@ -640,7 +604,7 @@ async def test_concurrent_retries_with_one_key_make_one_job(client: Client, stor
 # tests/database/test_api_limits.py sends them on a raw socket to the API's own runner.)
 @pytest.mark.parametrize("key", ["", "x" * 256, "tab\there", "caf\u00e9"])
 async def test_an_invalid_idempotency_key_answers_422(client: Client, store: PostgresStore, key: str) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     resp = await client.post(
         "/v1/jobs",
         data=json.dumps(queue_spec()).encode(),
@@ -659,7 +623,7 @@ async def test_an_invalid_idempotency_key_answers_422(client: Client, store: Pos
 
 
 async def test_body_over_256_kib_answers_413(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     big = json.dumps(queue_spec(payload="x" * (300 * 1024)))
     resp = await client.post("/v1/jobs", data=big, headers={**headers, "Content-Type": "application/json"})
     assert (await error_of(resp, 413))["code"] == "body_too_large"
@@ -671,7 +635,7 @@ async def test_body_over_256_kib_answers_413(client: Client, store: PostgresStor
 
 
 async def test_payload_over_64_kib_answers_422(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     error = await error_of(
         await client.post("/v1/jobs", json=queue_spec(payload="x" * (65 * 1024)), headers=headers), 422
     )
@@ -688,7 +652,7 @@ async def test_payload_over_64_kib_answers_422(client: Client, store: PostgresSt
 async def test_a_body_not_sent_as_json_answers_415(
     client: Client, store: PostgresStore, content_type: str | None
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     job = await create(client, headers)
     extra = {"Content-Type": content_type} if content_type else {}
     body = json.dumps(queue_spec()).encode()
@@ -724,7 +688,7 @@ MALFORMED: list[tuple[str, bytes]] = [
 async def test_malformed_json_answers_4xx_never_5xx(
     client: Client, store: PostgresStore, case: str, raw: bytes
 ) -> None:
-    headers = {**(await new_owner(store)), "Content-Type": "application/json"}
+    headers = {**(await api_owner(store)).headers, "Content-Type": "application/json"}
     job = await create(client, {"Authorization": headers["Authorization"]})
     for method, path in (("POST", "/v1/jobs"), ("PATCH", f"/v1/jobs/{job['id']}")):
         resp = await client.request(method, path, data=raw, headers=headers)
@@ -735,7 +699,7 @@ async def test_malformed_json_answers_4xx_never_5xx(
 
 
 async def test_unstorable_strings_and_deep_payloads_answer_422(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     for payload in ({"note": "a\u0000b"}, {"a\u0000": 1}, [[[[[[["x"]]]]]]]):
         spec = queue_spec(payload=payload)
         resp = await client.post("/v1/jobs", json=spec, headers=headers)
@@ -758,7 +722,7 @@ async def test_unstorable_strings_and_deep_payloads_answer_422(client: Client, s
 async def test_header_values_are_redacted_in_every_response(
     client: Client, store: PostgresStore, db: asyncpg.Connection
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     key = {"Idempotency-Key": "redact-1"}
     created = await client.post("/v1/jobs", json=webhook_spec(), headers={**headers, **key})
     job = await created.json()
@@ -795,7 +759,7 @@ async def test_header_values_are_redacted_in_every_response(
 
 
 async def test_a_loopback_webhook_is_refused_by_default(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     for url in (
         "http://127.0.0.1/",
         "http://localhost:8080/x",
@@ -822,7 +786,7 @@ async def test_a_loopback_webhook_is_refused_by_default(client: Client, store: P
 
 async def test_a_loopback_webhook_is_accepted_when_private_targets_are_allowed(store: PostgresStore) -> None:
     async with serve(create_app(store, policy=AddressPolicy(allow_private=True))) as private:
-        headers = await new_owner(store)
+        _, headers = await api_owner(store)
         spec = webhook_spec(target={"type": "webhook", "url": "http://127.0.0.1:9/hook"})
         resp = await private.post("/v1/jobs", json=spec, headers=headers)
         assert resp.status == 201, await resp.text()
@@ -854,7 +818,7 @@ async def test_missing_or_unknown_keys_answer_401(client: Client, authorization:
 
 
 async def test_the_scheme_is_case_insensitive(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     key = headers["Authorization"].split(" ", 1)[1]
     assert (await client.get("/v1/jobs", headers={"Authorization": f"bearer {key}"})).status == 200
 
@@ -882,7 +846,7 @@ async def test_a_revoked_key_stops_working_within_the_cache_ttl(store: PostgresS
 
 
 async def test_wrong_method_answers_405_with_allow(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     resp = await client.put("/v1/jobs", headers=headers)
     assert (await error_of(resp, 405))["code"] == "method_not_allowed"
     assert set(resp.headers["Allow"].split(",")) == {"GET", "POST"}
@@ -892,7 +856,7 @@ async def test_wrong_method_answers_405_with_allow(client: Client, store: Postgr
 
 
 async def test_unknown_paths_answer_404_json(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     assert (await error_of(await client.get("/v1/nothing", headers=headers), 404))["code"] == "not_found"
     assert (await error_of(await client.get("/nothing"), 404))["code"] == "not_found"
     assert (await error_of(await client.get("/v1/nothing"), 401))["code"] == "unauthorized"
@@ -934,7 +898,7 @@ class _FlakyKeys:
 async def test_a_failed_key_lookup_answers_503_and_is_not_remembered(store: PostgresStore) -> None:
     flaky = _FlakyKeys(store)
     async with serve(create_app(cast(ApiStore, flaky), policy=AddressPolicy())) as c:
-        headers = await new_owner(store)
+        _, headers = await api_owner(store)
         answers = await asyncio.gather(*(c.get("/v1/jobs", headers=headers) for _ in range(10)))
         for resp in answers:
             assert (await error_of(resp, 503))["code"] == "storage_unavailable"
@@ -951,7 +915,7 @@ async def test_an_unexpected_error_answers_500_and_storage_trouble_503(
 ) -> None:
     failing = _FailingReads(store)
     async with serve(create_app(cast(ApiStore, failing), policy=AddressPolicy())) as c:
-        headers = await new_owner(store)
+        _, headers = await api_owner(store)
         resp = await c.get(f"/v1/jobs/{uuid.uuid4()}", headers=headers)
         error = await error_of(resp, 500)
         assert error["code"] == "internal_error"
@@ -991,13 +955,14 @@ async def test_readyz_answers_503_when_a_dependency_is_down(store: PostgresStore
 
 
 async def test_two_idempotency_keys_answer_400(client: Client, store: PostgresStore) -> None:
-    headers = CIMultiDict(await new_owner(store))
+    headers = CIMultiDict((await api_owner(store)).headers)
     headers.add("Idempotency-Key", "one")
     headers.add("Idempotency-Key", "two")
     resp = await client.post("/v1/jobs", json=queue_spec(), headers=headers)
     error = await error_of(resp, 400)
     assert (error["code"], error["field"]) == ("duplicate_header", "Idempotency-Key")
-    assert (await (await client.get("/v1/jobs", headers=await new_owner(store))).json())["items"] == []
+    _, fresh = await api_owner(store)
+    assert (await (await client.get("/v1/jobs", headers=fresh)).json())["items"] == []
 
 
 async def test_the_metrics_token_scheme_is_case_insensitive() -> None:
@@ -1013,7 +978,7 @@ async def test_the_metrics_token_scheme_is_case_insensitive() -> None:
 
 
 async def test_metrics_count_requests_by_route_template(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     job = await create(client, headers)
     await client.get(f"/v1/jobs/{job['id']}", headers=headers)
     await client.get(f"/v1/jobs/{uuid.uuid4()}", headers=headers)
@@ -1042,7 +1007,7 @@ async def test_patch_of_other_fields_after_a_bounded_cron_ended_is_not_refused(
 ) -> None:
     """Regression: once end_at had passed, a PATCH of only the name re-checked the unchanged
     schedule against the current time and answered 422 cron_never_fires."""
-    auth = await new_owner(store)
+    _, auth = await api_owner(store)
     end_at = (datetime.now(UTC) + timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
     spec = webhook_spec(schedule={"cron": "* * * * * *", "end_at": end_at})
     resp = await client.post("/v1/jobs", json=spec, headers=auth)

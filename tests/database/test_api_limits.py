@@ -5,13 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from duetime.api.app import create_app
 from duetime.api.limits import JobCap, OwnerRateLimiter
@@ -19,22 +16,7 @@ from duetime.api.server import api_runner
 from duetime.core.errors import Conflict, RateLimited
 from duetime.core.ssrf import AddressPolicy
 from duetime.storage.postgres import PostgresStore
-from duetime.storage.shardmap import ShardMap
-
-Client = TestClient[web.Request, web.Application]
-
-
-@pytest.fixture(scope="module")
-async def store(pg_dsn: str) -> AsyncIterator[PostgresStore]:
-    s = await PostgresStore.open(ShardMap.single(pg_dsn), pool_size=4)
-    yield s
-    await s.close()
-
-
-@asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[Client]:
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-        yield client
+from tests.support.fixtures import serve
 
 
 def spec() -> dict[str, object]:

@@ -14,23 +14,17 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
-from duetime.api.app import create_app
 from duetime.api.cursors import CursorSeal
-from duetime.core.ssrf import AddressPolicy
 from duetime.storage.postgres import PostgresStore
-from duetime.storage.shardmap import ShardMap
+from tests.support.fixtures import Client
 
-Client = TestClient[web.Request, web.Application]
 URL = "https://1.1.1.1/hook"
 
 
@@ -751,19 +745,6 @@ def test_the_catalogue_covers_every_category() -> None:
     covered |= {"malformed JSON", "NaN", "duplicate keys", "lone surrogates"}
     assert covered >= REQUIRED_CATEGORIES, REQUIRED_CATEGORIES - covered
     assert len({c.id for c in CASES}) == len(CASES)
-
-
-@pytest.fixture(scope="module")
-async def store(pg_dsn: str) -> AsyncIterator[PostgresStore]:
-    s = await PostgresStore.open(ShardMap.single(pg_dsn), pool_size=4)
-    yield s
-    await s.close()
-
-
-@pytest.fixture(scope="module")
-async def client(store: PostgresStore) -> AsyncIterator[Client]:
-    async with TestClient(TestServer(create_app(store, policy=AddressPolicy()), host="127.0.0.1")) as c:
-        yield c
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

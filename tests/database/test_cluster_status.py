@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from duetime.storage.ports import Registration
 from duetime.storage.postgres import PostgresStore
-from duetime.storage.postgres.membership import MembershipStore, Registration
 from duetime.storage.shardmap import ShardMap
 from tests.conftest import _create_db, _drop_db
 from tests.processes.test_cli import _env, duetime
@@ -35,10 +35,10 @@ async def pair(run_tag: str) -> AsyncIterator[tuple[str, str]]:
 
 
 @pytest.fixture
-async def members(pair: tuple[str, str]) -> AsyncIterator[MembershipStore]:
+async def members(pair: tuple[str, str]) -> AsyncIterator[PostgresStore]:
     a, b = pair
     store = await PostgresStore.open(ShardMap.from_dsns([a] * 8 + [b] * 8), pool_size=2)
-    yield MembershipStore(store.home_pool)
+    yield store
     await store.close()
 
 
@@ -47,16 +47,16 @@ def _shard_dsns(pair: tuple[str, str]) -> str:
 
 
 async def _member(
-    members: MembershipStore, engine_id: str, serving: set[int], *, lease_s: float = 30.0
+    members: PostgresStore, engine_id: str, serving: set[int], *, lease_s: float = 30.0
 ) -> Registration:
     reg = Registration(engine_id, "host-" + engine_id, ALL, lease_s, 2, uuid.uuid4())
-    await members.join(reg)
-    await members.heartbeat(reg, serving)
+    await members.join_engine(reg)
+    await members.heartbeat_engine(reg, serving)
     return reg
 
 
 async def test_json_is_one_object_with_every_shard_and_the_under_replicated_ones(
-    pair: tuple[str, str], members: MembershipStore, tmp_path: Path
+    pair: tuple[str, str], members: PostgresStore, tmp_path: Path
 ) -> None:
     await _member(members, "e-a", set(range(0, 12)))
     await _member(members, "e-b", set(range(4, 16)))
@@ -79,7 +79,7 @@ async def test_json_is_one_object_with_every_shard_and_the_under_replicated_ones
 
 
 async def test_replicas_come_from_the_same_setting_as_the_engines(
-    pair: tuple[str, str], members: MembershipStore, tmp_path: Path
+    pair: tuple[str, str], members: PostgresStore, tmp_path: Path
 ) -> None:
     await _member(members, "solo", set(range(16)))
     env = _env(DUETIME_SHARD_DSNS=_shard_dsns(pair), DUETIME_SHARD_REPLICAS="1")
@@ -93,7 +93,7 @@ async def test_replicas_come_from_the_same_setting_as_the_engines(
 
 
 async def test_the_table_names_engines_the_dead_and_the_shards_without_an_engine(
-    pair: tuple[str, str], members: MembershipStore, tmp_path: Path
+    pair: tuple[str, str], members: PostgresStore, tmp_path: Path
 ) -> None:
     await _member(members, "pinned", set(range(8)))
     await _member(members, "gone", set(range(16)), lease_s=0.2)
@@ -109,7 +109,7 @@ async def test_the_table_names_engines_the_dead_and_the_shards_without_an_engine
 
 
 async def test_an_empty_membership_is_every_shard_under_replicated(
-    pair: tuple[str, str], members: MembershipStore, tmp_path: Path
+    pair: tuple[str, str], members: PostgresStore, tmp_path: Path
 ) -> None:
     env = _env(DUETIME_SHARD_DSNS=_shard_dsns(pair))
     code, out, _ = await duetime("cluster", "status", "--json", env=env, cwd=tmp_path)

@@ -21,6 +21,7 @@ import asyncpg
 import pytest
 
 from duetime.core.ids import shard_of
+from duetime.core.jitter import spread
 from duetime.core.model import (
     CronSchedule,
     JobSpec,
@@ -32,8 +33,9 @@ from duetime.core.model import (
     WebhookTarget,
 )
 from duetime.core.runpath import AttemptReport, FencedRun, Verdict
+from duetime.storage.completion_rules import failure_parents
 from duetime.storage.postgres import PostgresStore
-from duetime.storage.postgres.completion import OrdinaryBatch, failure_parents
+from duetime.storage.postgres.completion import OrdinaryBatch
 from duetime.storage.queries import Q
 from duetime.storage.shardmap import ShardMap
 
@@ -225,3 +227,30 @@ async def test_an_ordinary_batch_needs_no_general_path(
     assert all(
         j.last_run is not None and j.last_run.finished_at == T0 + timedelta(milliseconds=250) for j in jobs
     )
+
+
+@pytest.mark.parametrize("one_statement", [True, False], ids=["one-statement", "general-path"])
+async def test_lateness_counts_from_the_spread_time(store: PostgresStore, one_statement: bool) -> None:
+    """spread_s: a run started 1.234 s after its occurrence's spread time is 1234 ms late (not
+    the offset more), on both completion paths; the next occurrence is due at its own spread time."""
+    owner = "o_" + uuid.uuid4().hex[:10]
+    job = hourly(overlap=Overlap.SKIP, spread_s=3600)
+    [run] = await running(store, owner, [job])
+    offset = spread(run.job_id, job)
+    started = run.scheduled_for + offset + timedelta(milliseconds=1234)
+    verdict = Verdict(Outcome.SUCCEEDED, False, 200, None)
+    store.finish_ordinary = one_statement
+    try:
+        stats = await store.complete_runs(
+            [AttemptReport(run, verdict, started, started + timedelta(seconds=1))]
+        )
+    finally:
+        store.finish_ordinary = True
+    assert stats.applied == 1
+    async with store.home_pool.acquire() as conn:
+        lateness = await conn.fetchval("SELECT lateness_ms FROM runs WHERE job_id = $1", run.job_id)
+    assert lateness == 1234
+    after = await store.get_job(owner, run.job_id)
+    assert after.last_run is not None and after.last_run.lateness_ms == 1234
+    assert after.last_run.scheduled_for == run.scheduled_for  # the nominal time, as sent
+    assert after.next_run_at == run.scheduled_for + timedelta(hours=1) + offset

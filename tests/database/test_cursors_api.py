@@ -12,16 +12,11 @@ from __future__ import annotations
 import base64
 import secrets
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import asyncpg
-import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from duetime.api.app import create_app
 from duetime.api.cursors import MAX_SEALED_CHARS, CursorSeal
@@ -33,39 +28,13 @@ from duetime.storage.ports import ApiStore, TargetHealthReport
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.registry_rules import encode_cursor
 from duetime.storage.shardmap import ShardMap
+from tests.support.fixtures import Client, serve
 
-Client = TestClient[web.Request, web.Application]
 PUBLIC_URL = "https://1.1.1.1/hook"  # a public literal: no DNS lookup, allowed by the default policy
 ITEMS = 5  # of each list, paged 2 at a time: three pages, two cursors
 # Near the longest host a target cursor may carry (storage/target_rules.py CURSOR_MAX_BYTES, 768),
 # fourth in host order, so that the second page ends at it: the longest cursor crosses HTTP too.
 LONG_HOST = "h3" + "x" * 758 + ":443"
-
-
-@pytest.fixture(scope="module")
-async def store(pg_dsn: str) -> AsyncIterator[PostgresStore]:
-    opened = await PostgresStore.open(ShardMap.single(pg_dsn), pool_size=4)
-    yield opened
-    await opened.close()
-
-
-@asynccontextmanager
-async def serve(store: ApiStore) -> AsyncIterator[Client]:
-    async with TestClient(TestServer(create_app(store, policy=AddressPolicy()), host="127.0.0.1")) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-async def client(store: PostgresStore) -> AsyncIterator[Client]:
-    async with serve(store) as c:
-        yield c
-
-
-@pytest.fixture
-async def db(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(pg_dsn)
-    yield conn
-    await conn.close()
 
 
 @dataclass
@@ -165,7 +134,7 @@ async def test_paging_through_every_list_works_and_a_cursor_opens_on_every_api_p
     # A second API process of the installation: its own store, the same database, so the same key.
     other_store = await PostgresStore.open(ShardMap.single(pg_dsn), pool_size=2)
     try:
-        async with serve(other_store) as other:
+        async with serve(create_app(other_store, policy=AddressPolicy())) as other:
             for path in owner.lists():
                 items, cursors = await _walk(client, path, owner.headers)
                 assert len(items) == ITEMS and len({repr(_key(i)) for i in items}) == ITEMS, path
@@ -260,7 +229,7 @@ async def test_a_key_that_cannot_be_read_is_a_503_and_is_read_again(
 ) -> None:
     owner = await new_owner(client, store, db)
     flaky = _KeyDown(store)
-    async with serve(cast(ApiStore, flaky)) as c:
+    async with serve(create_app(cast(ApiStore, flaky), policy=AddressPolicy())) as c:
         # A list that fits one page needs no cursor, so no key.
         assert (await c.get("/v1/jobs", headers=owner.headers)).status == 200
         resp = await c.get("/v1/jobs", params={"limit": "2"}, headers=owner.headers)

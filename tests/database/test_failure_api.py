@@ -5,44 +5,19 @@ name with the same rules as other fields, and a redacted event-target header kep
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from duetime.api.app import create_app
-from duetime.core.ssrf import AddressPolicy
 from duetime.storage.postgres import PostgresStore
-from duetime.storage.shardmap import ShardMap
-from tests.database.test_api import (
-    PUBLIC_URL,
-    SECRET,
-    Client,
-    create,
-    error_of,
-    new_owner,
-    serve,
-    webhook_spec,
-)
+from tests.database.test_api import PUBLIC_URL, SECRET, create, error_of, webhook_spec
+from tests.support.fixtures import Client, api_owner
 
 EVENTS = {"type": "webhook", "url": "https://1.1.1.1/events", "headers": {"X-Pager": SECRET}}
 
 
-@pytest.fixture(scope="module")
-async def store(pg_dsn: str) -> AsyncIterator[PostgresStore]:
-    opened = await PostgresStore.open(ShardMap.single(pg_dsn))
-    yield opened
-    await opened.close()
-
-
-@pytest.fixture(scope="module")
-async def client(store: PostgresStore) -> AsyncIterator[Client]:
-    async with serve(create_app(store, policy=AddressPolicy())) as c:
-        yield c
-
-
 async def test_the_job_shows_the_fields_with_their_defaults(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     plain = await create(client, headers, webhook_spec(name=None))
     assert plain["on_failure"] is None and plain["pause_after_failures"] is None
     job = await create(
@@ -83,7 +58,7 @@ async def test_values_out_of_range_name_their_field(
     client: Client, store: PostgresStore, fields: dict[str, Any], expected: tuple[int, str | None, str]
 ) -> None:
     status, code, field = expected
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     resp = await client.post("/v1/jobs", json=webhook_spec(name=None, **fields), headers=headers)
     error = await error_of(resp, status)
     assert error.get("field") == field, error
@@ -92,7 +67,7 @@ async def test_values_out_of_range_name_their_field(
 
 
 async def test_patch_sets_clears_and_keeps_a_redacted_header(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     job = await create(client, headers, webhook_spec(name=None))
     path = f"/v1/jobs/{job['id']}"
     resp = await client.patch(path, json={"on_failure": {"target": EVENTS, "after": 2}}, headers=headers)
@@ -127,7 +102,7 @@ async def test_patch_sets_clears_and_keeps_a_redacted_header(client: Client, sto
 async def test_put_by_name_applies_them_and_a_repeat_changes_nothing(
     client: Client, store: PostgresStore
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     body = {
         "target": {"type": "webhook", "url": PUBLIC_URL},
         "schedule": {"cron": "0 3 * * *"},

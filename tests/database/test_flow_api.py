@@ -4,42 +4,17 @@ PUT like any other target field, refused with the field named, absent when never
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
-from duetime.api.app import create_app
 from duetime.core.model import Flow
-from duetime.core.ssrf import AddressPolicy
 from duetime.storage.postgres import PostgresStore
-from duetime.storage.shardmap import ShardMap
+from tests.support.fixtures import Client, api_owner
 
-Client = TestClient[web.Request, web.Application]
 URL = "https://1.1.1.1/hook"  # a public literal: no DNS lookup, allowed by the default policy
 SECRET = "flow-test-secret-7d1c"
 FLOW = {"key": "billing-api", "rate_per_s": 2.5, "parallelism": 4}
-
-
-@pytest.fixture(scope="module")
-async def store(pg_dsn: str) -> AsyncIterator[PostgresStore]:
-    opened = await PostgresStore.open(ShardMap.single(pg_dsn), pool_size=2)
-    yield opened
-    await opened.close()
-
-
-@pytest.fixture(scope="module")
-async def client(store: PostgresStore) -> AsyncIterator[Client]:
-    async with TestClient(TestServer(create_app(store, policy=AddressPolicy()), host="127.0.0.1")) as c:
-        yield c
-
-
-async def owner(store: PostgresStore) -> tuple[str, dict[str, str]]:
-    name = f"flow-{uuid.uuid4().hex[:12]}"
-    api_key, _ = await store.create_api_key(name)
-    return name, {"Authorization": f"Bearer {api_key}"}
 
 
 def spec(flow: dict[str, Any] | None = FLOW, **overrides: Any) -> dict[str, Any]:
@@ -62,7 +37,7 @@ async def refused(resp: Any, status: int) -> dict[str, Any]:
 
 
 async def test_created_with_a_flow_it_is_shown_and_stored(client: Client, store: PostgresStore) -> None:
-    name, headers = await owner(store)
+    name, headers = await api_owner(store, "flow")
     job = await ok(await client.post("/v1/jobs", json=spec(), headers=headers), 201)
     assert job["target"]["flow"] == FLOW
     assert job["target"]["headers"] == {"X-Token": "<redacted>"}
@@ -75,7 +50,7 @@ async def test_created_with_a_flow_it_is_shown_and_stored(client: Client, store:
 
 
 async def test_a_target_without_flow_shows_no_flow(client: Client, store: PostgresStore) -> None:
-    _, headers = await owner(store)
+    _, headers = await api_owner(store, "flow")
     job = await ok(await client.post("/v1/jobs", json=spec(None), headers=headers), 201)
     assert "flow" not in job["target"]
     queue = {"type": "queue", "broker": "redis", "topic": "jobs:flow", "flow": None}
@@ -86,7 +61,7 @@ async def test_a_target_without_flow_shows_no_flow(client: Client, store: Postgr
 async def test_a_queue_target_and_the_failure_target_take_one_too(
     client: Client, store: PostgresStore
 ) -> None:
-    _, headers = await owner(store)
+    _, headers = await api_owner(store, "flow")
     queue = {"type": "queue", "broker": "nats", "topic": "billing.invoices", "flow": FLOW}
     body = spec(None, target=queue, on_failure={"target": {"type": "webhook", "url": URL, "flow": FLOW}})
     job = await ok(await client.post("/v1/jobs", json=body, headers=headers), 201)
@@ -95,7 +70,7 @@ async def test_a_queue_target_and_the_failure_target_take_one_too(
 
 
 async def test_patch_changes_keeps_and_drops_the_flow(client: Client, store: PostgresStore) -> None:
-    name, headers = await owner(store)
+    name, headers = await api_owner(store, "flow")
     job = await ok(await client.post("/v1/jobs", json=spec(), headers=headers), 201)
     path = f"/v1/jobs/{job['id']}"
 
@@ -119,7 +94,7 @@ async def test_patch_changes_keeps_and_drops_the_flow(client: Client, store: Pos
 async def test_put_by_name_sets_the_flow_and_an_unchanged_body_writes_nothing(
     client: Client, store: PostgresStore
 ) -> None:
-    _, headers = await owner(store)
+    _, headers = await api_owner(store, "flow")
     path = "/v1/jobs/by-name/flow-put"
     created = await ok(await client.put(path, json=spec(), headers=headers), 201)
     again = await ok(await client.put(path, json=spec(), headers=headers))
@@ -151,7 +126,7 @@ async def test_bad_flows_are_refused_naming_the_field(
     client: Client, store: PostgresStore, case: tuple[Any, int, str, str]
 ) -> None:
     flow, status, code, field = case
-    _, headers = await owner(store)
+    _, headers = await api_owner(store, "flow")
     error = await refused(await client.post("/v1/jobs", json=spec(flow), headers=headers), status)
     assert (error["code"], error["field"]) == (code, field)
     job = await ok(await client.post("/v1/jobs", json=spec(None), headers=headers), 201)

@@ -1,7 +1,7 @@
-"""Membership on real PostgreSQL (storage/membership.py, engine/membership.py): heartbeats with the
-database's clock, a lapse, a rejoin under the same id, two primaries (membership on the home
-database only), and a handover between two real in-process engines that loses and doubles
-nothing."""
+"""Membership on real PostgreSQL (storage/postgres/membership.py, engine/membership.py):
+heartbeats with the database's clock, a lapse, a rejoin under the same id, two primaries
+(membership on the home database only), and a handover between two real in-process engines that
+loses and doubles nothing. What every store must do alike is tests/contract's."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from duetime.runqueue.inprocess import InProcessRunQueue
 from duetime.runqueue.leases import LeaseKeeper
 from duetime.storage.bulk import BulkJob, seed_jobs
 from duetime.storage.migrate import migrate
+from duetime.storage.ports import Registration
 from duetime.storage.postgres import PostgresStore
-from duetime.storage.postgres.membership import MembershipStore, Registration
 from duetime.storage.shardmap import ShardMap
 from tests.conftest import ADMIN_DSN
 from tests.support.wait import settles, until
@@ -77,52 +77,52 @@ def _reg(engine_id: str, *, lease_s: float = 5.0, allowed: frozenset[int] = ALL)
 
 
 async def test_a_heartbeat_keeps_a_member_live_by_database_time(store: PostgresStore) -> None:
-    members = MembershipStore(store.home_pool)
+    members = store  # the Membership port
     reg = _reg("hb-1", lease_s=1.0)
-    await members.join(reg)
+    await members.join_engine(reg)
     for _ in range(4):  # 2 s of heartbeats every 0.5 s: live throughout
         await asyncio.sleep(0.5)
-        assert await members.heartbeat(reg, {1, 2})
-        (row,) = await members.engines()
+        assert await members.heartbeat_engine(reg, {1, 2})
+        (row,) = await members.list_engines()
         assert row.live and row.heartbeat_age_s < 0.5
         assert row.serving == {1, 2} and row.allowed == ALL and row.host == "test-host"
 
 
 async def test_a_member_whose_heartbeat_is_a_lease_old_is_dead(store: PostgresStore) -> None:
-    members = MembershipStore(store.home_pool)
-    await members.join(_reg("lapse-1", lease_s=0.6))
-    await members.join(_reg("lapse-2", lease_s=30.0))
+    members = store  # the Membership port
+    await members.join_engine(_reg("lapse-1", lease_s=0.6))
+    await members.join_engine(_reg("lapse-2", lease_s=30.0))
     await asyncio.sleep(1.0)
-    rows = {r.engine_id: r for r in await members.engines()}
+    rows = {r.engine_id: r for r in await members.list_engines()}
     assert not rows["lapse-1"].live, "its own 0.6 s lease decides, not the reader's"
     assert rows["lapse-1"].heartbeat_age_s >= 0.6
     assert rows["lapse-2"].live
-    assert await members.forget_dead(0.5) == 1
-    assert [r.engine_id for r in await members.engines()] == ["lapse-2"]
+    assert await members.forget_dead_engines(0.5) == 1
+    assert [r.engine_id for r in await members.list_engines()] == ["lapse-2"]
 
 
 async def test_a_restart_under_the_same_id_is_the_same_member(store: PostgresStore) -> None:
-    members = MembershipStore(store.home_pool)
+    members = store  # the Membership port
     first = _reg("phoenix", lease_s=0.5)
-    await members.join(first)
-    (before,) = await members.engines()
+    await members.join_engine(first)
+    (before,) = await members.list_engines()
     await asyncio.sleep(0.7)  # died: a lease without heartbeat
-    assert not (await members.engines())[0].live
+    assert not (await members.list_engines())[0].live
     second = Registration("phoenix", "other-host", frozenset({0, 1}), 5.0, 2, uuid.uuid4())
-    await members.join(second)
-    (after,) = await members.engines()
+    await members.join_engine(second)
+    (after,) = await members.list_engines()
     assert after.live and after.incarnation == second.incarnation
     assert after.started_at > before.started_at and after.allowed == {0, 1} and after.host == "other-host"
     # The old incarnation (a process that was only frozen, not dead) cannot refresh the row.
-    assert not await members.heartbeat(first, set())
-    assert await members.heartbeat(second, {0})
+    assert not await members.heartbeat_engine(first, set())
+    assert await members.heartbeat_engine(second, {0})
 
 
 async def test_with_two_primaries_membership_lives_on_the_home_database(
     store: PostgresStore, primaries: tuple[str, str]
 ) -> None:
     a, b = primaries
-    await MembershipStore(store.home_pool).join(_reg("home-1"))
+    await store.join_engine(_reg("home-1"))
     assert await store.pool_for_dsn(a).fetchval("SELECT count(*) FROM engines") == 1
     assert await store.pool_for_dsn(b).fetchval("SELECT count(*) FROM engines") == 0
 
@@ -142,9 +142,7 @@ class _Node:
     def __init__(self, store: PostgresStore, engine_id: str, lease_s: float = 2.0) -> None:
         self.keeper = LeaseKeeper(store, lease_s=lease_s, heartbeat_s=0.5)
         self.engine = Engine(store, InProcessRunQueue(10_000), self.keeper, _config(engine_id))
-        self.members = MembershipKeeper(
-            MembershipStore(store.home_pool), _reg(engine_id, lease_s=lease_s), interval_s=0.3
-        )
+        self.members = MembershipKeeper(store, _reg(engine_id, lease_s=lease_s), interval_s=0.3)
 
     async def start(self) -> None:
         self.keeper.start()
@@ -274,7 +272,7 @@ async def test_a_dead_engines_shards_are_served_again_within_a_lease_and_a_heart
         await until(lambda: _serves(b, ALL), within=2.0, what="b serves every shard", every=0.1)
         took = asyncio.get_running_loop().time() - died
         print(f"\nshards of the dead engine dealt again after {took:.2f} s (lease 1.5 s, heartbeat 0.3 s)")
-        rows = {r.engine_id: r for r in await MembershipStore(store.home_pool).engines()}
+        rows = {r.engine_id: r for r in await store.list_engines()}
         assert not rows["death-c"].live and rows["death-a"].live and rows["death-b"].live
     finally:
         await c.engine.stop()

@@ -19,7 +19,6 @@ from duetime.core.model import JobSpec, OneOffSchedule, WebhookTarget
 from duetime.engine.due_age import DueAgeSampler
 from duetime.exposition import METRICS_CONTENT_TYPE
 from duetime.storage.postgres import PostgresStore
-from duetime.storage.postgres.due_age import oldest_unclaimed_due
 from duetime.storage.shardmap import ShardMap
 from tests.conftest import _create_db, _drop_db
 from tests.support.node import fast_settings
@@ -90,14 +89,14 @@ async def test_the_oldest_unclaimed_due_row_is_measured_per_shard(own_db: str) -
         await store.pool_for_shard(shard).execute(
             "UPDATE jobs SET next_run_at = now() - interval '30 seconds' WHERE job_id = $1", uuid.UUID(job.id)
         )
-        readings = {r.shard: r.oldest_age_s for r in await oldest_unclaimed_due(store, range(16))}
+        readings = {r.shard: r.oldest_age_s for r in await store.oldest_unclaimed_due(range(16))}
         assert set(readings) == set(range(16))
         assert 29 <= readings[shard] < 60
         # a row due in an hour does not count; every other shard has nothing waiting
         assert all(age == 0 for s, age in readings.items() if s != shard)
         assert later.next_run_at is not None
         # the sampler puts the reading into the gauge, only for the shards it was given
-        sampler = DueAgeSampler(lambda s: oldest_unclaimed_due(store, s), [shard], interval_s=1)
+        sampler = DueAgeSampler(store, [shard], interval_s=1)
         assert [r.shard for r in await sampler.sample()] == [shard]
         _, text = await _scrape_registry()
         found = re.search(rf'^duetime_oldest_unclaimed_due_seconds\{{shard="{shard}"\}} (\S+)', text, re.M)
@@ -108,7 +107,7 @@ async def test_the_oldest_unclaimed_due_row_is_measured_per_shard(own_db: str) -
         await store.pool_for_shard(shard).execute(
             "UPDATE jobs SET phase = 'claimed', claimed_by = 'test' WHERE job_id = $1", uuid.UUID(job.id)
         )
-        readings = {r.shard: r.oldest_age_s for r in await oldest_unclaimed_due(store, [shard])}
+        readings = {r.shard: r.oldest_age_s for r in await store.oldest_unclaimed_due([shard])}
         assert readings == {shard: 0.0}
     finally:
         await store.close()

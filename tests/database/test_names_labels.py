@@ -17,8 +17,6 @@ from urllib.parse import quote
 
 import asyncpg
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from duetime.api.app import create_app
 from duetime.core.ids import shard_of
@@ -26,33 +24,14 @@ from duetime.core.ssrf import AddressPolicy
 from duetime.core.validation import parse_job_spec
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.shardmap import ShardMap
-
-Client = TestClient[web.Request, web.Application]
-
-
-@pytest.fixture(scope="module")
-async def store(pg_dsn: str) -> AsyncIterator[PostgresStore]:
-    opened = await PostgresStore.open(ShardMap.single(pg_dsn))
-    yield opened
-    await opened.close()
+from tests.support.fixtures import Client, api_owner, serve
 
 
 @pytest.fixture(scope="module")
 async def client(store: PostgresStore) -> AsyncIterator[Client]:
-    async with TestClient(TestServer(create_app(store, policy=AddressPolicy(), bulk_max=50))) as c:
+    """The API with a small bound on bulk actions, so a test can pass it."""
+    async with serve(create_app(store, policy=AddressPolicy(), bulk_max=50)) as c:
         yield c
-
-
-@pytest.fixture
-async def db(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(pg_dsn)
-    yield conn
-    await conn.close()
-
-
-async def new_owner(store: PostgresStore) -> dict[str, str]:
-    api_key, _ = await store.create_api_key(f"owner-{uuid.uuid4().hex[:12]}")
-    return {"Authorization": f"Bearer {api_key}"}
 
 
 def spec(**overrides: Any) -> dict[str, Any]:
@@ -73,7 +52,7 @@ async def put(client: Client, headers: dict[str, str], name: str, body: dict[str
 
 
 async def test_put_creates_then_updates_then_is_a_no_op(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     status, made = await put(client, headers, "billing/nightly", spec(labels={"team": "billing"}))
     assert status == 201, made
     assert made["name"] == "billing/nightly" and made["labels"] == {"team": "billing"}
@@ -101,7 +80,7 @@ async def test_put_creates_then_updates_then_is_a_no_op(client: Client, store: P
 async def test_put_keeps_the_state_and_recomputes_a_changed_schedule(
     client: Client, store: PostgresStore
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     _, made = await put(client, headers, "x", spec())
     assert (await client.post(f"/v1/jobs/{made['id']}/pause", headers=headers)).status == 200
     status, body = await put(client, headers, "x", spec(schedule={"cron": "0 3 * * *"}))
@@ -116,7 +95,7 @@ async def test_a_repeated_put_of_an_every_schedule_without_start_at_is_a_no_op(
 ) -> None:
     """``start_at`` of an ``every`` schedule defaults to the time of the call: a PUT that leaves
     it out keeps the stored one (as a PATCH would), so the same body again changes nothing."""
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     body = spec(schedule={"every": "1h"})
     status, made = await put(client, headers, "hourly", body)
     assert status == 201, made
@@ -135,7 +114,7 @@ async def test_a_repeated_put_of_an_every_schedule_without_start_at_is_a_no_op(
 async def test_put_refuses_a_change_to_a_completed_or_dead_job_but_not_a_no_op(
     client: Client, store: PostgresStore, db: asyncpg.Connection
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     for state in ("completed", "dead"):
         name = f"done-{state}"
         _, made = await put(client, headers, name, spec())
@@ -148,7 +127,7 @@ async def test_put_refuses_a_change_to_a_completed_or_dead_job_but_not_a_no_op(
 
 
 async def test_put_name_must_match_and_be_valid(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     status, body = await put(client, headers, "a", spec(name="b"))
     assert status == 422 and body["error"]["code"] == "name_mismatch" and body["error"]["field"] == "name"
     status, body = await put(client, headers, "a", spec(name=None))
@@ -167,7 +146,7 @@ DOT_SEGMENT_NAMES = (".", "..", "a/../b", "a/./b", "../a", "./a", "a/..", "a/.",
 
 
 async def test_a_new_name_with_a_dot_segment_is_refused(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     for name in DOT_SEGMENT_NAMES:
         resp = await client.post("/v1/jobs", json=spec(name=name), headers=headers)
         body = await resp.json()
@@ -191,7 +170,7 @@ async def test_a_new_name_with_a_dot_segment_is_refused(client: Client, store: P
 
 async def test_a_job_stored_with_a_dot_segment_name_keeps_it(client: Client, store: PostgresStore) -> None:
     """Jobs named before the rule are left as they are: updated without a rename, they keep it."""
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     owner = await store.owner_for_key(headers["Authorization"].removeprefix("Bearer "))
     assert owner is not None
     base = parse_job_spec(spec(), now=datetime.now(UTC))
@@ -202,7 +181,7 @@ async def test_a_job_stored_with_a_dot_segment_name_keeps_it(client: Client, sto
 
 
 async def test_a_name_with_a_route_word_is_still_a_name(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     for name in ("pause", "x/pause", "runs", "a/b/resume"):
         status, body = await put(client, headers, name, spec())
         assert status == 201, (name, body)
@@ -212,7 +191,7 @@ async def test_a_name_with_a_route_word_is_still_a_name(client: Client, store: P
 async def test_post_and_patch_taking_a_name_in_use_answer_name_taken(
     client: Client, store: PostgresStore
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     first = await (await client.post("/v1/jobs", json=spec(name="report"), headers=headers)).json()
     resp = await client.post("/v1/jobs", json=spec(name="report"), headers=headers)
     assert resp.status == 409
@@ -235,7 +214,7 @@ async def test_post_and_patch_taking_a_name_in_use_answer_name_taken(
     resp = await client.post("/v1/jobs", json=spec(name="report"), headers=headers)
     assert resp.status == 201
     # Names are per owner.
-    stranger = await new_owner(store)
+    _, stranger = await api_owner(store)
     resp = await client.post("/v1/jobs", json=spec(name="report"), headers=stranger)
     assert resp.status == 201
     resp = await client.get("/v1/jobs/by-name/report-v2", headers=stranger)
@@ -245,7 +224,7 @@ async def test_post_and_patch_taking_a_name_in_use_answer_name_taken(
 async def test_an_idempotent_replay_of_a_named_create_is_not_name_taken(
     client: Client, store: PostgresStore
 ) -> None:
-    headers = {**(await new_owner(store)), "Idempotency-Key": "deploy-1"}
+    headers = {**(await api_owner(store)).headers, "Idempotency-Key": "deploy-1"}
     first = await client.post("/v1/jobs", json=spec(name="idem"), headers=headers)
     assert first.status == 201
     again = await client.post("/v1/jobs", json=spec(name="idem"), headers=headers)
@@ -257,7 +236,7 @@ async def test_an_idempotent_replay_of_a_named_create_is_not_name_taken(
 async def test_concurrent_puts_of_one_name_make_one_job(
     client: Client, store: PostgresStore, db: asyncpg.Connection
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     results = await asyncio.gather(*(put(client, headers, "race", spec(jitter_s=i % 3)) for i in range(20)))
     assert [s for s, _ in results].count(201) == 1, results
     assert {s for s, _ in results} <= {200, 201}
@@ -270,7 +249,7 @@ async def test_concurrent_puts_of_one_name_make_one_job(
 
 
 async def test_concurrent_posts_of_one_name_make_one_job(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     answers = await asyncio.gather(
         *(client.post("/v1/jobs", json=spec(name="post-race"), headers=headers) for _ in range(10))
     )
@@ -337,7 +316,7 @@ async def _pages(client: Client, headers: dict[str, str], query: str, limit: int
 async def test_label_filters_page_each_match_once_under_concurrent_inserts(
     client: Client, store: PostgresStore
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
 
     async def make(labels: dict[str, str], name: str | None = None) -> str:
         resp = await client.post("/v1/jobs", json=spec(labels=labels, name=name), headers=headers)
@@ -371,11 +350,11 @@ async def test_label_filters_page_each_match_once_under_concurrent_inserts(
     first = (await (await client.get("/v1/jobs?label=team=b", headers=headers)).json())["items"][0]
     assert first["labels"] == {"team": "b"}
     # Another owner's jobs are never listed.
-    assert await _pages(client, await new_owner(store), "label=team=a") == []
+    assert await _pages(client, (await api_owner(store)).headers, "label=team=a") == []
 
 
 async def test_label_query_errors(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     for query, code in (
         ("label=team", "invalid_label"),
         ("label=Team=a", "invalid_label"),
@@ -389,7 +368,7 @@ async def test_label_query_errors(client: Client, store: PostgresStore) -> None:
 async def test_label_repeats_and_name_prefix_does_not(client: Client, store: PostgresStore) -> None:
     """``label`` is the one query parameter the contract lets repeat (AND); a repeated
     ``name_prefix`` is 400 duplicate_parameter like any other."""
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     _, both = await put(client, headers, "r/both", spec(labels={"a": "1", "b": "2"}))
     await put(client, headers, "r/one", spec(labels={"a": "1"}))
     resp = await client.get("/v1/jobs?label=a%3D1&label=b%3D2", headers=headers)
@@ -402,7 +381,7 @@ async def test_label_repeats_and_name_prefix_does_not(client: Client, store: Pos
 
 
 async def test_patch_replaces_labels(client: Client, store: PostgresStore) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     job = await (
         await client.post("/v1/jobs", json=spec(labels={"a": "1", "b": "2"}), headers=headers)
     ).json()
@@ -416,7 +395,7 @@ async def test_patch_replaces_labels(client: Client, store: PostgresStore) -> No
 
 
 async def test_bulk_pause_resume_cancel(client: Client, store: PostgresStore, db: asyncpg.Connection) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     ids = []
     for i in range(120):  # more than the client fixture's bulk_max of 50
         resp = await client.post(
@@ -480,7 +459,7 @@ async def test_bulk_pause_resume_cancel(client: Client, store: PostgresStore, db
 async def test_bulk_never_touches_another_owner(
     client: Client, store: PostgresStore, db: asyncpg.Connection
 ) -> None:
-    mine, theirs = await new_owner(store), await new_owner(store)
+    (_, mine), (_, theirs) = await api_owner(store), await api_owner(store)
     their_ids = []
     for _ in range(5):
         resp = await client.post("/v1/jobs", json=spec(labels={"shared": "label"}), headers=theirs)
@@ -508,7 +487,7 @@ async def test_bulk_never_touches_another_owner(
 async def test_bulk_refuses_what_it_cannot_act_on(
     client: Client, store: PostgresStore, body: Any, status: int, code: str
 ) -> None:
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     resp = await client.post("/v1/jobs/bulk/pause", json=body, headers=headers)
     assert resp.status == status
     assert (await resp.json())["error"]["code"] == code
@@ -519,7 +498,7 @@ async def test_a_deadline_in_the_past_is_kept_by_put(
 ) -> None:
     """A bounded cron whose end passed: PUT of the same schedule (a rename-free redeploy) is a
     no-op, as PATCH judges an unchanged schedule as of the job's creation."""
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     end = (datetime.now(UTC) + timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
     body = spec(schedule={"cron": "*/5 * * * *", "end_at": end})
     status, made = await put(client, headers, "bounded", body)
@@ -542,7 +521,7 @@ async def test_the_label_table_follows_every_write(
 ) -> None:
     """job_labels is kept by triggers: after creates (batched and single), PATCH, PUT, bulk
     cancel and a delete it holds exactly the pairs the owner's job rows carry."""
-    headers = await new_owner(store)
+    _, headers = await api_owner(store)
     made = await asyncio.gather(
         *(
             client.post("/v1/jobs", json=spec(labels={"a": str(i % 3), "b": "x"}), headers=headers)

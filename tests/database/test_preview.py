@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from duetime.api.app import create_app
 from duetime.app import Node
 from duetime.core.codec import format_time
-from duetime.core.jitter import due_at
+from duetime.core.jitter import jitter_ms, spread_ms
 from duetime.core.model import CronSchedule, DstGap, DstOverlap
 from duetime.core.schedule import describe_instant, first_occurrence, next_occurrence, occurrences
 from duetime.core.ssrf import AddressPolicy
@@ -94,6 +94,23 @@ DST_CASES = [
         {"cron": "0 0,30 1 * * *", "timezone": "America/New_York", "dst_overlap": "both"},
         "2026-11-01T04:00:00Z",
     ),
+    # Calendar forms name exactly the days clocks change: the last Sunday (Europe), the second
+    # and first Sundays of March and November (United States).
+    (
+        "berlin last sundays, 0L, both",
+        {"cron": "30 2 * * 0L", "timezone": "Europe/Berlin", "dst_overlap": "both"},
+        "2026-03-01T00:00:00Z",
+    ),
+    (
+        "new york second and first sundays, #",
+        {"cron": "0,30 1,2 * 3,11 SUN#2,0#1", "timezone": "America/New_York", "dst_overlap": "both"},
+        "2026-03-01T00:00:00Z",
+    ),
+    (
+        "berlin last weekday and the 15th nearest",
+        {"cron": "0 2 LW,15W * *", "timezone": "Europe/Berlin"},
+        "2026-03-10T00:00:00Z",
+    ),
 ]
 
 
@@ -134,6 +151,45 @@ async def test_preview_agrees_with_core_schedule_across_dst(
     assert body["timezone"] == schedule["timezone"]
     assert body["from"] == start
     assert body["has_more"] is True
+
+
+async def test_calendar_forms_in_the_preview_and_their_refusals(api: Api) -> None:
+    """The last Sunday of March is Berlin's spring-forward day: 02:30 does not exist then."""
+    schedule = {"cron": "30 2 * * 0L", "timezone": "Europe/Berlin"}
+    status, body = await api.post(
+        "/v1/schedules/preview", {"schedule": schedule, "count": 2, "from": "2026-03-01T00:00:00Z"}
+    )
+    assert status == 200, body
+    first, second = body["items"]
+    assert (first["at"], first["local"], first["dst"]) == (
+        "2026-03-29T01:00:00Z",
+        "2026-03-29T03:00:00",
+        "gap_shifted",
+    )
+    assert first["shifted_from"] == "2026-03-29T02:30:00"
+    assert (second["at"], second["local"], second["dst"]) == (
+        "2026-04-26T00:30:00Z",
+        "2026-04-26T02:30:00",
+        None,
+    )
+    job = await _create(api, {**schedule, "start_at": "2026-03-01T00:00:00Z"})
+    assert job["schedule"]["cron"] == "30 2 * * 0L"
+
+    for cron, fragment in (
+        ("0 0 * * 1#6", "a month has at most five of each weekday"),
+        ("0 L * * *", "hour field: 'L' (last)"),
+        ("0 0 1-15W * *", "takes a single day, as in 15W"),
+    ):
+        status, refused = await api.post("/v1/jobs", {"target": QUEUE_TARGET, "schedule": {"cron": cron}})
+        assert status == 422, refused
+        assert refused["error"]["code"] == "invalid_cron" and refused["error"]["field"] == "schedule.cron"
+        assert fragment in refused["error"]["message"], refused
+    status, refused = await api.post(
+        "/v1/jobs",
+        {"target": QUEUE_TARGET, "schedule": {**schedule, "dst_gap": "skip", "cron": "30 2 * 3 0L"}},
+    )
+    assert status == 422 and refused["error"]["code"] == "cron_never_fires", refused
+    assert "DST gap" in refused["error"]["message"]
 
 
 async def test_berlin_spring_forward_labels(api: Api) -> None:
@@ -337,7 +393,8 @@ async def test_job_preview_carries_due_times_with_the_jobs_jitter(api: Api) -> N
     expected = occurrences(model, parse("2026-03-06T00:00:00Z"), 5)
     assert [parse(i["at"]) for i in body["items"]] == expected
     for item, instant in zip(body["items"], expected, strict=True):
-        assert item["due_at"] == format_time(due_at(uuid.UUID(job["id"]), instant, 600))
+        delay = timedelta(milliseconds=jitter_ms(uuid.UUID(job["id"]), instant, 600))
+        assert item["due_at"] == format_time(instant + delay)
         assert instant <= parse(item["due_at"]) <= instant + timedelta(seconds=600)
     # 9:00 on Monday 9 March is EDT, the Friday before it EST.
     assert [i["utc_offset"] for i in body["items"][:2]] == ["-05:00", "-04:00"]
@@ -350,6 +407,60 @@ async def test_job_preview_from_now_matches_next_run_at(api: Api) -> None:
     assert len(body["items"]) == 10
     assert body["items"][0]["due_at"] == job["next_run_at"] == body["items"][0]["at"]
     assert {i["utc_offset"] for i in body["items"]} <= {"+10:30", "+11:00"}
+
+
+async def test_a_spread_job_round_trips_and_its_due_times_carry_the_offset(api: Api) -> None:
+    """spread_s: one fixed offset per job, from its id, in [0, spread_s); next_run_at and the
+    preview's due_at include it, the preview's ``at`` (the Scheduled-For) does not."""
+    job = await _create(api, {"cron": "0 * * * *"}, spread_s=3600)
+    assert job["spread_s"] == 3600 and job["jitter_s"] == 0
+    status, fetched = await api.get(f"/v1/jobs/{job['id']}")
+    assert status == 200 and fetched["spread_s"] == 3600
+    offset = timedelta(milliseconds=spread_ms(uuid.UUID(job["id"]), 3600))
+    assert timedelta(0) <= offset < timedelta(hours=1)
+    next_run_at = parse(job["next_run_at"])
+    nominal = next_run_at - offset
+    assert nominal.minute == nominal.second == nominal.microsecond == 0  # an hour's start, moved
+    created = parse(job["created_at"])
+    assert created < next_run_at <= created + timedelta(hours=1)  # the first spread time after creation
+
+    status, body = await api.get(f"/v1/jobs/{job['id']}/preview?count=3")
+    assert status == 200, body
+    assert body["spread_ms"] == offset // timedelta(milliseconds=1)
+    assert [parse(i["at"]) for i in body["items"]] == [nominal + timedelta(hours=k) for k in range(3)]
+    assert [parse(i["due_at"]) for i in body["items"]] == [next_run_at + timedelta(hours=k) for k in range(3)]
+    assert body["items"][0]["due_at"] == job["next_run_at"]
+
+    # The same offset from any 'from': the preview walks the job's moved timeline.
+    later = format_time(nominal + timedelta(days=3, minutes=1))
+    _, body = await api.get(f"/v1/jobs/{job['id']}/preview?count=2&from={later}")
+    assert all(parse(i["due_at"]) - parse(i["at"]) == offset for i in body["items"])
+    assert parse(body["items"][0]["due_at"]) > parse(later)
+
+    # Out of range, and not a whole number: refused like jitter_s.
+    for value, code in ((3601, 422), (-1, 422), ("5", 400), (1.5, 400)):
+        status, refused = await api.post(
+            "/v1/jobs", {"target": QUEUE_TARGET, "schedule": {"cron": "@hourly"}, "spread_s": value}
+        )
+        assert status == code and refused["error"]["field"] == "spread_s", refused
+
+    # A job without it shows 0 and the schedule's own times.
+    plain = await _create(api, {"cron": "0 * * * *"})
+    assert plain["spread_s"] == 0 and parse(plain["next_run_at"]).minute == 0
+    _, body = await api.get(f"/v1/jobs/{plain['id']}/preview?count=1")
+    assert body["spread_ms"] == 0 and body["items"][0]["due_at"] == body["items"][0]["at"]
+
+
+async def test_a_patch_of_spread_s_moves_next_run_at(api: Api) -> None:
+    job = await _create(api, {"cron": "0 0 * * *"})
+    resp = await api.client.patch(f"/v1/jobs/{job['id']}", json={"spread_s": 600}, headers=api.headers)
+    patched = await resp.json()
+    assert resp.status == 200 and patched["spread_s"] == 600, patched
+    offset = timedelta(milliseconds=spread_ms(uuid.UUID(job["id"]), 600))
+    assert parse(patched["next_run_at"]) - offset == parse(job["next_run_at"]) or (
+        # created just before midnight: the moved first occurrence may be the one before
+        parse(patched["next_run_at"]) - offset == parse(job["next_run_at"]) - timedelta(days=1)
+    )
 
 
 async def test_paused_job_previews_and_finished_jobs_preview_nothing(api: Api) -> None:

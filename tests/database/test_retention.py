@@ -15,7 +15,7 @@ import pytest
 from duetime.core.ids import new_job_id, shard_of
 from duetime.core.model import TargetState
 from duetime.engine.retention import RetentionConfig, RetentionService
-from duetime.storage.ports import TargetHealthReport
+from duetime.storage.ports import FinishedJobsSweep, TargetHealthReport
 from duetime.storage.postgres import PostgresStore
 from duetime.storage.queries import Q
 from duetime.storage.shardmap import ShardMap
@@ -312,10 +312,12 @@ async def test_a_batch_keeps_the_lock_until_its_jobs_are_gone(fresh: tuple[str, 
         )
         assert second is None, "the other engine skips while a batch is under way"
         await tx.rollback()
-        assert await asyncio.wait_for(first, timeout=10) == (3, 3)
+        assert await asyncio.wait_for(first, timeout=10) == FinishedJobsSweep(jobs=3, history=3)
         assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
         # The lock is given back: the next batch runs.
-        assert await store.delete_finished_jobs(dsn, before=T - timedelta(days=30), limit=10) == (0, 0)
+        assert await store.delete_finished_jobs(
+            dsn, before=T - timedelta(days=30), limit=10
+        ) == FinishedJobsSweep(jobs=0, history=0)
     finally:
         await holder.close()
         await conn.close()

@@ -4,42 +4,17 @@ store as workers write them, read back through HTTP as an owner sees them."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
-
-import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from duetime.api.app import create_app
 from duetime.core.model import TargetState
 from duetime.core.ssrf import AddressPolicy
 from duetime.storage.ports import TargetHealthReport
 from duetime.storage.postgres import PostgresStore
-from duetime.storage.shardmap import ShardMap
+from tests.support.fixtures import Client, api_owner, serve
 
-Client = TestClient[web.Request, web.Application]
 UNTIL = datetime(2030, 1, 1, 12, 0, 5, 250_000, tzinfo=UTC)
-
-
-@pytest.fixture(scope="module")
-async def store(pg_dsn: str) -> AsyncIterator[PostgresStore]:
-    opened = await PostgresStore.open(ShardMap.single(pg_dsn), pool_size=2)
-    yield opened
-    await opened.close()
-
-
-@pytest.fixture(scope="module")
-async def client(store: PostgresStore) -> AsyncIterator[Client]:
-    async with TestClient(TestServer(create_app(store, policy=AddressPolicy()), host="127.0.0.1")) as c:
-        yield c
-
-
-async def new_owner(store: PostgresStore) -> tuple[str, dict[str, str]]:
-    owner = f"owner-{uuid.uuid4().hex[:12]}"
-    api_key, _ = await store.create_api_key(owner)
-    return owner, {"Authorization": f"Bearer {api_key}"}
 
 
 def worker() -> str:
@@ -66,7 +41,7 @@ async def _get(client: Client, path: str, headers: dict[str, str], status: int =
 
 
 async def test_an_owner_reads_what_the_workers_reported(client: Client, store: PostgresStore) -> None:
-    owner, headers = await new_owner(store)
+    owner, headers = await api_owner(store)
     await store.report_target_health(
         worker(),
         [
@@ -111,7 +86,7 @@ async def test_an_owner_reads_what_the_workers_reported(client: Client, store: P
 
 
 async def test_pages_follow_the_cursor(client: Client, store: PostgresStore) -> None:
-    owner, headers = await new_owner(store)
+    owner, headers = await api_owner(store)
     hosts = [f"h{i}.example:443" for i in range(5)]
     await store.report_target_health(worker(), [report(owner, h) for h in hosts])
     seen: list[str] = []
@@ -129,8 +104,8 @@ async def test_pages_follow_the_cursor(client: Client, store: PostgresStore) -> 
 
 
 async def test_an_owner_sees_nothing_of_another_owners_hosts(client: Client, store: PostgresStore) -> None:
-    first, first_headers = await new_owner(store)
-    second, second_headers = await new_owner(store)
+    first, first_headers = await api_owner(store)
+    second, second_headers = await api_owner(store)
     await store.report_target_health(
         worker(),
         [
@@ -160,7 +135,7 @@ async def test_an_owner_sees_nothing_of_another_owners_hosts(client: Client, sto
     after = await _get(client, f"/v1/targets?cursor={page['next_cursor']}", first_headers)
     assert [i["host"] for i in after["items"]] == ["shared.example:443"]
     assert after["items"][0]["last_5m"]["calls"] == 100
-    _, nobody = await new_owner(store)
+    _, nobody = await api_owner(store)
     assert await _get(client, "/v1/targets", nobody) == {"items": [], "next_cursor": None}
 
 
@@ -173,7 +148,7 @@ async def test_without_a_key_it_answers_401(client: Client, store: PostgresStore
 
 
 async def test_a_bad_limit_or_cursor_answers_422_naming_it(client: Client, store: PostgresStore) -> None:
-    _, headers = await new_owner(store)
+    _, headers = await api_owner(store)
     for limit in ("0", "1001", "-1", "ten", "1.5"):
         body = await _get(client, f"/v1/targets?limit={limit}", headers, 422)
         assert (body["error"]["code"], body["error"]["field"]) == ("invalid_limit", "limit")
@@ -188,8 +163,8 @@ async def test_a_bad_limit_or_cursor_answers_422_naming_it(client: Client, store
 
 async def test_the_owner_rate_limit_applies(store: PostgresStore) -> None:
     app = create_app(store, policy=AddressPolicy(), owner_rate_per_s=1.0)
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-        _, headers = await new_owner(store)
+    async with serve(app) as client:
+        _, headers = await api_owner(store)
         statuses = [(await client.get("/v1/targets", headers=headers)).status for _ in range(5)]
         assert statuses[0] == 200 and 429 in statuses
         limited = await client.get("/v1/targets", headers=headers)

@@ -50,6 +50,7 @@ specs = st.builds(
     ),
     misfire=st.sampled_from(list(Misfire)),
     jitter_s=st.integers(0, 60),
+    spread_s=st.integers(0, 60),
     overlap=st.sampled_from(list(Overlap)),
     on_failure=st.one_of(st.none(), st.just(OnFailure(target=HOOK, after=2))),
     pause_after_failures=st.one_of(st.none(), st.integers(1, 5)),

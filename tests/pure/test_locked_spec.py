@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from duetime.core import codec
 from duetime.core.model import Broker, JobSpec, OneOffSchedule, Outcome, QueueTarget, RetryPolicy
 from duetime.core.runpath import AttemptReport, FencedRun, RunSpec, Verdict
-from duetime.storage.postgres import _locked_spec
+from duetime.storage.completion_rules import locked_spec
 
 AT = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -40,14 +40,14 @@ def _spec(attempts: int) -> JobSpec:
 def test_an_unchanged_spec_is_the_one_the_worker_parsed() -> None:
     spec = _spec(3)
     text = json.dumps(codec.spec_to_json(spec))
-    assert _locked_spec({"spec": text}, _report(spec, text)) is spec
+    assert locked_spec(text, _report(spec, text)) is spec
 
 
 def test_a_spec_changed_since_the_fence_is_read_from_the_row() -> None:
     old, new = _spec(3), _spec(1)
     old_text, new_text = json.dumps(codec.spec_to_json(old)), json.dumps(codec.spec_to_json(new))
-    got = _locked_spec({"spec": new_text}, _report(old, old_text))
+    got = locked_spec(new_text, _report(old, old_text))
     assert got == new and got.retry.max_attempts == 1
     # a report without a fence's text (the NATS run queue, the janitor) always reads the row
-    assert _locked_spec({"spec": old_text}, _report(old, "")) == old
-    assert _locked_spec({"spec": old_text}, None) == old
+    assert locked_spec(old_text, _report(old, "")) == old
+    assert locked_spec(old_text, None) == old

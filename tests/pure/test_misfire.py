@@ -52,6 +52,24 @@ def test_a_ten_second_outage_under_run_all_runs_the_whole_backlog_at_once(overla
     assert decision.skipped == () and decision.unrecorded == 0
 
 
+@pytest.mark.parametrize("overlap", [Overlap.SKIP, Overlap.BUFFER_ONE])
+def test_the_claim_instant_draws_the_line_between_backlog_and_regular_runs(overlap: Overlap) -> None:
+    """Claimed a moment before 20:00:10, the backlog ends at 20:00:09 and 20:00:10 is the job's
+    row's own run, on time, beside the backlog (docs/state-machine.md: regular occurrences are not
+    held back for it); claimed at 20:00:10, that occurrence is the backlog's newest. So nothing
+    outside the engine can tell which it is by a clock read after the restart, only by one read
+    before it (tests/processes/test_catch_up.py)."""
+    job = spec(grace=1, overlap=overlap)
+    early = decide(job, T0, T0 + 10 * S - timedelta(microseconds=1), due_at=T0)
+    assert isinstance(early, CatchUp) and early.chained
+    assert early.runs == seconds(T0, 10)
+    assert early.next_scheduled_for == T0 + 10 * S
+    on_the_second = decide(job, T0, T0 + 10 * S, due_at=T0)
+    assert isinstance(on_the_second, CatchUp)
+    assert on_the_second.runs == seconds(T0, 11)
+    assert on_the_second.next_scheduled_for == T0 + 11 * S
+
+
 @pytest.mark.parametrize("policy", list(Misfire))
 def test_late_rows_inside_the_grace_catch_up_under_every_policy(policy: Misfire) -> None:
     """Late by 10 s with the default 60 s grace: not missed, so all of them run, at once."""

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from duetime.core.errors import StorageUnavailable
 from duetime.engine.retention import RetentionConfig, RetentionService
-from duetime.storage.ports import HistorySweep
+from duetime.storage.ports import FinishedJobsSweep, HistorySweep
 
 
 class _Store:
@@ -27,10 +27,12 @@ class _Store:
         self.swept.append(dsn)
         return HistorySweep(deleted=0, walked=None)
 
-    async def delete_finished_jobs(self, dsn: str, *, before: datetime, limit: int) -> tuple[int, int] | None:
+    async def delete_finished_jobs(
+        self, dsn: str, *, before: datetime, limit: int
+    ) -> FinishedJobsSweep | None:
         if dsn in self.down:
             raise StorageUnavailable("the job database is unavailable right now")
-        return (0, 0)
+        return FinishedJobsSweep(jobs=0, history=0)
 
     async def purge_target_health(self, *, older_than_s: float) -> int:
         if "a" in self.down:  # the home database

@@ -16,6 +16,7 @@ import zoneinfo
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from functools import cache
+from typing import Protocol
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,6 +30,13 @@ PRE_ROLL = timedelta(hours=6)
 CHAIN = 20
 DST_ZONES = ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Pacific/Chatham"]
 FLAT_ZONES = ["UTC", "Asia/Kolkata"]
+
+
+class WallRule(Protocol):
+    """What the reference needs of an expression: whether a naive wall time matches it (the
+    calendar forms' reference, tests/pure/test_calendar_property.py, brings its own)."""
+
+    def matches(self, wall: datetime) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -175,7 +183,7 @@ def starts(draw: st.DrawFn, zone_name: str) -> datetime:
     return moved.replace(second=fraction, microsecond=micro)
 
 
-def reference(cron: Cron, rules: CronSchedule, low: datetime, high: datetime) -> list[datetime]:
+def reference(cron: WallRule, rules: CronSchedule, low: datetime, high: datetime) -> list[datetime]:
     """Every occurrence in [low, high], walking UTC minutes; takes only the zone and DST rules
     from ``rules`` (start_at/end_at are applied by the caller)."""
     zone = zoneinfo.ZoneInfo(rules.timezone)

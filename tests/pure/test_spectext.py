@@ -114,6 +114,7 @@ _specs = st.builds(
     misfire=st.sampled_from(Misfire),
     misfire_grace_s=st.integers(0, 10**6),
     jitter_s=st.integers(0, 3600),
+    spread_s=st.integers(0, 3600),
     overlap=st.sampled_from(Overlap),
     on_failure=st.none() | st.builds(OnFailure, target=_targets, after=st.integers(1, 50)),
     pause_after_failures=st.none() | st.integers(1, 1000),

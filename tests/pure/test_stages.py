@@ -97,6 +97,8 @@ def test_a_frame_as_py_spy_writes_it() -> None:
             ),
             "record",
         ),
+        # the decisions of a completion, shared with the in-memory store
+        (("CompletionBatch.finish (duetime/storage/completion_rules.py:325)",), "record"),
         # cross-cutting frames nearer the leaf win over the stage
         (
             (

@@ -955,6 +955,11 @@ CATALOGUE = [
     pytest.param(
         edit(W, "jitter_s", value=float("-inf")), INV, "invalid_value", "jitter_s", id="jitter-infinity"
     ),
+    pytest.param(edit(W, "spread_s", value=3601), INV, "invalid_value", "spread_s", id="spread-3601"),
+    pytest.param(edit(W, "spread_s", value=-1), INV, "invalid_value", "spread_s", id="spread-negative"),
+    pytest.param(edit(W, "spread_s", value="5"), BAD, "wrong_type", "spread_s", id="spread-string"),
+    pytest.param(edit(W, "spread_s", value=1.5), BAD, "wrong_type", "spread_s", id="spread-fraction"),
+    pytest.param(edit(W, "spread_s", value=None), BAD, "wrong_type", "spread_s", id="spread-null"),
 ]
 
 
@@ -1088,6 +1093,7 @@ def test_full_spec_round_trips_through_the_codec() -> None:
         "misfire": "run_all",
         "misfire_grace_s": 86400,
         "jitter_s": 3600,
+        "spread_s": 3600,
         "overlap": "buffer_one",
         "on_failure": {"target": {"type": "queue", "broker": "nats", "topic": "ops.failures"}, "after": 3},
         "pause_after_failures": 1000,
@@ -1181,6 +1187,7 @@ def test_limits_are_the_contract_numbers() -> None:
     assert limits.name_max == 200
     assert limits.max_attempts_range == (1, 100)
     assert limits.jitter_s_range == (0, 3600)
+    assert limits.spread_s_range == (0, 3600)
     assert limits.misfire_grace_s_range == (0, 86400)
     assert limits.timeout_s_range == (1, 300)
     assert limits.run_at_horizon_days == 3650
