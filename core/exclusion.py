@@ -56,6 +56,11 @@ class Exclusions:
     def excluded(self, instant: int) -> bool:
         return self._range_of(self.local_date(instant).toordinal()) is not None
 
+    def excludes_day(self, ordinal: int) -> bool:
+        """Whether the local date with proleptic ordinal ``ordinal`` is excluded (counting a
+        stretch of wall-clock days, the days are known without a zone conversion)."""
+        return self._range_of(ordinal) is not None
+
     def _day_start(self, ordinal: int) -> int:
         """The first instant whose local date is the day ``ordinal`` (midnight, or the end of a
         gap when midnight does not exist that day)."""

@@ -8,6 +8,9 @@ reference rather than copying its fields:
   (leased into a wheel)               (may be called) (what the   (how the    (the run + its
                                                       target gets) call went)  verdict + times)
 
+A ``Delivery`` of a run carries its ``RunContext`` (the spec version, the occurrence before, the
+last success, what a run_once run folded), worked out once when the delivery is built.
+
 ``Skip`` is the other way a claim ends (the misfire policy passes its occurrences over). The spec
 a run was fenced with travels as one ``RunSpec`` (its text, version and parsed form, parsed at most
 once per run) from the fence to the completion, which reuses it while the row's text is unchanged.
@@ -18,15 +21,16 @@ and a slots instance costs about what the tuple it replaces did.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from duetime.core import codec
-from duetime.core.model import JobSpec, Outcome, Target
-from duetime.core.schedule import epoch_us
+from duetime.core import codec, signing
+from duetime.core.model import JobSpec, OneOffSchedule, Outcome, Target
+from duetime.core.schedule import epoch_us, folded_count, previous_occurrence
 from duetime.core.spectext import spec_from_text
 
 
@@ -194,6 +198,18 @@ class FencedRun:
     # Set on an occurrence row (overlap=allow, backfill): the job it runs an occurrence of. The
     # target sees this id (Duetime-Job-Id, Idempotency-Key); the lease is the row's own.
     parent_id: uuid.UUID | None = None
+    # What the fence read for the run's context (RunContext), all of the job's own row (an
+    # occurrence row's parent): when the job was made (its first occurrence follows from it), the
+    # newest occurrence that succeeded before this fence, and, for a run that stands for missed
+    # occurrences run_once folded into it, the oldest of them (migration 0019). None: not known
+    # (a message of an engine before them), or none.
+    job_created_at: datetime | None = None
+    last_success_for: datetime | None = None
+    folded_from: datetime | None = None
+    # The job's spec_version as the API shows it (jobs.spec_revision, migration 0018) when the run
+    # was fenced: what its history row records and its target is told. None: a message of an
+    # engine before it (``spec_version`` then says the run path's own version, ``spec.version``).
+    spec_revision: int | None = None
 
     @property
     def public_id(self) -> uuid.UUID:
@@ -201,7 +217,9 @@ class FencedRun:
 
     @property
     def spec_version(self) -> int:
-        return self.spec.version
+        """The spec version the run runs under, as the API counts it (Duetime-Spec-Version).
+        Not ``spec.version``: that one counts only changes of timing and fences completions."""
+        return self.spec.version if self.spec_revision is None else self.spec_revision
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +244,67 @@ class Published:
 
 
 @dataclass(frozen=True, slots=True)
+class RunContext:
+    """What a run's target is told about the run besides its occurrence (docs/targets.md, "Run
+    context"): the spec version it runs under, the occurrence the schedule defined before this one
+    (whether or not it ran), the newest occurrence of the job that succeeded before this attempt
+    was fenced, and, when a run_once run stands for missed occurrences, how many (itself not
+    counted) and the oldest of them. Worked out once per attempt, when its ``Delivery`` is built:
+    the schedule math from the parsed spec (the worker parses it for the call anyway), the rest as
+    the fence read it."""
+
+    spec_version: int
+    previous_for: datetime | None = None
+    last_success_for: datetime | None = None
+    folded_count: int = 0
+    folded_from: datetime | None = None
+
+    @classmethod
+    def of(cls, run: FencedRun, spec: JobSpec) -> RunContext:
+        schedule = spec.schedule
+        if isinstance(schedule, OneOffSchedule):  # one occurrence: nothing before it, nothing folded
+            if run.last_success_for is None:
+                return _version_only(run.spec_version)  # a burst's run: no record made
+            return cls(run.spec_version, None, run.last_success_for)
+        previous = previous_occurrence(schedule, run.scheduled_for, run.job_created_at)
+        folded_from = run.folded_from
+        count = 0
+        if folded_from is not None:
+            count = folded_count(schedule, folded_from, run.scheduled_for)
+            if count == 0:  # nothing the schedule defines lies between: nothing was folded
+                folded_from = None
+        return cls(run.spec_version, previous, run.last_success_for, count, folded_from)
+
+    def headers(self) -> list[tuple[str, str]]:
+        """The context as ``(header, value)`` pairs, in the order calls carry them: the spec
+        version always, the others when they have a value. A queue message holds the same names
+        (Redis: ``redis_field`` of each)."""
+        fmt = signing.format_occurrence
+        pairs = [(signing.SPEC_VERSION, str(self.spec_version))]
+        if self.previous_for is not None:
+            pairs.append((signing.PREVIOUS_SCHEDULED_FOR, fmt(self.previous_for)))
+        if self.last_success_for is not None:
+            pairs.append((signing.LAST_SUCCESS_SCHEDULED_FOR, fmt(self.last_success_for)))
+        if self.folded_from is not None:
+            pairs.append((signing.FOLDED_COUNT, str(self.folded_count)))
+            pairs.append((signing.FOLDED_FROM, fmt(self.folded_from)))
+        return pairs
+
+
+@functools.lru_cache(maxsize=1024)
+def _version_only(spec_version: int) -> RunContext:
+    """The context of a run that has nothing to say but its spec version, one record per version
+    (a frozen record is shared safely): a burst of one-offs builds none per run."""
+    return RunContext(spec_version)
+
+
+def redis_field(header: str) -> str:
+    """A header's name as a Redis stream field: snake case (``Duetime-Spec-Version`` →
+    ``duetime_spec_version``), as the stream's other fields are named."""
+    return header.lower().replace("-", "_")
+
+
+@dataclass(frozen=True, slots=True)
 class Delivery:
     """What one call of a target is about: built from a fenced run, the only input of a dispatch."""
 
@@ -244,6 +323,8 @@ class Delivery:
     traceparent: str | None = None
     # A failure event's type (core/failures.py): sent as Duetime-Event, and part of its key.
     event: str | None = None
+    # A run's context (a failure event has none): sent as the Duetime-* headers it lists.
+    context: RunContext | None = None
 
     @classmethod
     def of(
@@ -270,6 +351,8 @@ class Delivery:
             spec.target,
             extra_signing_secrets,
             traceparent,
+            None,
+            RunContext.of(run, spec),
         )
 
 

@@ -34,6 +34,13 @@ ATTEMPT = "Duetime-Attempt"
 FENCING_TOKEN = "Duetime-Fencing-Token"
 # A failure event (core/failures.py) carries its type; a run's calls never carry it.
 EVENT = "Duetime-Event"
+# The run's context (core.runpath.RunContext): every call of a run carries the first, the others
+# when they have a value.
+SPEC_VERSION = "Duetime-Spec-Version"
+PREVIOUS_SCHEDULED_FOR = "Duetime-Previous-Scheduled-For"
+LAST_SUCCESS_SCHEDULED_FOR = "Duetime-Last-Success-Scheduled-For"
+FOLDED_COUNT = "Duetime-Folded-Count"
+FOLDED_FROM = "Duetime-Folded-From"
 WEBHOOK_ID = "webhook-id"
 WEBHOOK_TIMESTAMP = "webhook-timestamp"
 WEBHOOK_SIGNATURE = "webhook-signature"
@@ -47,6 +54,11 @@ CONTRACT_HEADERS: frozenset[str] = frozenset(
         ATTEMPT,
         FENCING_TOKEN,
         EVENT,
+        SPEC_VERSION,
+        PREVIOUS_SCHEDULED_FOR,
+        LAST_SUCCESS_SCHEDULED_FOR,
+        FOLDED_COUNT,
+        FOLDED_FROM,
         WEBHOOK_ID,
         WEBHOOK_TIMESTAMP,
         WEBHOOK_SIGNATURE,

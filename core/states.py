@@ -191,7 +191,9 @@ PHASE_EVENTS: dict[RunEvent, PhaseStep] = {
         _RUNNING,
         "the wheel fired: the call may start if the token matches; the row keeps what was fenced "
         "(`fenced_*`: occurrence, due time, attempt, spec version, run kind, under this token), "
-        "so an expiry finishes that attempt whatever an owner's edit wrote since",
+        "so an expiry finishes that attempt whatever an owner's edit wrote since; an occurrence later "
+        "than the row's (`run_once`) keeps the row's as the oldest one folded (`folded_from`, "
+        "`folded_into`); it returns the run's context (the job's last success and creation)",
         ("fence_runs",),
         states=frozenset({_S}),
     ),

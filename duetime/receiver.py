@@ -32,9 +32,14 @@ from typing import TYPE_CHECKING, Final, Protocol
 from duetime.core.signing import (
     ATTEMPT,
     FENCING_TOKEN,
+    FOLDED_COUNT,
+    FOLDED_FROM,
     IDEMPOTENCY_KEY,
     JOB_ID,
+    LAST_SUCCESS_SCHEDULED_FOR,
+    PREVIOUS_SCHEDULED_FOR,
     SCHEDULED_FOR,
+    SPEC_VERSION,
     verify_signature,
 )
 
@@ -77,37 +82,58 @@ def verify_webhook(
 
 @dataclass(frozen=True, slots=True)
 class DeliveryHeaders:
-    """The Duetime-* headers of one call, read once, for the helpers and the receiver's own logs."""
+    """The Duetime-* headers of one call, read once, for the helpers and the receiver's own logs.
+
+    The run's context (docs/targets.md, "Run context") is optional: a failure event carries none,
+    and a call from a Duetime before it carries none either. Instants are kept as sent
+    (``2026-12-01T00:00:00Z``, as ``scheduled_for``); ``datetime.fromisoformat`` reads them.
+    ``folded_count`` is 0 unless the run stands for missed occurrences ``run_once`` folded.
+    """
 
     idempotency_key: str
     job_id: str
     scheduled_for: str
     attempt: int
     fencing_token: int
+    spec_version: int | None = None
+    previous_scheduled_for: str | None = None
+    last_success_scheduled_for: str | None = None
+    folded_count: int = 0
+    folded_from: str | None = None
 
     @classmethod
     def parse(cls, headers: Mapping[str, str]) -> DeliveryHeaders:
-        """Raises ``ValueError`` naming the header that is missing or malformed."""
+        """Raises ``ValueError`` naming the header that is missing or malformed. Works on a NATS
+        message's headers too (the same names)."""
         lowered = {k.lower(): v for k, v in headers.items()}
 
+        def optional(name: str) -> str | None:
+            return lowered.get(name.lower()) or None
+
         def text(name: str) -> str:
-            value = lowered.get(name.lower())
-            if not value:
+            value = optional(name)
+            if value is None:
                 raise ValueError(f"missing header {name}")
             return value
 
-        def number(name: str) -> int:
-            value = text(name)
+        def number(name: str, value: str) -> int:
             if not value.isdigit():
                 raise ValueError(f"header {name} is not a non-negative integer")
             return int(value)
 
+        spec_version = optional(SPEC_VERSION)
+        folded_count = optional(FOLDED_COUNT)
         return cls(
             idempotency_key=text(IDEMPOTENCY_KEY),
             job_id=text(JOB_ID),
             scheduled_for=text(SCHEDULED_FOR),
-            attempt=number(ATTEMPT),
-            fencing_token=number(FENCING_TOKEN),
+            attempt=number(ATTEMPT, text(ATTEMPT)),
+            fencing_token=number(FENCING_TOKEN, text(FENCING_TOKEN)),
+            spec_version=None if spec_version is None else number(SPEC_VERSION, spec_version),
+            previous_scheduled_for=optional(PREVIOUS_SCHEDULED_FOR),
+            last_success_scheduled_for=optional(LAST_SUCCESS_SCHEDULED_FOR),
+            folded_count=0 if folded_count is None else number(FOLDED_COUNT, folded_count),
+            folded_from=optional(FOLDED_FROM),
         )
 
 

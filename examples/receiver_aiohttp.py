@@ -46,14 +46,18 @@ Work = Callable[[DeliveryHeaders, Any], Awaitable[None]]
 
 
 async def log_work(delivery: DeliveryHeaders, payload: Any) -> None:
-    """The receiver's real work goes here; this one only logs the occurrence."""
+    """The receiver's real work goes here; this one only logs the occurrence and its context
+    (docs/targets.md, "Run context": e.g. work on what changed since the last success)."""
     log.info(
-        "job %s occurrence %s attempt %d: %r",
+        "job %s occurrence %s attempt %d (last success %s): %r",
         delivery.job_id,
         delivery.scheduled_for,
         delivery.attempt,
+        delivery.last_success_scheduled_for or "none",
         payload,
     )
+    if delivery.folded_count:
+        log.info("it stands for %d missed occurrences from %s", delivery.folded_count, delivery.folded_from)
 
 
 def make_app(secret: str, dedup: Deduplicator, fence: FencingGuard, work: Work = log_work) -> web.Application:

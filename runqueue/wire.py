@@ -13,7 +13,11 @@ the fencer reads without unpacking the rest.
 the engine that published it. The spec travels as JSON text, exactly as the fence read it: it is
 JSON (a payload may hold integers wider than msgpack's 64 bits), and a worker that receives the
 row's own text can reuse its parse at the completion. A 13th field (the parent of an occurrence
-row) is optional: messages of older engines lack it.
+row) is optional: messages of older engines lack it. So are the three after it, the run's context
+as the fence read it (``FencedRun.job_created_at``, ``last_success_for``, ``folded_from``, each µs
+since the epoch or nil): a message without them decodes with none, and a worker of the release
+before reads the fields it knows and ignores these. The 17th, as optional, is the spec version as
+the API counts it (``FencedRun.spec_revision``, migration 0018), which the target is told.
 
 **Run bundle** (format 2): runs of one shard that one engine published together, in one message:
 ``[2, publisher, run, run, ...]``, each run the fields of format 1 after the publisher. In a burst a
@@ -201,6 +205,10 @@ BUNDLE_SPEC_CHARS = 128 * 1024
 payload limit even for four-byte characters; a run whose spec alone is larger goes alone."""
 
 
+def _us_or_none(value: datetime | None) -> int | None:
+    return None if value is None else to_us(value)
+
+
 def _fields(run: FencedRun) -> list[Any]:
     """A run's fields as a message carries them (format 1 after its publisher)."""
     return [
@@ -215,13 +223,17 @@ def _fields(run: FencedRun) -> list[Any]:
         run.spec.version,
         run.run_kind,
         run.parent_id.bytes if run.parent_id else None,
+        _us_or_none(run.job_created_at),
+        _us_or_none(run.last_success_for),
+        _us_or_none(run.folded_from),
+        run.spec_revision,
     ]
 
 
 def encode_message(run: FencedRun, publisher: str) -> bytes:
     """A fenced run and the engine that published it, as one run-queue message (format 1)."""
     f = _fields(run)
-    packed: bytes = msgpack.packb([MESSAGE_FORMAT, *f[:10], publisher, f[10]], use_bin_type=True)
+    packed: bytes = msgpack.packb([MESSAGE_FORMAT, *f[:10], publisher, *f[10:]], use_bin_type=True)
     return packed
 
 
@@ -280,7 +292,18 @@ def _run_of(fields: list[Any]) -> FencedRun:
         spec=run_spec,
         run_kind=str(kind),
         parent_id=uuid.UUID(bytes=fields[10]) if len(fields) > 10 and fields[10] else None,
+        job_created_at=_time_or_none(fields, 11),
+        last_success_for=_time_or_none(fields, 12),
+        folded_from=_time_or_none(fields, 13),
+        spec_revision=int(fields[14]) if len(fields) > 14 and fields[14] is not None else None,
     )
+
+
+def _time_or_none(fields: list[Any], index: int) -> datetime | None:
+    """An optional instant (µs since the epoch) of a run's fields: None when the message has no
+    such field (an older engine's) or nil."""
+    value = fields[index] if len(fields) > index else None
+    return None if value is None else from_us(int(value))
 
 
 _UNREADABLE = (ValueError, TypeError, KeyError, msgpack.UnpackException)
@@ -289,7 +312,7 @@ _UNREADABLE = (ValueError, TypeError, KeyError, msgpack.UnpackException)
 def _single(fields: Any) -> Published:
     if not isinstance(fields, list) or len(fields) < 12 or fields[0] != MESSAGE_FORMAT:
         raise ValueError(f"not a Duetime run message of format {MESSAGE_FORMAT} or {BUNDLE_FORMAT}")
-    return Published(_run_of([*fields[1:11], *fields[12:13]]), str(fields[11]))
+    return Published(_run_of([*fields[1:11], *fields[12:]]), str(fields[11]))
 
 
 def decode_runs(data: bytes) -> Decoded:

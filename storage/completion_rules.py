@@ -111,6 +111,9 @@ class PlanWrite:
     consumed_trigger: datetime | None = None
     # A recurring job whose schedule ended keeps its state while occurrence rows of it are left.
     hold: bool = False
+    # The occurrence of an attempt that succeeded: the job's last success unless a later one is
+    # kept already (migration 0019).
+    succeeded_for: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +325,8 @@ class CompletionBatch:
         self.history_count = 0
         self.finished_occurrences: list[uuid.UUID] = []
         self.parent_last: dict[uuid.UUID, dict[str, Any]] = {}
+        # The newest occurrence an occurrence row of each job saw succeed in this batch.
+        self.parent_success: dict[uuid.UUID, datetime] = {}
         self.backfill_parents: set[uuid.UUID] = set()
         self.catch_up: list[CatchUp] = []
         self.catch_up_shards: set[int] = set()
@@ -357,8 +362,12 @@ class CompletionBatch:
         )
         last = self._history(row, run, rep.lease_token)
         current = row.plan()
+        succeeded = rep.scheduled_for if verdict.outcome is Outcome.SUCCEEDED else None
         if parent is not None:
             self.parent_last[parent] = last
+            if succeeded is not None:
+                kept = self.parent_success.get(parent)
+                self.parent_success[parent] = succeeded if kept is None else max(kept, succeeded)
             nxt = after_occurrence_attempt(
                 spec,
                 current,
@@ -379,7 +388,9 @@ class CompletionBatch:
             return
         if row.spec_version != rep.spec.version:
             # The schedule was replaced while this attempt ran: the owner's new plan stands.
-            self.plans.append(PlanWrite(rep.job_id, current, last, split_point(spec, current)))
+            self.plans.append(
+                PlanWrite(rep.job_id, current, last, split_point(spec, current), succeeded_for=succeeded)
+            )
             return
         plan = after_attempt(
             rep.job_id,
@@ -400,7 +411,7 @@ class CompletionBatch:
         if len(plan.pending_triggers) < len(current.pending_triggers):
             consumed = current.pending_triggers[0]
         self.plans.append(
-            PlanWrite(rep.job_id, plan, last, split_point(spec, plan), consumed, hold(spec, plan))
+            PlanWrite(rep.job_id, plan, last, split_point(spec, plan), consumed, hold(spec, plan), succeeded)
         )
 
     def _occurrence_ended(

@@ -173,10 +173,15 @@ class _Row:
     fenced_attempt: int | None = None
     fenced_version: int | None = None
     fenced_kind: str | None = None
+    # The run context (migration 0019): the job's last success; what run_once folded into the
+    # occurrence folded_into (the row's current one only while they are equal).
+    last_success_for: datetime | None = None
+    folded_from: datetime | None = None
+    folded_into: datetime | None = None
     # The API's spec_version (migration 0018), and what the fence found of it.
     spec_revision: int = 1
     fenced_revision: int | None = None
-    # What the pause of a paused job said (migration 0019); None while not paused.
+    # What the pause of a paused job said (migration 0020); None while not paused.
     pause: Paused | None = None
 
     def locked(self) -> LockedRow:
@@ -372,6 +377,13 @@ def _copy(spec: dict[str, Any]) -> dict[str, Any]:
 def _finished(run: dict[str, Any]) -> datetime:
     """A history entry's ``finished_at`` (a completion always sets it)."""
     return codec.parse_time(run["finished_at"])
+
+
+def _greatest(kept: datetime | None, new: datetime | None) -> datetime | None:
+    """SQL's GREATEST of two instants: the later one, a NULL ignored."""
+    if kept is None or new is None:
+        return new if kept is None else kept
+    return max(kept, new)
 
 
 def _is_recurring(spec: dict[str, Any]) -> bool:
@@ -872,6 +884,7 @@ class MemoryStore:
             attempt=0,
             created_at=now,
             updated_at=now,
+            spec_version=parent.spec_version,
             parent_id=parent.job_id,
             backfill_seq=seq,
             spec_revision=parent.spec_revision,
@@ -1077,6 +1090,11 @@ class MemoryStore:
             ):
                 continue
             row.phase = "running"
+            was_for = row.scheduled_for
+            if was_for is not None and item.scheduled_for > was_for:  # run_once folded: fence_runs
+                if row.folded_into != was_for:
+                    row.folded_from = was_for
+                row.folded_into = item.scheduled_for
             row.scheduled_for = item.scheduled_for
             row.run_until = now + timedelta(seconds=lease_s)
             assert row.next_run_at is not None
@@ -1085,6 +1103,7 @@ class MemoryStore:
             row.fenced_version, row.fenced_kind = row.spec_version, row.run_kind
             row.fenced_revision = row.spec_revision
             text = _spec_text(row.spec)
+            job = row if row.parent_id is None else self._jobs.get(row.parent_id, row)  # job_context
             out.append(
                 FencedRun(
                     job_id=row.job_id,
@@ -1097,6 +1116,10 @@ class MemoryStore:
                     spec=RunSpec(text, row.spec_version),
                     run_kind=row.run_kind,
                     parent_id=row.parent_id,
+                    job_created_at=job.created_at,
+                    last_success_for=job.last_success_for,
+                    folded_from=row.folded_from if row.folded_into == row.scheduled_for else None,
+                    spec_revision=row.spec_revision,
                 )
             )
         return out
@@ -1204,6 +1227,7 @@ class MemoryStore:
             row.phase, row.claimed_by, row.leased_until, row.run_until = "idle", None, None, None
             if w.last_run is not None:
                 row.last_run = w.last_run
+            row.last_success_for = _greatest(row.last_success_for, w.succeeded_for)
             row.updated_at = now
         for h in writer.runs:
             self._history(h.job_id, h.shard, h.run, h.fencing_token)
@@ -1223,8 +1247,14 @@ class MemoryStore:
         shards = self._release_next_backfill(writer.backfill_parents, now) | writer.catch_up_shards
         for parent, last in writer.parent_last.items():
             job = self._jobs.get(parent)
-            if job is not None and (job.last_run is None or _finished(job.last_run) <= _finished(last)):
+            if job is None:
+                continue
+            if job.last_run is None or _finished(job.last_run) <= _finished(last):
                 job.last_run = last
+                job.updated_at = now
+            succeeded = writer.parent_success.get(parent)
+            if succeeded is not None and _greatest(job.last_success_for, succeeded) != job.last_success_for:
+                job.last_success_for = succeeded
                 job.updated_at = now
         self._complete_drained(r for r in (self._jobs.get(p) for p in writer.parent_last) if r is not None)
         return shards

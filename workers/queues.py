@@ -31,7 +31,7 @@ from redis.backoff import NoBackoff
 
 from duetime.core import signing
 from duetime.core.model import Broker, Outcome, QueueTarget
-from duetime.core.runpath import Delivery, Verdict
+from duetime.core.runpath import Delivery, Verdict, redis_field
 from duetime.core.topics import TopicPolicy
 from duetime.workers.tracing import TRACEPARENT
 
@@ -47,6 +47,9 @@ FIELD_SCHEDULED_FOR = "duetime_scheduled_for"
 FIELD_ATTEMPT = "duetime_attempt"
 FIELD_FENCING_TOKEN = "duetime_fencing_token"
 FIELD_EVENT = "duetime_event"  # failure events only
+# A run's context (core.runpath.RunContext): its header names in snake case (redis_field), e.g.
+# duetime_previous_scheduled_for; the spec version is in every run's entry.
+FIELD_SPEC_VERSION = redis_field(signing.SPEC_VERSION)
 
 # Redis answers that say "not now" rather than "never": a failover, a full server, a reload.
 _REDIS_TRANSIENT = (
@@ -69,6 +72,8 @@ def message_headers(d: Delivery) -> dict[str, str]:
         signing.ATTEMPT: str(d.attempt),
         signing.FENCING_TOKEN: str(d.fencing_token),
     }
+    if d.context is not None:
+        headers.update(d.context.headers())
     if d.event is not None:
         headers[signing.EVENT] = d.event
     if d.traceparent is not None:
@@ -87,6 +92,8 @@ def redis_fields(d: Delivery, body: bytes) -> dict[str, bytes | str]:
         FIELD_ATTEMPT: str(d.attempt),
         FIELD_FENCING_TOKEN: str(d.fencing_token),
     }
+    if d.context is not None:
+        fields.update((redis_field(name), value) for name, value in d.context.headers())
     if d.event is not None:
         fields[FIELD_EVENT] = d.event
     if d.traceparent is not None:
@@ -118,12 +125,24 @@ def xadd_command(key: str, d: Delivery, body: bytes) -> bytes:
         FIELD_FENCING_TOKEN,
         str(d.fencing_token),
     )
+    if d.context is not None:
+        args = (*args, *_context_fields(d))
     if d.event is not None:
         args = (*args, FIELD_EVENT, d.event)
     if d.traceparent is not None:
         args = (*args, TRACEPARENT, d.traceparent)
     packed: bytes = hiredis.pack_command(args)  # type: ignore[arg-type]  # its stub says a 1-tuple
     return packed
+
+
+def _context_fields(d: Delivery) -> tuple[str, ...]:
+    """A run's context as the stream entry's field names and values, one after the other (the
+    fields of ``redis_fields``, snake case). Most runs carry the spec version alone."""
+    context = d.context
+    assert context is not None
+    if context.previous_for is None and context.last_success_for is None and context.folded_from is None:
+        return (FIELD_SPEC_VERSION, str(context.spec_version))
+    return tuple(part for name, value in context.headers() for part in (redis_field(name), value))
 
 
 def _redis_key(d: Delivery) -> QueueTarget:

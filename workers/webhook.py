@@ -34,7 +34,7 @@ from duetime.core.errors import InvalidRequest, TargetNotAllowed
 from duetime.core.headers import is_reserved_header
 from duetime.core.model import Outcome, WebhookTarget
 from duetime.core.retry import retry_after_s
-from duetime.core.runpath import Delivery, Verdict
+from duetime.core.runpath import Delivery, RunContext, Verdict
 from duetime.workers import http1
 from duetime.workers.http1 import ResolveResult
 from duetime.workers.tracing import TRACEPARENT
@@ -88,6 +88,7 @@ def contract_headers(d: Delivery, body: bytes, now: datetime) -> dict[str, str]:
         signing.SCHEDULED_FOR: signing.format_occurrence(d.scheduled_for),
         signing.ATTEMPT: str(d.attempt),
         signing.FENCING_TOKEN: str(d.fencing_token),
+        **({} if d.context is None else dict(d.context.headers())),
         signing.WEBHOOK_ID: key,
         signing.WEBHOOK_TIMESTAMP: str(timestamp),
         # During a secret rotation's grace, one signature per secret, space-separated.
@@ -117,17 +118,32 @@ def contract_head(d: Delivery, body: bytes, now: datetime) -> str:
         )
     event = "" if d.event is None else f"{signing.EVENT}: {d.event}\r\n"
     trace = "" if d.traceparent is None else f"{TRACEPARENT}: {d.traceparent}\r\n"
+    context = "" if d.context is None else _context_lines(d.context)
     return (
         f"{signing.IDEMPOTENCY_KEY}: {key}\r\n"
         f"{signing.JOB_ID}: {d.job_id}\r\n"
         f"{signing.SCHEDULED_FOR}: {signing.format_occurrence(d.scheduled_for)}\r\n"
         f"{signing.ATTEMPT}: {d.attempt}\r\n"
         f"{signing.FENCING_TOKEN}: {d.fencing_token}\r\n"
+        f"{context}"
         f"{signing.WEBHOOK_ID}: {key}\r\n"
         f"{signing.WEBHOOK_TIMESTAMP}: {timestamp}\r\n"
         f"{signing.WEBHOOK_SIGNATURE}: {signature}\r\n"
         f"{event}{trace}Content-Length: {len(body)}\r\n\r\n"
     )
+
+
+def _context_lines(context: RunContext) -> str:
+    """A run's context as header lines (``RunContext.headers``). Most runs carry the spec version
+    alone (a one-off that has not succeeded yet: a burst): that line is made once per version."""
+    if context.previous_for is None and context.last_success_for is None and context.folded_from is None:
+        return _version_line(context.spec_version)
+    return "".join([f"{name}: {value}\r\n" for name, value in context.headers()])
+
+
+@functools.lru_cache(maxsize=1024)
+def _version_line(spec_version: int) -> str:
+    return f"{signing.SPEC_VERSION}: {spec_version}\r\n"
 
 
 def request_headers(target: WebhookTarget, contract: dict[str, str]) -> dict[str, str]:

@@ -61,7 +61,7 @@ def locked_rows(records: Sequence[asyncpg.Record]) -> dict[uuid.UUID, LockedRow]
 
 
 def _plan_arrays(plans: Sequence[PlanWrite]) -> list[list[Any]]:
-    """``apply_plans``' parameters, $1..$13 in order: one array per column of the plans."""
+    """``apply_plans``' parameters, $1..$14 in order: one array per column of the plans."""
     return [
         [w.job_id for w in plans],
         [w.plan.state.value for w in plans],
@@ -76,6 +76,7 @@ def _plan_arrays(plans: Sequence[PlanWrite]) -> list[list[Any]]:
         [w.split_at for w in plans],
         [w.plan.handed_upto for w in plans],
         [w.hold for w in plans],
+        [w.succeeded_for for w in plans],
     ]
 
 
@@ -480,6 +481,11 @@ class BatchWriter(CompletionBatch):
             shards |= {r["shard"] for r in rows}
         if self.parent_last:
             parents = list(self.parent_last)
-            await conn.execute(Q["parent_last_run"], parents, list(self.parent_last.values()))
+            await conn.execute(
+                Q["parent_last_run"],
+                parents,
+                list(self.parent_last.values()),
+                [self.parent_success.get(p) for p in parents],
+            )
             await conn.execute(Q["complete_drained_jobs"], parents)
         return shards

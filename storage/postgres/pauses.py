@@ -1,4 +1,4 @@
-"""Pauses that end by themselves (issue 30, item 3; migration 0019): ``RunStore.end_pauses``, and
+"""Pauses that end by themselves (issue 30, item 3; migration 0020): ``RunStore.end_pauses``, and
 the wake-ups a pause with an ``until`` leaves for it.
 
 A job paused with an ``until`` is resumed once that time has come by whichever engine serves its

@@ -24,7 +24,7 @@ def plan_of(row: asyncpg.Record) -> RowPlan:
 
 
 def paused_of(row: asyncpg.Record) -> Paused | None:
-    """The Job's ``paused`` object while it is paused (migration 0019), else None."""
+    """The Job's ``paused`` object while it is paused (migration 0020), else None."""
     if row["state"] != JobState.PAUSED:
         return None
     return Paused(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
@@ -54,21 +55,48 @@ class RunPathPart(StoreBase):
                     return list(await pool.fetch(Q["fence_runs"], *args))
 
                 rows = await retried(fence)
-                out.extend(
+                # Each row unpacked in the statement's RETURNING order into FencedRun's field
+                # order: a run of a burst is 15 values, and 15 lookups by name cost more than the
+                # columns' decoding (loadtest.fence_bench).
+                fenced = [
                     FencedRun(
-                        job_id=r["job_id"],
-                        shard=r["shard"],
-                        owner=r["owner"],
-                        lease_token=r["lease_token"],
-                        scheduled_for=r["scheduled_for"],
-                        due_at=r["next_run_at"],
-                        attempt=r["attempt"] + 1,
-                        spec=RunSpec(r["spec"], r["spec_version"]),
-                        run_kind=r["run_kind"],
-                        parent_id=r["parent_id"],
+                        job,
+                        shard,
+                        owner,
+                        token,
+                        occurrence,
+                        due,
+                        attempt + 1,
+                        RunSpec(text, version),
+                        kind,
+                        parent,
+                        created,
+                        succeeded,
+                        folded,
+                        revision,
                     )
-                    for r in rows
-                )
+                    for (
+                        job,
+                        shard,
+                        owner,
+                        token,
+                        occurrence,
+                        due,
+                        attempt,
+                        text,
+                        version,
+                        kind,
+                        parent,
+                        created,
+                        succeeded,
+                        folded,
+                        revision,
+                    ) in rows
+                ]
+                parents = {r.parent_id for r in fenced if r.parent_id is not None}
+                if parents:
+                    fenced = await _with_jobs_context(pool, fenced, parents)
+                out.extend(fenced)
         return out
 
     async def extend_leases(self, items: Sequence[Leased], *, lease_s: float) -> set[uuid.UUID]:
@@ -112,6 +140,25 @@ class RunPathPart(StoreBase):
                 )
                 given += len(rows)
         return given
+
+
+async def _with_jobs_context(
+    pool: asyncpg.Pool, fenced: list[FencedRun], parents: set[uuid.UUID]
+) -> list[FencedRun]:
+    """``fenced`` with each occurrence row's context taken from its job's row (``job_context``):
+    the job's creation and last success, not the occurrence row's own. An occurrence row lives on
+    its job's shard, so the job's row is in the same database."""
+    rows = {r["job_id"]: r for r in await pool.fetch(Q["job_context"], list(parents))}
+    out: list[FencedRun] = []
+    for run in fenced:
+        job = rows.get(run.parent_id) if run.parent_id is not None else None
+        if job is None:
+            out.append(run)
+        else:
+            out.append(
+                replace(run, job_created_at=job["created_at"], last_success_for=job["last_success_for"])
+            )
+    return out
 
 
 def fence_args(group: Sequence[FenceItem], lease_s: float) -> tuple[Any, ...]:

@@ -26,6 +26,8 @@ FOR UPDATE;
 -- hold: a recurring job whose schedule has ended is not completed while runs of it still wait
 -- in occurrence rows (overlap=allow, backfill): it keeps its state, with no next run, until the
 -- last of them is over (complete_drained_jobs).
+-- succeeded_for: the occurrence of an attempt that succeeded (its job's row only), kept as the
+-- job's last success unless a later one is kept already (migration 0019).
 UPDATE jobs j SET
     state = CASE WHEN u.hold AND EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = j.job_id)
                  THEN j.state ELSE u.state END,
@@ -37,12 +39,13 @@ UPDATE jobs j SET
     split_at = u.split_at, handed_upto = u.handed_upto,
     phase = 'idle', claimed_by = NULL, taken_by = NULL, leased_until = NULL, run_until = NULL,
     last_run = COALESCE(u.last_run, j.last_run),
+    last_success_for = GREATEST(j.last_success_for, u.succeeded_for),
     updated_at = now()
 FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::int[], $6::text[],
             $7::timestamptz[], $8::bool[], $9::timestamptz[], $10::jsonb[], $11::timestamptz[],
-            $12::timestamptz[], $13::bool[])
+            $12::timestamptz[], $13::bool[], $14::timestamptz[])
      AS u(job_id, state, next_run_at, scheduled_for, attempt, run_kind, resume_at,
-          triggers_changed, consumed_trigger_at, last_run, split_at, handed_upto, hold)
+          triggers_changed, consumed_trigger_at, last_run, split_at, handed_upto, hold, succeeded_for)
 WHERE j.job_id = u.job_id;
 
 -- name: insert_runs
@@ -59,10 +62,11 @@ DELETE FROM jobs WHERE job_id = ANY($1::uuid[]) AND parent_id IS NOT NULL;
 -- A catch-up (core/misfire.py): occurrences that are already due, each in an occurrence row
 -- copied from its job's row. Under overlap=allow ($4 null) all are due now; under skip and
 -- buffer_one they wait in line after whatever backfill of the job already waits ($4 is their
--- place in the line) and release_next_backfill lets the first one go after the commit.
+-- place in the line) and release_next_backfill lets the first one go after the commit. Each runs
+-- under its job's spec version, as insert_occurrences' rows do (both counters: 0018).
 INSERT INTO jobs (job_id, shard, owner, spec, spec_version, spec_revision, state, next_run_at,
                   scheduled_for, attempt, parent_id, backfill_seq)
-SELECT u.j, p.shard, p.owner, p.spec, 1, p.spec_revision, 'scheduled',
+SELECT u.j, p.shard, p.owner, p.spec, p.spec_version, p.spec_revision, 'scheduled',
        CASE WHEN u.q IS NULL THEN now() END, u.sf, 0, p.job_id,
        CASE WHEN u.q IS NOT NULL THEN
            (SELECT COALESCE(max(c.backfill_seq), 0) FROM jobs c WHERE c.parent_id = p.job_id) + u.q
@@ -84,14 +88,22 @@ WHERE j.job_id = nxt.job_id
 RETURNING j.shard;
 
 -- name: parent_last_run
--- An occurrence row's attempt is the job's latest run too. Its own statement after the
--- completion commits: taking the parent's lock inside it could deadlock with an owner action,
--- which locks the parent first and its occurrence rows second.
-UPDATE jobs j SET last_run = u.last_run, updated_at = now()
-FROM unnest($1::uuid[], $2::jsonb[]) AS u(job_id, last_run)
+-- An occurrence row's attempt is the job's latest run too, and its success the job's last
+-- success (succeeded_for, as in apply_plans). Its own statement after the completion commits:
+-- taking the parent's lock inside it could deadlock with an owner action, which locks the parent
+-- first and its occurrence rows second.
+UPDATE jobs j SET
+    last_run = CASE WHEN j.last_run IS NULL
+                         OR (j.last_run->>'finished_at')::timestamptz <= (u.last_run->>'finished_at')::timestamptz
+                    THEN u.last_run ELSE j.last_run END,
+    last_success_for = GREATEST(j.last_success_for, u.succeeded_for),
+    updated_at = now()
+FROM unnest($1::uuid[], $2::jsonb[], $3::timestamptz[]) AS u(job_id, last_run, succeeded_for)
 WHERE j.job_id = u.job_id
   AND (j.last_run IS NULL
-       OR (j.last_run->>'finished_at')::timestamptz <= (u.last_run->>'finished_at')::timestamptz);
+       OR (j.last_run->>'finished_at')::timestamptz <= (u.last_run->>'finished_at')::timestamptz
+       OR u.succeeded_for > j.last_success_for
+       OR (j.last_success_for IS NULL AND u.succeeded_for IS NOT NULL));
 
 -- name: complete_drained_jobs
 -- The other half of apply_plans' hold: a recurring job with no next run and no occurrence row
@@ -120,7 +132,7 @@ WHERE j.job_id = u.job_id;
 UPDATE jobs SET
     state = 'paused',
     split_at = NULL,
-    -- The Job's "paused" object (0019): by Duetime, no note, until a resume.
+    -- The Job's "paused" object (0020): by Duetime, no note, until a resume.
     paused_at = now(), pause_note = NULL, paused_until = NULL, paused_by = 'duetime',
     paused_key_id = NULL,
     phase = CASE WHEN phase = 'claimed' THEN 'idle' ELSE phase END,
@@ -166,7 +178,8 @@ SELECT * FROM unnest($1::text[], $2::uuid[], $3::smallint[], $4::text[], $5::tex
 -- guards are read from the rows as locked (the latest version); the updates then find each row
 -- by its primary key (guards on jobs itself made the planner scan jobs by state). The history
 -- row of each updated one is written by the same statement. Returns the offered ids it did not
--- finish (left to the general path; usually none).
+-- finish (left to the general path; usually none). Every attempt here succeeded: its occurrence
+-- is the job's last success unless a later one is kept already (migration 0019).
 WITH locked AS MATERIALIZED (
     SELECT job_id, lease_token, spec_version, scheduled_for, attempt, spec->>'overlap' AS overlap,
            -- The spec_version the API shows that the attempt ran under (completion.py, _ran_under).
@@ -186,6 +199,7 @@ done AS (
         attempt = u.next_attempt, split_at = u.split_at, handed_upto = u.handed_upto,
         phase = 'idle', claimed_by = NULL, taken_by = NULL, leased_until = NULL, run_until = NULL,
         last_run = u.last_run::jsonb || jsonb_build_object('spec_version', l.ran_under),
+        last_success_for = GREATEST(j.last_success_for, u.ran_for),
         updated_at = now()
     FROM locked l
     JOIN unnest($3::uuid[], $4::bigint[], $5::int[], $6::timestamptz[], $7::int[], $8::text[],
@@ -208,6 +222,7 @@ done_once AS (
         handed_upto = NULL, phase = 'idle', claimed_by = NULL, taken_by = NULL, leased_until = NULL,
         run_until = NULL,
         last_run = u.last_run::jsonb || jsonb_build_object('spec_version', l.ran_under),
+        last_success_for = GREATEST(j.last_success_for, u.ran_for),
         updated_at = now()
     FROM locked l
     JOIN unnest($21::uuid[], $22::bigint[], $23::int[], $24::timestamptz[], $25::int[], $26::text[],

@@ -1,4 +1,4 @@
--- Pauses that end by themselves (migration 0019; storage/postgres/pauses.py): a job paused with
+-- Pauses that end by themselves (migration 0020; storage/postgres/pauses.py): a job paused with
 -- an "until" is resumed by the engine serving its shard once that time has come, as an owner's
 -- resume would resume it, with its auto_resume change record.
 -- Loaded by name by storage/queries.py; names are unique across storage/sql/*.sql.

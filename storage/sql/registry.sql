@@ -106,7 +106,7 @@ LIMIT $4;
 -- name: write_job
 -- One owner action's result: the lifecycle, the plan, and (when revoke) the lease given back.
 -- $15: the spec's version as the API shows it (spec_revision, 0018). $16..$18: what a pause says
--- (note, until, the key's id; 0019), kept while the job stays paused and cleared when it leaves
+-- (note, until, the key's id; 0020), kept while the job stays paused and cleared when it leaves
 -- paused (a PATCH of a paused job keeps them, a resume or cancel clears them).
 UPDATE jobs SET
     paused_at = CASE WHEN $5 <> 'paused' THEN NULL WHEN state = 'paused' THEN paused_at ELSE now() END,
@@ -177,13 +177,15 @@ SELECT signing_secret FROM owners WHERE owner = $1;
 
 -- name: insert_occurrences
 -- Occurrence rows: one occurrence of a recurring job, in a row of its own (overlap=allow, or a
--- backfill). next_run_at is null for a backfilled run that waits for the one before it.
--- An occurrence row runs under its job's spec_revision (0018), which the caller holds locked.
+-- backfill). next_run_at is null for a backfilled run that waits for the one before it. The row
+-- runs under its job's spec version, both counters (spec_revision: 0018; a target is told it:
+-- Duetime-Spec-Version).
 INSERT INTO jobs (job_id, shard, owner, spec, spec_version, spec_revision, state, next_run_at,
                   scheduled_for, attempt, parent_id, backfill_seq)
-SELECT j, s, o, sp, 1, (SELECT spec_revision FROM jobs WHERE job_id = p), 'scheduled', n, sf, 0, p, q
+SELECT u.j, u.s, u.o, u.sp, p.spec_version, p.spec_revision, 'scheduled', u.n, u.sf, 0, u.p, u.q
 FROM unnest($1::uuid[], $2::smallint[], $3::text[], $4::jsonb[], $5::timestamptz[],
-            $6::timestamptz[], $7::uuid[], $8::bigint[]) AS u(j, s, o, sp, n, sf, p, q);
+            $6::timestamptz[], $7::uuid[], $8::bigint[]) AS u(j, s, o, sp, n, sf, p, q)
+JOIN jobs p ON p.job_id = u.p;
 
 -- name: occurrences_of
 -- A job's occurrence rows that have not run to the end yet (a bound on backfills in progress),

@@ -90,8 +90,15 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_
 -- than a timestamptz), turned back in whole seconds and the µs left over, each exact as a float8:
 -- "us * interval '1 microsecond'" goes through a float8 too and lost µs past the year 2255
 -- (tests/contract, test_the_fence_keeps_the_occurrence_it_is_given_to_the_microsecond).
+-- The run's context (migration 0019) comes with the row: when the job was made, its last
+-- success, and what run_once folded. An occurrence it is given later than the row's own is a
+-- fold (only run_once's FireNow moves it): the row's occurrence was the oldest one missed, kept
+-- in folded_from (or the oldest of an earlier fold into that occurrence, a run given back
+-- unused and folded again) with folded_into, so that every attempt of the run returns it.
+-- An occurrence row's context is its job's row's, read apart (job_context).
 WITH locked AS MATERIALIZED (
-    SELECT j.job_id, j.lease_token, j.phase, j.state, u.token,
+    SELECT j.job_id, j.lease_token, j.phase, j.state, u.token, j.scheduled_for AS was_for,
+           j.folded_from, j.folded_into,
            to_timestamp(u.scheduled_us / 1000000) + (u.scheduled_us % 1000000) * interval '1 microsecond'
                AS scheduled_for
     FROM unnest($1::uuid[], $2::bigint[], $4::bigint[]) AS u(job_id, token, scheduled_us)
@@ -105,13 +112,26 @@ UPDATE jobs j SET
     run_until = now() + make_interval(secs => $3),
     fenced_token = j.lease_token, fenced_for = l.scheduled_for, fenced_due = j.next_run_at,
     fenced_attempt = j.attempt, fenced_version = j.spec_version, fenced_kind = j.run_kind,
-    fenced_revision = j.spec_revision
+    fenced_revision = j.spec_revision,
+    folded_from = CASE WHEN l.scheduled_for > l.was_for
+                       THEN CASE WHEN l.folded_into = l.was_for THEN l.folded_from ELSE l.was_for END
+                       ELSE l.folded_from END,
+    folded_into = CASE WHEN l.scheduled_for > l.was_for THEN l.scheduled_for ELSE l.folded_into END
 FROM locked l
 WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked first
   AND j.job_id = l.job_id
   AND l.lease_token = l.token AND l.phase = 'claimed' AND l.state = 'scheduled'
 RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.scheduled_for, j.next_run_at, j.attempt,
-    j.spec::text AS spec, j.spec_version, j.run_kind, j.parent_id;
+    j.spec::text AS spec, j.spec_version, j.run_kind, j.parent_id, j.created_at, j.last_success_for,
+    CASE WHEN j.folded_into = j.scheduled_for THEN j.folded_from END AS folded_from, j.spec_revision;
+
+-- name: job_context
+-- The run context of occurrence rows the fence returned (overlap=allow, backfill, catch-up): their
+-- job's, from the job's own row (when it was made, its last success). Read apart from the fence,
+-- and only for a batch that holds such rows: the job's row is not locked by it, and a join in
+-- the fence would be one more probe per run of every batch. Not locked: a success recorded at
+-- this moment may or may not be seen, as for a run fenced a moment earlier.
+SELECT job_id, created_at, last_success_for FROM jobs WHERE job_id = ANY($1::uuid[]);
 
 -- name: extend_leases
 -- Rows are locked in job id order first (as by lock_for_completion, take_runs and

@@ -75,7 +75,7 @@ SELECT count(*) FROM (
 -- What pause ($4 revoke: true), resume (false) and cancel (true) write for each row, as
 -- write_job does for one: the new state, a cancel's next run and triggers cleared, the
 -- overlap split point recomputed, and a claimed row's lease given back when revoking. A pause
--- keeps what it says ($6 note, $7 until, $8 the key's id; 0019), a resume or cancel clears it.
+-- keeps what it says ($6 note, $7 until, $8 the key's id; 0020), a resume or cancel clears it.
 UPDATE jobs j SET
     paused_at = CASE WHEN $2 = 'paused' THEN now() END,
     pause_note = CASE WHEN $2 = 'paused' THEN $6::text END,

@@ -34,7 +34,7 @@ FROM idempotency_keys k JOIN jobs j ON j.job_id = k.job_id WHERE j.shard = $1;
 DELETE FROM idempotency_keys k USING jobs j WHERE j.job_id = k.job_id AND j.shard = $1;
 
 -- name: copy_out_pause_ends
--- The ends of the jobs' pauses (0019) go with them.
+-- The ends of the jobs' pauses (0020) go with them.
 SELECT shard, until, job_id FROM pause_ends WHERE shard = $1;
 
 -- name: delete_shard_pause_ends

@@ -45,7 +45,7 @@ HOOK = WebhookTarget(url="https://example.com/hook")
 JOB_COLUMNS = (
     "job_id, state, phase, next_run_at, scheduled_for, attempt, run_kind, resume_at, pending_triggers,"
     " split_at, handed_upto, claimed_by, leased_until, lease_token, spec_version, last_run,"
-    " consecutive_failures, failing"
+    " consecutive_failures, failing, last_success_for, folded_from, folded_into"
 )
 RUN_COLUMNS = (
     "job_id, shard, scheduled_for, attempt, started_at, finished_at, outcome, status_code, error,"

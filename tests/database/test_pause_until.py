@@ -231,7 +231,7 @@ async def test_the_engines_resume_the_job_at_until_once_across_a_restart(
 async def test_each_wake_up_is_gone_once_it_was_looked_at(
     client: Client, store: PostgresStore, pg_dsn: str
 ) -> None:
-    """A pause's end (pause_ends, migration 0019) is a wake-up: one per pause with an until,
+    """A pause's end (pause_ends, migration 0020) is a wake-up: one per pause with an until,
     deleted by the look that deals with it, whatever became of the job (here: resumed by hand and
     paused anew until later, so the first end must not resume it)."""
     headers, _ = await new_key(store)

@@ -244,19 +244,24 @@ async def test_batched_workers_keep_runs_in_flight_within_the_pool_concurrency()
 
 async def test_the_batch_path_writes_the_contract_fields_of_each_run() -> None:
     """The batch path packs each XADD itself (``xadd_command``): the entries carry exactly the
-    fields of ``redis_fields``, the contract's (docs/targets.md), traceparent and a failure
-    event's type included when set."""
+    fields of ``redis_fields``, the contract's (docs/targets.md), a run's context, traceparent and
+    a failure event's type included when set."""
     from dataclasses import replace
+    from datetime import UTC, datetime
 
     from duetime.core import signing
+    from duetime.core.runpath import RunContext
     from duetime.workers.queues import QueuePublisher, redis_fields
 
     key = f"duetime-test-burst-{secrets.token_hex(6)}"
     target = QueueTarget(broker=Broker.REDIS, topic=key)
-    ds = [_delivery(target, n) for n in range(4)]
+    ds = [_delivery(target, n) for n in range(6)]
     ds[1] = replace(ds[1], traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
     ds[2] = replace(ds[2], payload={"text": "é ✓", "big": 2**70})
     ds[3] = replace(ds[3], event="job.failing", traceparent=ds[1].traceparent)  # a failure event
+    ds[4] = replace(ds[4], context=RunContext(7))
+    t = datetime(2026, 12, 1, 3, tzinfo=UTC)
+    ds[5] = replace(ds[5], context=RunContext(2, t, t.replace(hour=1), 3, t.replace(hour=0, microsecond=5)))
     publisher = QueuePublisher(nats_url=None, redis_url=REDIS_URL)
     client = aioredis.Redis.from_url(REDIS_URL)
     try:
@@ -266,7 +271,7 @@ async def test_the_batch_path_writes_the_contract_fields_of_each_run() -> None:
         await publisher.close()
         await client.delete(key)
         await client.aclose()
-    assert verdicts == [PUBLISHED] * 4
+    assert verdicts == [PUBLISHED] * 6
     got = [{k.decode(): v for k, v in fields.items()} for _, fields in entries]
     want = [
         {
@@ -279,6 +284,21 @@ async def test_the_batch_path_writes_the_contract_fields_of_each_run() -> None:
     assert "traceparent" in got[1] and "traceparent" not in got[0]
     assert got[3]["duetime_event"] == b"job.failing"
     assert got[3]["idempotency_key"].endswith(b":job.failing")
+    assert got[4]["duetime_spec_version"] == b"7" and "duetime_previous_scheduled_for" not in got[4]
+    context = {
+        "spec_version",
+        "previous_scheduled_for",
+        "last_success_scheduled_for",
+        "folded_count",
+        "folded_from",
+    }
+    assert {k: v for k, v in got[5].items() if k.removeprefix("duetime_") in context} == {
+        "duetime_spec_version": b"2",
+        "duetime_previous_scheduled_for": b"2026-12-01T03:00:00Z",
+        "duetime_last_success_scheduled_for": b"2026-12-01T01:00:00Z",
+        "duetime_folded_count": b"3",
+        "duetime_folded_from": b"2026-12-01T00:00:00.000005Z",
+    }
 
 
 class _HoldingProxy:

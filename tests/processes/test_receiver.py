@@ -76,6 +76,43 @@ def test_delivery_headers_parse_and_name_what_is_wrong() -> None:
         DeliveryHeaders.parse(without)
 
 
+def test_delivery_headers_read_the_runs_context_when_it_is_sent() -> None:
+    headers = {
+        "Idempotency-Key": "j1:2026-05-01T12:00:00Z",
+        "Duetime-Job-Id": "j1",
+        "Duetime-Scheduled-For": "2026-05-01T12:00:00Z",
+        "Duetime-Attempt": "1",
+        "Duetime-Fencing-Token": "17",
+    }
+    plain = DeliveryHeaders.parse(headers)  # a failure event, or a Duetime before the run context
+    assert (plain.spec_version, plain.previous_scheduled_for, plain.folded_count) == (None, None, 0)
+    context = {
+        "duetime-spec-version": "3",
+        "Duetime-Previous-Scheduled-For": "2026-05-01T11:00:00Z",
+        "Duetime-Last-Success-Scheduled-For": "2026-05-01T09:00:00Z",
+        "Duetime-Folded-Count": "2",
+        "Duetime-Folded-From": "2026-05-01T10:00:00Z",
+    }
+    parsed = DeliveryHeaders.parse({**headers, **context})
+    assert parsed == DeliveryHeaders(
+        "j1:2026-05-01T12:00:00Z",
+        "j1",
+        "2026-05-01T12:00:00Z",
+        1,
+        17,
+        spec_version=3,
+        previous_scheduled_for="2026-05-01T11:00:00Z",
+        last_success_scheduled_for="2026-05-01T09:00:00Z",
+        folded_count=2,
+        folded_from="2026-05-01T10:00:00Z",
+    )
+    assert datetime.fromisoformat(parsed.folded_from or "") == datetime(2026, 5, 1, 10, tzinfo=UTC)
+    with pytest.raises(ValueError, match="Duetime-Spec-Version"):
+        DeliveryHeaders.parse({**headers, "Duetime-Spec-Version": "v3"})
+    with pytest.raises(ValueError, match="Duetime-Folded-Count"):
+        DeliveryHeaders.parse({**headers, "Duetime-Folded-Count": "-1"})
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 1000.0

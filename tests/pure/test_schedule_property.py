@@ -12,6 +12,7 @@ not trusted either. Start instants cluster around the zones' DST transitions.
 
 from __future__ import annotations
 
+import itertools
 import zoneinfo
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -22,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from duetime.core.model import CronSchedule, DateRange, DstGap, DstOverlap
-from duetime.core.schedule import count_between, latest_at_or_before, next_occurrence
+from duetime.core.schedule import count_between, latest_at_or_before, next_occurrence, previous_occurrence
 
 MINUTE = timedelta(minutes=1)
 WINDOW = timedelta(days=2)
@@ -296,6 +297,9 @@ def test_matches_brute_force_reference(case: tuple[CronSchedule, Cron, datetime]
         chain.append(following)
         cursor = following
     assert chain == expected, (schedule, after)
+    # the run context's "occurrence before" is the walk's step back (core.runpath.RunContext)
+    for earlier, later in itertools.pairwise(chain):
+        assert previous_occurrence(schedule, later) == earlier, (schedule, later)
 
     # the misfire helpers must agree with the same reference on a window inside the walk
     at = min(after + timedelta(minutes=probe, seconds=17), horizon)  # the reference ends at horizon

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from duetime.core import signing, ssrf
 from duetime.core.model import JobSpec, OneOffSchedule, Outcome, WebhookMethod, WebhookTarget
-from duetime.core.runpath import Delivery, FencedRun, RunSpec
+from duetime.core.runpath import Delivery, FencedRun, RunContext, RunSpec
 from duetime.workers import http1, webhook
 from duetime.workers.tracing import TRACEPARENT
 
@@ -96,6 +96,15 @@ _CASES = st.fixed_dictionaries(
         "traceparent": st.none() | st.just(TRACE),
         "payload": st.none() | st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
         "seconds": st.integers(0, 10**6),
+        "context": st.none()
+        | st.builds(
+            RunContext,
+            spec_version=st.integers(1, 10**6),
+            previous_for=st.none() | st.just(datetime(2026, 11, 30, tzinfo=UTC)),
+            last_success_for=st.none() | st.just(datetime(2026, 11, 29, 0, 0, 0, 5, tzinfo=UTC)),
+            folded_count=st.integers(1, 10**6),
+            folded_from=st.none() | st.just(datetime(2026, 11, 28, tzinfo=UTC)),
+        ),
     }
 )
 
@@ -114,6 +123,7 @@ def test_the_remembered_head_writes_the_bytes_the_header_dict_did(case: dict[str
         extra_signing_secrets=tuple(signing.new_signing_secret() for _ in range(case["extra"])),
         traceparent=case["traceparent"],
         payload=case["payload"],
+        context=case["context"],
     )
     body = signing.encode_body(case["payload"])
     now = NOW + timedelta(seconds=case["seconds"])
@@ -202,3 +212,76 @@ def test_each_status_gets_its_verdict_once_made() -> None:
     for status in (200, 204, 301, 404, 408, 429, 500, 503, 599):
         assert webhook.classify_status(status) is webhook.classify_status(status)
         assert webhook.classify_status(status) == webhook._status_verdict(status)
+
+
+def test_a_runs_context_is_sent_between_the_token_and_the_signature() -> None:
+    """A run's call carries its spec version always, the other context headers when they have a
+    value (docs/targets.md); a failure event's call (no context) carries none of them."""
+    target = WebhookTarget(url="http://127.0.0.1:8080/hook")
+    body = b"null"
+    plain = header_lines(built(target, delivery(target, context=RunContext(4)), body, NOW))
+    assert plain["Duetime-Spec-Version"] == "4"
+    assert not {"Duetime-Previous-Scheduled-For", "Duetime-Folded-Count"} & set(plain)
+    full = RunContext(
+        4,
+        previous_for=datetime(2026, 11, 30, 23, tzinfo=UTC),
+        last_success_for=datetime(2026, 11, 30, 22, tzinfo=UTC),
+        folded_count=5,
+        folded_from=datetime(2026, 11, 30, 18, 0, 0, 250000, tzinfo=UTC),
+    )
+    request = built(target, delivery(target, context=full), body, NOW)
+    names = [line.split(": ", 1)[0] for line in request.split(b"\r\n\r\n")[0].decode().split("\r\n")[1:]]
+    token = names.index("Duetime-Fencing-Token")
+    assert names[token + 1 : token + 7] == [
+        "Duetime-Spec-Version",
+        "Duetime-Previous-Scheduled-For",
+        "Duetime-Last-Success-Scheduled-For",
+        "Duetime-Folded-Count",
+        "Duetime-Folded-From",
+        "webhook-id",
+    ]
+    sent = header_lines(request)
+    assert sent["Duetime-Previous-Scheduled-For"] == "2026-11-30T23:00:00Z"
+    assert sent["Duetime-Last-Success-Scheduled-For"] == "2026-11-30T22:00:00Z"
+    assert (sent["Duetime-Folded-Count"], sent["Duetime-Folded-From"]) == ("5", "2026-11-30T18:00:00.25Z")
+    event = header_lines(built(target, delivery(target, event="job.failing"), body, NOW))
+    assert not [name for name in event if name in {n for n, _ in full.headers()}]
+
+
+def test_a_delivery_of_a_run_carries_the_context_its_fence_read() -> None:
+    """``Delivery.of`` works the context out from the run as fenced: the spec version it runs
+    under, the schedule's occurrence before (none for the job's first), the last success, and
+    what a run_once run folded (counted by the schedule)."""
+    from duetime.core.model import CronSchedule
+
+    hourly = JobSpec(schedule=CronSchedule(cron="0 * * * *"), target=WebhookTarget(url="http://127.0.0.1/h"))
+    created = datetime(2026, 11, 30, 20, 30, tzinfo=UTC)
+    run = FencedRun(
+        job_id=uuid.uuid4(),
+        shard=0,
+        owner="acme",
+        lease_token=3,
+        scheduled_for=datetime(2026, 12, 1, 2, tzinfo=UTC),
+        due_at=datetime(2026, 12, 1, 2, tzinfo=UTC),
+        attempt=1,
+        spec=RunSpec.of(hourly, 6),
+        run_kind="scheduled",
+        job_created_at=created,
+        last_success_for=datetime(2026, 11, 30, 22, tzinfo=UTC),
+        folded_from=datetime(2026, 11, 30, 23, tzinfo=UTC),
+    )
+    assert Delivery.of(run, signing_secret="whsec_a").context == RunContext(
+        6,
+        previous_for=datetime(2026, 12, 1, 1, tzinfo=UTC),
+        last_success_for=datetime(2026, 11, 30, 22, tzinfo=UTC),
+        folded_count=3,  # 23:00, 00:00 and 01:00 were missed; the run is 02:00's
+        folded_from=datetime(2026, 11, 30, 23, tzinfo=UTC),
+    )
+    first = replace(run, scheduled_for=datetime(2026, 11, 30, 21, tzinfo=UTC), folded_from=None)
+    assert Delivery.of(first, signing_secret="whsec_a").context == RunContext(
+        6, last_success_for=datetime(2026, 11, 30, 22, tzinfo=UTC)
+    ), "the job's first occurrence has none before it"
+    one_off = replace(run, spec=RunSpec.of(JobSpec(schedule=OneOffSchedule(NOW), target=hourly.target), 1))
+    assert Delivery.of(one_off, signing_secret="whsec_a").context == RunContext(
+        1, last_success_for=datetime(2026, 11, 30, 22, tzinfo=UTC)
+    ), "a one-off has no occurrence before, and folds nothing"

@@ -124,6 +124,62 @@ def test_a_message_of_an_older_engine_without_the_parent_field_decodes() -> None
     assert got.run.parent_id is None and got.run == run
 
 
+def _with_context(run: FencedRun) -> FencedRun:
+    return replace(
+        run,
+        job_created_at=T - timedelta(days=3, microseconds=7),
+        last_success_for=T - timedelta(hours=1),
+        folded_from=T - timedelta(hours=5),
+        spec_revision=4,
+    )
+
+
+@pytest.mark.parametrize("parent", [None, uuid.uuid4()])
+def test_the_runs_context_travels_with_it_in_a_message_and_a_bundle(parent: uuid.UUID | None) -> None:
+    run = _with_context(_run(parent))
+    [got] = wire.decode_runs(wire.encode_message(run, "e")).runs
+    assert got.run == run
+    assert (got.run.job_created_at, got.run.last_success_for, got.run.folded_from) == (
+        T - timedelta(days=3, microseconds=7),
+        T - timedelta(hours=1),
+        T - timedelta(hours=5),
+    )
+    runs = [_with_context(_on(2)), _on(2), replace(_with_context(_on(2, parent=parent)), folded_from=None)]
+    assert [p.run for p in wire.decode_runs(wire.encode_runs(runs, "e")).runs] == runs
+
+
+def test_a_message_of_an_engine_before_the_run_context_decodes_without_it() -> None:
+    """Messages of the release before end with the parent field (format 1) or hold eleven fields
+    a run (bundles): their runs decode with no context, and a worker of that release reads this
+    release's messages by the fields it knows."""
+    run = _with_context(_run(uuid.uuid4()))
+    fields = msgpack.unpackb(wire.encode_message(run, "old"), raw=False)
+    assert len(fields) == 17
+    [got] = wire.decode_runs(msgpack.packb(fields[:13], use_bin_type=True)).runs
+    assert got.run == replace(
+        run, job_created_at=None, last_success_for=None, folded_from=None, spec_revision=None
+    )
+    # Without the API's spec version (an engine before 0018's), a run says the run path's own.
+    assert got.run.spec_version == run.spec.version
+    [with_context] = wire.decode_runs(msgpack.packb(fields[:16], use_bin_type=True)).runs
+    assert with_context.run == replace(run, spec_revision=None)
+    assert run.spec_version == 4
+    bundle = msgpack.unpackb(wire.encode_runs([run, run], "old"), raw=False)
+    old_bundle = [*bundle[:2], *(one[:11] for one in bundle[2:])]
+    got_runs = wire.decode_runs(msgpack.packb(old_bundle, use_bin_type=True)).runs
+    assert [p.run.folded_from for p in got_runs] == [None, None]
+    # what the release before read of a message: format 1's first 13 fields, a bundle run's first 11
+    assert (
+        fields[:13]
+        == msgpack.unpackb(
+            wire.encode_message(
+                replace(run, job_created_at=None, last_success_for=None, folded_from=None), "old"
+            ),
+            raw=False,
+        )[:13]
+    )
+
+
 @pytest.mark.parametrize(
     "data",
     [

@@ -1,4 +1,4 @@
-"""Migration 0019 (pause until) on a database with a paused job.
+"""Migration 0020 (pause until) on a database with a paused job.
 
 A job paused before the upgrade shows a ``paused`` object with no time and an owner as its actor,
 and no end: it stays paused until a resume.
@@ -24,7 +24,7 @@ SPEC = {"target": {"type": "queue", "broker": "nats", "topic": "t"}, "schedule":
 
 @pytest.fixture
 async def old_db(run_tag: str) -> AsyncIterator[str]:
-    async with database_before(19, f"duetime_test_{run_tag}_m19") as dsn:
+    async with database_before(20, f"duetime_test_{run_tag}_m20") as dsn:
         yield dsn
 
 
@@ -42,7 +42,7 @@ async def test_a_job_paused_before_shows_a_pause_without_an_end(old_db: str) -> 
     finally:
         await conn.close()
     applied = await migrate(old_db)
-    assert applied[0] == "0019_pause_until.sql"
+    assert applied[0] == "0020_pause_until.sql"
     store = await PostgresStore.open(ShardMap.single(old_db), pool_size=2)
     try:
         job = await store.get_job("o", job_id)
