@@ -28,7 +28,7 @@ from duetime.api.errors import (
     from_http_exception,
     status_for,
 )
-from duetime.api.handlers import OWNER, JobsApi
+from duetime.api.handlers import KEY_ID, OWNER, JobsApi
 from duetime.api.limits import COST, JobBytesCap, JobCap, OwnerRateLimiter, RefusalHolds, response_tokens
 from duetime.api.metrics import UNMATCHED_ROUTE, observe
 from duetime.api.openapi import build_openapi
@@ -43,6 +43,7 @@ from duetime.core.topics import TopicPolicy
 from duetime.core.validation import SpecLimits
 from duetime.exposition import metrics_response
 from duetime.storage.ports import ApiStore
+from duetime.storage.registry_rules import key_prefix
 
 log = logging.getLogger("duetime.api")
 
@@ -51,7 +52,7 @@ READY_TIMEOUT_S: Final = 5.0
 # Query parameters the contract lets a client repeat (GET /v1/jobs?label=a=1&label=b=2 is an AND).
 REPEATABLE_PARAMETERS: Final = frozenset({"label"})
 # Headers whose repetition would let a proxy and this server read different values: 400.
-_SINGLE_HEADERS: Final = ("Authorization", "Idempotency-Key")
+_SINGLE_HEADERS: Final = ("Authorization", "Idempotency-Key", "Duetime-Reason")
 
 
 def _needs_auth(path: str) -> bool:
@@ -133,8 +134,10 @@ def _make_middleware(
             _check_declared_length(request)
             _check_duplicates(request)
             if authenticated:
-                owner = await keys.owner_for(bearer_key(request.headers.get("Authorization")))
+                key = bearer_key(request.headers.get("Authorization"))
+                owner = await keys.owner_for(key)
                 request[OWNER] = owner
+                request[KEY_ID] = key_prefix(key)  # names the key in change records
                 if rate is not None:
                     rate.check(owner)
                 creating = request.method == "POST" and request.path == "/v1/jobs"

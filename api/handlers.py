@@ -22,17 +22,20 @@ from duetime.api.limits import JOBS_PER_TOKEN, OCCURRENCES_PER_TOKEN, JobBytesCa
 from duetime.api.paging import PageCursors
 from duetime.api.render import (
     backfill_to_json,
+    changes_page_to_json,
     job_to_json,
     jobs_page_to_json,
     json_response,
     runs_page_to_json,
 )
 from duetime.api.server import sent_header
+from duetime.core.changes import REASON_HEADER, ChangeBy, parse_reason
 from duetime.core.codec import REDACTED, format_time, run_to_json, spec_to_json
 from duetime.core.errors import Conflict, InvalidRequest, MalformedRequest, NotFound, TopicNotAllowed
 from duetime.core.ids import parse_job_id
 from duetime.core.labels import check_name, check_name_prefix, parse_bulk_request, parse_label_query
 from duetime.core.model import (
+    PLAIN_PAUSE,
     IntervalSchedule,
     Job,
     JobSpec,
@@ -45,12 +48,15 @@ from duetime.core.model import (
 from duetime.core.ssrf import AddressPolicy, check_webhook_url
 from duetime.core.topics import TOPIC_FIELD, TopicPolicy
 from duetime.core.validation import (
+    PAUSE_FIELDS,
     SpecLimits,
     canonical_body_hash,
     merge_patch,
     parse_backfill_range,
     parse_idempotency_key,
     parse_job_spec,
+    parse_pause_fields,
+    parse_pause_request,
     parse_replay_request,
     parse_time,
 )
@@ -59,6 +65,8 @@ from duetime.storage.base import BulkAction, IdempotencyRequest, NameHolderChang
 from duetime.storage.dbclock import DB_CLOCK
 
 OWNER: Final = web.RequestKey("owner", str)
+# The id of the API key that made the request (its prefix): change records name it.
+KEY_ID: Final = web.RequestKey("key_id", str)
 
 DEFAULT_LIMIT: Final = 100
 MAX_LIMIT: Final = 1000
@@ -132,6 +140,12 @@ def name_of(request: web.Request, *, for_write: bool) -> str:
             raise
         shown = text if len(text) <= 64 else text[:64] + "…"
         raise NotFound(f"no job named {shown}", ident=shown) from None
+
+
+def change_by(request: web.Request) -> ChangeBy:
+    """Who asks for a change, for its record: the request's key, and its ``Duetime-Reason``
+    (422 ``invalid_reason`` before anything is changed when the reason is not acceptable)."""
+    return ChangeBy(key_id=request.get(KEY_ID), reason=parse_reason(request.headers.get(REASON_HEADER)))
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -257,6 +271,7 @@ class JobsApi:
             web.post("/v1/jobs/{job_id}/backfill", self.backfill_job, name="backfill_job"),
             web.post("/v1/jobs/{job_id}/replay", self.replay_job, name="replay_job"),
             web.get("/v1/jobs/{job_id}/runs", self.list_runs, name="list_runs", allow_head=False),
+            web.get("/v1/jobs/{job_id}/changes", self.list_changes, name="list_changes", allow_head=False),
             web.get("/v1/runs", self.list_owner_runs, name="list_owner_runs", allow_head=False),
         ]
 
@@ -292,6 +307,7 @@ class JobsApi:
 
     async def create_job(self, request: web.Request) -> web.Response:
         owner = request[OWNER]
+        by = change_by(request)
         raw_key = sent_header(request, "Idempotency-Key")  # as sent: the parser trims spaces
         idempotency_key = None if raw_key is None else parse_idempotency_key(raw_key)
         data = await _json_body(request)
@@ -302,7 +318,7 @@ class JobsApi:
             if idempotency_key is None
             else IdempotencyRequest(key=idempotency_key, body_hash=canonical_body_hash(data))
         )
-        job, created = await self._registry.create_job(owner, spec, idempotency=idempotency)
+        job, created = await self._registry.create_job(owner, spec, idempotency=idempotency, by=by)
         location = f"/v1/jobs/{job.id}"
         return json_response(job_to_json(job), status=201 if created else 200, headers={"Location": location})
 
@@ -337,6 +353,7 @@ class JobsApi:
         that the holder is still that job, and we read again when it is not.
         """
         owner = request[OWNER]
+        by = change_by(request)
         name = name_of(request, for_write=True)
         data = await _json_body(request)
         if not isinstance(data, dict):
@@ -377,7 +394,7 @@ class JobsApi:
                     await self._check_target(spec, owner, main=new_json["target"] != current_json["target"])
             try:
                 job, created = await self._registry.apply_job(
-                    owner, spec, expected_id=None if current is None else current.id
+                    owner, spec, expected_id=None if current is None else current.id, by=by
                 )
             except NameHolderChanged:
                 continue
@@ -409,9 +426,16 @@ class JobsApi:
         return _judge(request, body, now=now, limits=self._limits, keep_name=current.spec.name)
 
     async def _bulk(self, request: web.Request, action: BulkAction) -> web.Response:
-        labels, state = parse_bulk_request(await _json_body(request))
+        by = change_by(request)
+        data = await _json_body(request)
+        # A bulk pause says what a single one may (note, until) for every job it pauses.
+        also = PAUSE_FIELDS if action == "pause" else ()
+        labels, state = parse_bulk_request(data, also=also)
+        pause = PLAIN_PAUSE
+        if also:
+            pause = parse_pause_fields(data, now=DB_CLOCK.now(), limits=self._limits)
         result = await self._registry.bulk_action(
-            request[OWNER], action, labels, state=state, max_jobs=self._bulk_max
+            request[OWNER], action, labels, state=state, max_jobs=self._bulk_max, by=by, pause=pause
         )
         cost_of(request).tokens += result.matched / JOBS_PER_TOKEN
         return json_response({"matched": result.matched, "changed": result.changed, "more": result.more})
@@ -428,6 +452,7 @@ class JobsApi:
     async def update_job(self, request: web.Request) -> web.Response:
         owner = request[OWNER]
         job_id = job_id_of(request)
+        by = change_by(request)
         patch = await _json_body(request)
         current = await self._registry.get_job(owner, job_id)
         merged = merge_patch(spec_to_json(current.spec), patch)
@@ -440,44 +465,55 @@ class JobsApi:
         spec = _judge(request, merged, now=anchor, limits=self._limits, keep_name=current.spec.name)
         if isinstance(patch, dict) and ("target" in patch or "on_failure" in patch):
             await self._check_target(spec, owner, main="target" in patch)
-        job = await self._registry.update_job(owner, job_id, spec)
+        job = await self._registry.update_job(owner, job_id, spec, by=by)
         return json_response(job_to_json(job))
 
     async def cancel_job(self, request: web.Request) -> web.Response:
-        job = await self._registry.cancel_job(request[OWNER], job_id_of(request))
+        job_id, by = job_id_of(request), change_by(request)
+        job = await self._registry.cancel_job(request[OWNER], job_id, by=by)
         return json_response(job_to_json(job))
 
     async def pause_job(self, request: web.Request) -> web.Response:
-        job = await self._registry.pause_job(request[OWNER], job_id_of(request))
+        """Without a body: paused until a resume. With ``{"note", "until"}``: the note is shown
+        while paused, and Duetime resumes the job itself at ``until``."""
+        job_id, by = job_id_of(request), change_by(request)
+        body = await request.read()
+        pause = PLAIN_PAUSE
+        if body.strip():
+            require_json_content_type(request)
+            pause = parse_pause_request(parse_json(body), now=DB_CLOCK.now(), limits=self._limits)
+        job = await self._registry.pause_job(request[OWNER], job_id, by=by, pause=pause)
         return json_response(job_to_json(job))
 
     async def resume_job(self, request: web.Request) -> web.Response:
-        job = await self._registry.resume_job(request[OWNER], job_id_of(request))
+        job_id, by = job_id_of(request), change_by(request)
+        job = await self._registry.resume_job(request[OWNER], job_id, by=by)
         return json_response(job_to_json(job))
 
     async def trigger_job(self, request: web.Request) -> web.Response:
+        job_id, by = job_id_of(request), change_by(request)
         job = await self._registry.trigger_job(
-            request[OWNER], job_id_of(request), max_pending=self._limits.max_pending_triggers
+            request[OWNER], job_id, max_pending=self._limits.max_pending_triggers, by=by
         )
         return json_response(job_to_json(job), status=202)
 
     async def replay_job(self, request: web.Request) -> web.Response:
         """Without a body: a dead job back to scheduled. With ``{"scheduled_for"}``: one failed
         occurrence of a recurring job runs once more, now (202)."""
-        owner, job_id = request[OWNER], job_id_of(request)
+        owner, job_id, by = request[OWNER], job_id_of(request), change_by(request)
         body = await request.read()
         if body.strip():
             require_json_content_type(request)
             scheduled_for = parse_replay_request(parse_json(body))
             job = await self._registry.replay_occurrence(
-                owner, job_id, scheduled_for, max_pending=self._limits.max_pending_triggers
+                owner, job_id, scheduled_for, max_pending=self._limits.max_pending_triggers, by=by
             )
             return json_response(job_to_json(job), status=202)
-        job = await self._registry.replay_job(owner, job_id)
+        job = await self._registry.replay_job(owner, job_id, by=by)
         return json_response(job_to_json(job))
 
     async def backfill_job(self, request: web.Request) -> web.Response:
-        owner, job_id = request[OWNER], job_id_of(request)
+        owner, job_id, by = request[OWNER], job_id_of(request), change_by(request)
         start, end = parse_backfill_range(await _json_body(request))
         result = await self._registry.backfill_job(
             owner,
@@ -486,6 +522,7 @@ class JobsApi:
             end,
             max_occurrences=self._limits.backfill_max_occurrences,
             pace_per_s=self._limits.backfill_pace_per_s,
+            by=by,
         )
         cost_of(request).tokens += result.queued / OCCURRENCES_PER_TOKEN
         return json_response(backfill_to_json(job_id, start, end, result), status=202)
@@ -520,3 +557,11 @@ class JobsApi:
         cursor = await self._cursors.open(owner, cursor_of(request))
         page = await self._registry.list_runs(owner, job_id, limit=limit, cursor=cursor)
         return json_response(runs_page_to_json(await self._cursors.seal(owner, page)))
+
+    async def list_changes(self, request: web.Request) -> web.Response:
+        """The job's change history, newest first: who changed what, when and why."""
+        owner, job_id = request[OWNER], job_id_of(request)
+        limit = limit_of(request)
+        cursor = await self._cursors.open(owner, cursor_of(request))
+        page = await self._registry.list_changes(owner, job_id, limit=limit, cursor=cursor)
+        return json_response(changes_page_to_json(await self._cursors.seal(owner, page)))

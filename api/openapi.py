@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any, Final
 
 from duetime._version import __version__
+from duetime.core.changes import REASON_HEADER, REASON_MAX, ActorType, ChangeAction
 from duetime.core.labels import LABEL_KEY_MAX, LABEL_KEY_PATTERN, LABEL_VALUE_MAX, LABELS_MAX, NAME_PATTERN
-from duetime.core.validation import SpecLimits
+from duetime.core.validation import PAUSE_NOTE_MAX, SpecLimits
 
 JsonObject = dict[str, Any]
 
@@ -461,6 +462,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "status_code",
             "error",
             "lateness_ms",
+            "spec_version",
         ],
         "additionalProperties": False,
         "properties": {
@@ -474,6 +476,12 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "lateness_ms": {
                 "type": ["integer", "null"],
                 "description": "started_at − (scheduled_for + this occurrence's jitter).",
+            },
+            "spec_version": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "The job's spec_version this run ran under (a skipped occurrence: the "
+                "one in force when it was skipped).",
             },
         },
     }
@@ -510,6 +518,8 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "created_at",
             "updated_at",
             "last_run",
+            "spec_version",
+            "paused",
         ],
         "additionalProperties": False,
         "properties": {
@@ -534,6 +544,16 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "created_at": _TIME,
             "updated_at": _TIME,
             "last_run": {"oneOf": [_ref("Run"), {"type": "null"}]},
+            "spec_version": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "1 at create, one more for each change that altered the spec "
+                "(GET /v1/jobs/{id}/changes lists them).",
+            },
+            "paused": {
+                "oneOf": [{"type": "null"}, _ref("Paused")],
+                "description": "While the job is paused: what its pause said; null otherwise.",
+            },
         },
     }
     cursor: JsonObject = {
@@ -588,17 +608,7 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "type": "object",
             "required": ["labels"],
             "additionalProperties": False,
-            "properties": {
-                "labels": {
-                    **_LABELS,
-                    "minProperties": 1,
-                    "description": "The jobs that carry every pair; at least one (422 `selector_required`).",
-                },
-                "state": {
-                    "enum": ["scheduled", "paused", "completed", "cancelled", "dead"],
-                    "description": "Only jobs in this state as well.",
-                },
-            },
+            "properties": _bulk_selector(),
         },
         "BulkResult": {
             "type": "object",
@@ -654,6 +664,43 @@ def _schemas(limits: SpecLimits) -> JsonObject:
             "additionalProperties": False,
             "properties": {"items": {"type": "array", "items": _ref("Run")}, "next_cursor": cursor},
         },
+        "Change": _change_schema(),
+        "Paused": {
+            "type": "object",
+            "required": ["at", "note", "until", "actor"],
+            "additionalProperties": False,
+            "properties": {
+                "at": {**_OPT_TIME, "description": "When it paused (null for a pause from before 0.3.0)."},
+                "note": {"type": ["string", "null"]},
+                "until": {**_OPT_TIME, "description": "When Duetime resumes it by itself; null: never."},
+                "actor": {
+                    "type": "object",
+                    "required": ["type", "key_id"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "type": {"enum": [a.value for a in ActorType]},
+                        "key_id": {"type": ["string", "null"]},
+                    },
+                },
+            },
+        },
+        "PauseRequest": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": _pause_fields(limits),
+        },
+        "BulkPauseRequest": {
+            "type": "object",
+            "required": ["labels"],
+            "additionalProperties": False,
+            "properties": {**_bulk_selector(), **_pause_fields(limits)},
+        },
+        "ChangePage": {
+            "type": "object",
+            "required": ["items", "next_cursor"],
+            "additionalProperties": False,
+            "properties": {"items": {"type": "array", "items": _ref("Change")}, "next_cursor": cursor},
+        },
         "Target": _target_schema(),
         "TargetPage": {
             "type": "object",
@@ -685,6 +732,85 @@ def _schemas(limits: SpecLimits) -> JsonObject:
     }
     schemas.update(_preview_schemas())
     return schemas
+
+
+def _bulk_selector() -> JsonObject:
+    return {
+        "labels": {
+            **_LABELS,
+            "minProperties": 1,
+            "description": "The jobs that carry every pair; at least one (422 `selector_required`).",
+        },
+        "state": {
+            "enum": ["scheduled", "paused", "completed", "cancelled", "dead"],
+            "description": "Only jobs in this state as well.",
+        },
+    }
+
+
+def _pause_fields(limits: SpecLimits) -> JsonObject:
+    return {
+        "note": {
+            "type": ["string", "null"],
+            "maxLength": PAUSE_NOTE_MAX,
+            "description": "Shown in the Job's `paused` while it is paused.",
+        },
+        "until": {
+            **_OPT_TIME,
+            "description": "Duetime resumes the job itself at this time (within a second or so), "
+            "applying its misfire policy as a resume does, and records an `auto_resume`. In the "
+            f"future and at most {limits.run_at_horizon_days} days ahead, else 422 `invalid_until`.",
+        },
+    }
+
+
+def _change_schema() -> JsonObject:
+    """One record of a job's change history (core/changes.py)."""
+    return {
+        "type": "object",
+        "required": ["seq", "at", "actor", "action", "reason", "spec_version", "diff"],
+        "additionalProperties": False,
+        "properties": {
+            "seq": {"type": "integer", "minimum": 1, "description": "1, 2, … per job, in order."},
+            "at": _TIME,
+            "actor": {
+                "type": "object",
+                "required": ["type", "key_id"],
+                "additionalProperties": False,
+                "properties": {
+                    "type": {"enum": [a.value for a in ActorType]},
+                    "key_id": {
+                        "type": ["string", "null"],
+                        "description": "The id (prefix) of the API key that made the change, as "
+                        "`duetime keys list` shows it; null for Duetime's own changes.",
+                    },
+                },
+            },
+            "action": {"enum": [a.value for a in ChangeAction]},
+            "reason": {
+                "type": ["string", "null"],
+                "description": f"The call's `{REASON_HEADER}` header; for Duetime's own changes, why.",
+            },
+            "spec_version": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "The job's spec_version after the change.",
+            },
+            "diff": {
+                "type": "object",
+                "description": "Every spec field the change altered, by its JSON Pointer into the spec "
+                "(`/schedule/cron`; `~1` for a `/` in a key), as `{from, to}`; a field one side lacks is "
+                'null there. A create lists the whole spec under `""`; pause, resume, trigger, '
+                "backfill, replay and cancel list nothing. Header values read `<redacted>`.",
+                "additionalProperties": {
+                    "type": "object",
+                    "required": ["from", "to"],
+                    "additionalProperties": False,
+                    "properties": {"from": {}, "to": {}},
+                },
+            },
+        },
+    }
 
 
 def _target_schema() -> JsonObject:
@@ -978,12 +1104,26 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
             ),
         },
         "/v1/jobs/{job_id}/pause": {
-            "post": _action(
-                "pause_job",
-                "Pause a job: no run starts while paused.",
-                {"200": _json("The job, now paused.", _ref("Job"))},
-                conflict=True,
-            )
+            "post": {
+                **_action(
+                    "pause_job",
+                    'Pause a job: no run starts while paused. With `{"note", "until"}`: the note is '
+                    "shown while paused, and Duetime resumes the job at `until`. Pausing a paused "
+                    "job changes nothing (resume it first to pause it anew).",
+                    {
+                        "200": _json("The job, now paused.", _ref("Job")),
+                        "400": _E400,
+                        "413": _E413,
+                        "415": _E415,
+                        "422": _E422,
+                    },
+                    conflict=True,
+                ),
+                "requestBody": {
+                    "required": False,
+                    "content": {"application/json": {"schema": _ref("PauseRequest")}},
+                },
+            }
         },
         "/v1/jobs/{job_id}/resume": {
             "post": _action(
@@ -1065,6 +1205,21 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
                 },
             }
         },
+        "/v1/jobs/{job_id}/changes": {
+            "get": {
+                "operationId": "list_changes",
+                "summary": "The job's change history, newest first, one page at a time: every change "
+                "by its owner's calls and by Duetime itself, who made it, why, and how the spec moved.",
+                "parameters": [_JOB_ID_PARAM, *_page_params()],
+                "responses": {
+                    "200": _json("A page of change records.", _ref("ChangePage")),
+                    "401": _E401,
+                    "404": _E404,
+                    "422": _E422,
+                    "503": _E503,
+                },
+            }
+        },
         "/v1/runs": {
             "get": {
                 "operationId": "list_owner_runs",
@@ -1113,6 +1268,7 @@ def build_openapi(limits: SpecLimits) -> JsonObject:
     paths.update(_owner_scale_paths(spec_body, location))
     paths.update(_preview_paths())
     _add_edge_answers(paths)
+    _add_reasons(paths)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -1144,11 +1300,14 @@ def _owner_scale_paths(spec_body: JsonObject, location: JsonObject) -> JsonObjec
     bulk_body = {"required": True, "content": {"application/json": {"schema": _ref("BulkRequest")}}}
 
     def bulk(action: str, summary: str) -> JsonObject:
+        body = bulk_body
+        if action == "pause":
+            body = {"required": True, "content": {"application/json": {"schema": _ref("BulkPauseRequest")}}}
         return {
             "post": {
                 "operationId": f"bulk_{action}",
                 "summary": summary,
-                "requestBody": bulk_body,
+                "requestBody": body,
                 "responses": {
                     "200": _json("What the call did.", _ref("BulkResult")),
                     "400": _E400,
@@ -1197,7 +1356,7 @@ def _owner_scale_paths(spec_body: JsonObject, location: JsonObject) -> JsonObjec
         "/v1/jobs/bulk/pause": bulk(
             "pause",
             "Pause the owner's scheduled jobs that carry every label; none of them starts a run "
-            "after the answer.",
+            "after the answer. `note` and `until` are as for a single pause, for every job paused.",
         ),
         "/v1/jobs/bulk/resume": bulk("resume", "Resume the owner's paused jobs that carry every label."),
         "/v1/jobs/bulk/cancel": bulk(
@@ -1247,6 +1406,49 @@ def _add_edge_answers(paths: JsonObject) -> None:
             limit_409 = _LIMITS_409.get(operation.get("operationId", ""))
             if limit_409 is not None:
                 responses["409"] = _error(limit_409)
+            operation["responses"] = dict(sorted(responses.items()))
+
+
+# The calls that change a job: each takes a reason for its change record.
+_CHANGING: Final = frozenset(
+    {
+        "create_job",
+        "update_job",
+        "put_job_by_name",
+        "cancel_job",
+        "pause_job",
+        "resume_job",
+        "trigger_job",
+        "backfill_job",
+        "replay_job",
+        "bulk_pause",
+        "bulk_resume",
+        "bulk_cancel",
+    }
+)
+_REASON_PARAM: Final = {
+    "name": REASON_HEADER,
+    "in": "header",
+    "required": False,
+    "description": f"Why this change is made: printable text of at most {REASON_MAX} characters "
+    "(UTF-8), kept in the job's change record (GET /v1/jobs/{id}/changes). Longer, or with "
+    "control characters: 422 `invalid_reason`. Send it once (twice: 400 `duplicate_header`).",
+    "schema": {"type": "string", "maxLength": REASON_MAX},
+}
+
+
+def _add_reasons(paths: JsonObject) -> None:
+    """Every operation that changes a job takes ``Duetime-Reason``, and can answer 422 for it."""
+    for item in paths.values():
+        for operation in item.values():
+            if operation.get("operationId") not in _CHANGING:
+                continue
+            operation["parameters"] = [*operation.get("parameters", []), _REASON_PARAM]
+            responses = operation["responses"]
+            if "422" not in responses:
+                responses["422"] = _error(
+                    f"The `{REASON_HEADER}` header is not acceptable (`invalid_reason`)."
+                )
             operation["responses"] = dict(sorted(responses.items()))
 
 

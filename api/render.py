@@ -14,8 +14,9 @@ from typing import Any
 from aiohttp import web
 
 from duetime.api.errors import JSON_CONTENT_TYPE
+from duetime.core.changes import Change
 from duetime.core.codec import format_time, run_to_json, spec_to_json
-from duetime.core.model import Job, Run
+from duetime.core.model import Job, Paused, Run
 from duetime.storage.base import Backfill, Page
 from duetime.storage.ports import TargetView
 
@@ -29,7 +30,19 @@ def job_to_json(job: Job) -> dict[str, Any]:
     body["created_at"] = format_time(job.created_at)
     body["updated_at"] = format_time(job.updated_at)
     body["last_run"] = None if job.last_run is None else run_to_json(job.last_run)
+    body["spec_version"] = job.spec_version
+    body["paused"] = None if job.paused is None else paused_to_json(job.paused)
     return body
+
+
+def paused_to_json(paused: Paused) -> dict[str, Any]:
+    """The Job's ``paused`` object: when, the note, until when, and who paused it."""
+    return {
+        "at": None if paused.at is None else format_time(paused.at),
+        "note": paused.note,
+        "until": None if paused.until is None else format_time(paused.until),
+        "actor": {"type": paused.actor.value, "key_id": paused.key_id},
+    }
 
 
 def jobs_page_to_json(page: Page[Job]) -> dict[str, Any]:
@@ -38,6 +51,23 @@ def jobs_page_to_json(page: Page[Job]) -> dict[str, Any]:
 
 def runs_page_to_json(page: Page[Run]) -> dict[str, Any]:
     return {"items": [run_to_json(run) for run in page.items], "next_cursor": page.next_cursor}
+
+
+def change_to_json(change: Change) -> dict[str, Any]:
+    """A change record as the contract writes it (its diff holds no secret: core/changes.py)."""
+    return {
+        "seq": change.seq,
+        "at": format_time(change.at),
+        "actor": {"type": change.actor.value, "key_id": change.key_id},
+        "action": change.action.value,
+        "reason": change.reason,
+        "spec_version": change.spec_version,
+        "diff": change.diff,
+    }
+
+
+def changes_page_to_json(page: Page[Change]) -> dict[str, Any]:
+    return {"items": [change_to_json(c) for c in page.items], "next_cursor": page.next_cursor}
 
 
 def target_to_json(view: TargetView) -> dict[str, Any]:

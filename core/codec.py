@@ -260,6 +260,7 @@ def run_to_json(run: Run) -> dict[str, Any]:
         "status_code": run.status_code,
         "error": run.error,
         "lateness_ms": run.lateness_ms,
+        "spec_version": run.spec_version,
     }
 
 
@@ -277,7 +278,8 @@ def history_text(
     """``run_to_json`` of the run with these fields, as JSON text: what the completion's one
     statement stores as ``last_run`` (``::jsonb``), written straight from the columns instead of a
     dict per run encoded again by the driver. Same values, same keys (jsonb keeps no key order);
-    outcome values are plain words, the error is escaped."""
+    outcome values are plain words, the error is escaped. All but ``spec_version``, which the
+    node does not know: the fence wrote it on the row, and the statement adds it from there."""
     started = "null" if started_at is None else f'"{format_time(started_at)}"'
     finished = "null" if finished_at is None else f'"{format_time(finished_at)}"'
     code = "null" if status_code is None else str(int(status_code))
@@ -300,4 +302,5 @@ def run_from_json(data: dict[str, Any]) -> Run:
         status_code=data.get("status_code"),
         error=data.get("error"),
         lateness_ms=data.get("lateness_ms"),
+        spec_version=int(data.get("spec_version", 1)),
     )

@@ -188,17 +188,21 @@ def check_name_prefix(prefix: str) -> str:
 BULK_FIELDS: Final = ("labels", "state")
 
 
-def parse_bulk_request(data: object) -> tuple[dict[str, str], JobState | None]:
+def parse_bulk_request(data: object, *, also: tuple[str, ...] = ()) -> tuple[dict[str, str], JobState | None]:
     """The body of ``POST /v1/jobs/bulk/{pause,resume,cancel}``: a label selector of at least one
     pair (an empty one would act on every job of the owner: refused, ``selector_required``) and an
-    optional state the jobs must be in as well."""
+    optional state the jobs must be in as well. ``also``: fields the caller reads itself (a bulk
+    pause's ``note`` and ``until``), allowed and left alone here."""
     if not isinstance(data, dict):
         raise MalformedRequest(
             f"the request body must be a JSON object, not {_type_name(data)}", code="wrong_type"
         )
+    allowed = (*BULK_FIELDS, *also)
     for key in data:
-        if key not in BULK_FIELDS:
-            raise _invalid(str(key), f"unknown field {key!r}; allowed here: labels, state", "unknown_field")
+        if key not in allowed:
+            raise _invalid(
+                str(key), f"unknown field {key!r}; allowed here: {', '.join(allowed)}", "unknown_field"
+            )
     if "labels" not in data or data["labels"] is None or data["labels"] == {}:
         raise _invalid(
             "labels",

@@ -23,6 +23,13 @@ class JobState(enum.StrEnum):
     DEAD = "dead"
 
 
+class ActorType(enum.StrEnum):
+    """Who made a change (or a pause): an owner through the API, or Duetime itself."""
+
+    OWNER = "owner"
+    DUETIME = "duetime"
+
+
 class Phase(enum.StrEnum):
     """Where the job's current run is in the run path; internal, never shown by the API.
 
@@ -218,6 +225,35 @@ class Run:
     status_code: int | None = None
     error: str | None = None
     lateness_ms: int | None = None
+    # The job's spec_version this run ran under (a skipped occurrence: the one in force when it
+    # was skipped). History from before versions were kept reads as 1, the version every job
+    # had then.
+    spec_version: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Paused:
+    """What the pause of a paused job said (the Job's ``paused`` object): when it paused (None
+    for a job paused before this was kept), the owner's note, when Duetime resumes it by itself
+    (None: never), and who paused it (an owner's API key, or Duetime for pause_after_failures)."""
+
+    at: datetime | None
+    note: str | None
+    until: datetime | None
+    actor: ActorType
+    key_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PauseRequest:
+    """What a pause call asks besides the pause itself: a note, and a time to resume at."""
+
+    note: str | None = None
+    until: datetime | None = None
+
+
+#: A pause that says nothing more.
+PLAIN_PAUSE = PauseRequest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,3 +269,7 @@ class Job:
     created_at: datetime
     updated_at: datetime
     last_run: Run | None = None
+    # 1 at create, one more for each change that altered the spec (core/changes.py).
+    spec_version: int = 1
+    # While paused: what its pause said; None in any other state.
+    paused: Paused | None = None

@@ -206,6 +206,10 @@ class FencedRun:
     job_created_at: datetime | None = None
     last_success_for: datetime | None = None
     folded_from: datetime | None = None
+    # The job's spec_version as the API shows it (jobs.spec_revision, migration 0018) when the run
+    # was fenced: what its history row records and its target is told. None: a message of an
+    # engine before it (``spec_version`` then says the run path's own version, ``spec.version``).
+    spec_revision: int | None = None
 
     @property
     def public_id(self) -> uuid.UUID:
@@ -213,7 +217,9 @@ class FencedRun:
 
     @property
     def spec_version(self) -> int:
-        return self.spec.version
+        """The spec version the run runs under, as the API counts it (Duetime-Spec-Version).
+        Not ``spec.version``: that one counts only changes of timing and fences completions."""
+        return self.spec.version if self.spec_revision is None else self.spec_revision
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +264,8 @@ class RunContext:
         schedule = spec.schedule
         if isinstance(schedule, OneOffSchedule):  # one occurrence: nothing before it, nothing folded
             if run.last_success_for is None:
-                return _version_only(run.spec.version)  # a burst's run: no record made
-            return cls(run.spec.version, None, run.last_success_for)
+                return _version_only(run.spec_version)  # a burst's run: no record made
+            return cls(run.spec_version, None, run.last_success_for)
         previous = previous_occurrence(schedule, run.scheduled_for, run.job_created_at)
         folded_from = run.folded_from
         count = 0
@@ -267,7 +273,7 @@ class RunContext:
             count = folded_count(schedule, folded_from, run.scheduled_for)
             if count == 0:  # nothing the schedule defines lies between: nothing was folded
                 folded_from = None
-        return cls(run.spec.version, previous, run.last_success_for, count, folded_from)
+        return cls(run.spec_version, previous, run.last_success_for, count, folded_from)
 
     def headers(self) -> list[tuple[str, str]]:
         """The context as ``(header, value)`` pairs, in the order calls carry them: the spec

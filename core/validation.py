@@ -34,7 +34,7 @@ from datetime import UTC, date, datetime, timedelta
 from ipaddress import IPv6Address
 from typing import Any, NoReturn, TypeVar
 
-from duetime.core.codec import REDACTED
+from duetime.core.codec import REDACTED, format_time
 from duetime.core.errors import InvalidRequest, MalformedRequest
 from duetime.core.headers import is_reserved_header
 from duetime.core.interval import parse_every
@@ -52,6 +52,7 @@ from duetime.core.model import (
     OneOffSchedule,
     OnFailure,
     Overlap,
+    PauseRequest,
     QueueTarget,
     RetryPolicy,
     Schedule,
@@ -1004,6 +1005,64 @@ def parse_replay_request(data: object) -> datetime:
     obj = _object(data, None, "a JSON object")
     _check_keys(obj, ("scheduled_for",), "")
     return parse_time(_require(obj, "scheduled_for", ""), "scheduled_for")
+
+
+PAUSE_FIELDS = ("note", "until")
+#: The longest note a pause may carry (characters).
+PAUSE_NOTE_MAX = 500
+
+
+def parse_pause_fields(obj: dict[str, Any], *, now: datetime, limits: SpecLimits) -> PauseRequest:
+    """``note`` and ``until`` of a pause (``POST /v1/jobs/{id}/pause``'s body, and a bulk pause's
+    beside its selector); both optional, ``null`` as absent.
+
+    ``note``: text of at most ``PAUSE_NOTE_MAX`` characters (no control characters but line
+    breaks and tabs). ``until``: an RFC 3339 instant after ``now`` and no later than the horizon a
+    ``run_at`` has; anything else about it is 422 ``invalid_until``.
+    """
+    note = obj.get("note")
+    if note is not None:
+        if not isinstance(note, str):
+            _wrong_type("note", "a string", note)
+        note = _plain_text(note, "note")
+        if len(note) > PAUSE_NOTE_MAX or any(not c.isprintable() and c not in "\n\t" for c in note):
+            _invalid(
+                "note",
+                f"note must be text of at most {PAUSE_NOTE_MAX} characters without control characters "
+                f"(line breaks and tabs are fine); this one has {len(note)}",
+            )
+    raw = obj.get("until")
+    if raw is None:
+        return PauseRequest(note=note, until=None)
+    if not isinstance(raw, str):
+        _wrong_type("until", "an RFC 3339 timestamp string", raw)
+    try:
+        until = parse_time(raw, "until")
+    except InvalidRequest as exc:
+        raise InvalidRequest(exc.message, code="invalid_until", field="until") from None
+    horizon = now + timedelta(days=limits.run_at_horizon_days)
+    if until <= now:
+        _invalid(
+            "until",
+            f"until must be in the future; it is {format_time(until)}, and now is {format_time(now)}. "
+            "Leave it out to pause until a resume",
+            "invalid_until",
+        )
+    if until > horizon:
+        _invalid(
+            "until",
+            f"until is more than {limits.run_at_horizon_days} days ahead; pick an earlier time or leave "
+            "it out to pause until a resume",
+            "invalid_until",
+        )
+    return PauseRequest(note=note, until=until)
+
+
+def parse_pause_request(data: object, *, now: datetime, limits: SpecLimits) -> PauseRequest:
+    """The optional body of ``POST /v1/jobs/{id}/pause``: ``{"note", "until"}``."""
+    obj = _object(data, None, "a JSON object")
+    _check_keys(obj, PAUSE_FIELDS, "")
+    return parse_pause_fields(obj, now=now, limits=limits)
 
 
 PREVIEW_FIELDS = ("schedule", "count", "from")

@@ -214,20 +214,23 @@ def plan(client: DuetimeClient, specs: list[dict[str, Any]], *, prune: bool) -> 
     return steps
 
 
-def apply(client: DuetimeClient, steps: list[Step], *, say: Callable[[str], None]) -> dict[str, int]:
+def apply(
+    client: DuetimeClient, steps: list[Step], *, say: Callable[[str], None], reason: str | None = None
+) -> dict[str, int]:
     """Carry the plan out, one call per job, saying what each call did; counts by what happened.
 
     Every named job is PUT (not only those the plan thinks changed): the server is the judge, and
-    a PUT that changes nothing writes nothing."""
+    a PUT that changes nothing writes nothing. Each call carries ``reason``, which the change
+    history of every job it changes keeps."""
     done = {"created": 0, "updated": 0, "unchanged": 0, "cancelled": 0}
     for step in steps:
         if step.action == "cancel":
             assert step.job_id is not None
-            client.cancel_job(step.job_id)
+            client.cancel_job(step.job_id, reason=reason)
             done["cancelled"] += 1
             say(f"cancelled  {step.name}  {step.job_id}")
             continue
-        job = client.put_job_by_name(step.name, step.spec)
+        job = client.put_job_by_name(step.name, step.spec, reason=reason)
         if step.action == "create":
             what = "created"
         elif job.updated_at == step.updated_at:

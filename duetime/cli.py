@@ -555,10 +555,18 @@ def _add_jobs_parser(sub: Any) -> None:
         "-o", "--output", choices=("json", "table"), default=argparse.SUPPRESS, help="json or table"
     )
     actions = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
+    # Every action that changes a job takes a reason, which the job's change history keeps.
+    why = argparse.ArgumentParser(add_help=False)
+    why.add_argument(
+        "--reason",
+        metavar="TEXT",
+        help="why this change is made (at most 500 characters); kept in the job's change history "
+        "(duetime jobs changes ID)",
+    )
 
     create = actions.add_parser(
         "create",
-        parents=[conn],
+        parents=[conn, why],
         help="register a job from a JSON spec (file or stdin) and/or flags",
         description="The spec is read from --file (- for stdin); the flags fill in or override "
         "its fields. Without a file, --webhook-url (or --url) and one of --cron, --every or --run-at "
@@ -566,7 +574,7 @@ def _add_jobs_parser(sub: Any) -> None:
     )
     update = actions.add_parser(
         "update",
-        parents=[conn],
+        parents=[conn, why],
         help="change a job (PATCH): the fields of --file and the flags, the rest unchanged",
         description="Sends a PATCH: only the fields given change. A --cron or --run-at replaces the "
         "whole schedule; --webhook-url/--method change only those fields of the job's target.",
@@ -616,10 +624,18 @@ def _add_jobs_parser(sub: Any) -> None:
 
     for action in ("get", *_JOB_ACTIONS):
         verb = "cancel (DELETE)" if action == "cancel" else action
-        actions.add_parser(action, parents=[conn], help=f"{verb} a job").add_argument("job_id", metavar="ID")
-    for name, what in (("list", "jobs"), ("runs", "a job's runs, newest first")):
+        parents = [conn] if action == "get" else [conn, why]
+        one = actions.add_parser(action, parents=parents, help=f"{verb} a job")
+        one.add_argument("job_id", metavar="ID")
+        if action == "pause":
+            _add_pause_flags(one)
+    for name, what in (
+        ("list", "jobs"),
+        ("runs", "a job's runs, newest first"),
+        ("changes", "a job's change history, newest first: who changed what, when and why"),
+    ):
         listing = actions.add_parser(name, parents=[conn], help=f"list {what}")
-        if name == "runs":
+        if name in ("runs", "changes"):
             listing.add_argument("job_id", metavar="ID")
         else:
             listing.add_argument("--state", choices=("scheduled", "paused", "completed", "cancelled", "dead"))
@@ -633,18 +649,19 @@ def _add_jobs_parser(sub: Any) -> None:
 
     apply = actions.add_parser(
         "apply",
-        parents=[conn],
+        parents=[conn, why],
         help="create or update named jobs from a JSON or YAML list (a deploy script's jobs)",
         description="Each job in FILE (a JSON or YAML list of specs, each with a unique name) is PUT "
         "by name: created, updated, or left as it is. --prune cancels the owner's named jobs the "
-        "file does not list; --dry-run prints the plan and changes nothing.",
+        "file does not list; --dry-run prints the plan and changes nothing. Each change carries "
+        "--reason, by default 'duetime jobs apply FILE'.",
     )
     apply.add_argument("file", metavar="FILE", help="JSON, or YAML (.yaml/.yml); - reads stdin")
     apply.add_argument("--prune", action="store_true", help="cancel named jobs that are not in FILE")
     apply.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
 
     bulk = actions.add_parser(
-        "bulk", parents=[conn], help="pause, resume or cancel every job carrying some labels"
+        "bulk", parents=[conn, why], help="pause, resume or cancel every job carrying some labels"
     )
     bulk.add_argument("bulk_action", choices=("pause", "resume", "cancel"), metavar="pause|resume|cancel")
     bulk.add_argument(
@@ -658,10 +675,11 @@ def _add_jobs_parser(sub: Any) -> None:
     bulk.add_argument(
         "--once", action="store_true", help="one call (at most DUETIME_BULK_MAX jobs); default: until done"
     )
+    _add_pause_flags(bulk, only_pause=True)
 
     backfill = actions.add_parser(
         "backfill",
-        parents=[conn],
+        parents=[conn, why],
         help="run every occurrence of a recurring job in [--from, --to) again",
     )
     backfill.add_argument("job_id", metavar="ID")
@@ -684,6 +702,20 @@ def _add_jobs_parser(sub: Any) -> None:
     preview.add_argument("--every", help="preview an interval such as 90m")
     preview.add_argument("--start-at", help="RFC 3339 first occurrence of --every")
     preview.add_argument("--exclude", action="append", metavar="DATE[..DATE]", help="excluded local dates")
+
+
+def _add_pause_flags(parser: argparse.ArgumentParser, *, only_pause: bool = False) -> None:
+    what = " (bulk pause only)" if only_pause else ""
+    parser.add_argument(
+        "--note",
+        metavar="TEXT",
+        help=f"shown in the job's paused while it is paused (≤ 500 characters){what}",
+    )
+    parser.add_argument(
+        "--until",
+        metavar="TIME",
+        help=f"RFC 3339: the server resumes the job by itself then (its misfire policy applies){what}",
+    )
 
 
 class _JobsUsage(Exception):
@@ -821,15 +853,24 @@ def _apply(client: DuetimeClient, args: argparse.Namespace) -> None:
         }
         _say("plan: " + ", ".join(f"{n} to {a}" for a, n in counts.items()) + " (dry run: nothing changed)")
         return
-    done = apply_file.apply(client, steps, say=_say)
+    source = "stdin" if args.file == "-" else Path(args.file).name
+    reason = args.reason if args.reason is not None else f"duetime jobs apply {source}"
+    done = apply_file.apply(client, steps, say=_say, reason=reason)
     _say(", ".join(f"{n} {what}" for what, n in done.items()))
 
 
 def _bulk(client: DuetimeClient, args: argparse.Namespace) -> dict[str, Any]:
     labels = _labels_arg(args.label)
+    if args.bulk_action != "pause" and (args.note is not None or args.until is not None):
+        raise _JobsUsage("--note and --until go with bulk pause")
     total = {"matched": 0, "changed": 0, "more": False, "calls": 0}
     while True:
-        result = getattr(client, f"bulk_{args.bulk_action}")(labels, state=args.state)
+        if args.bulk_action == "pause":
+            result = client.bulk_pause(
+                labels, state=args.state, note=args.note, until=args.until, reason=args.reason
+            )
+        else:
+            result = getattr(client, f"bulk_{args.bulk_action}")(labels, state=args.state, reason=args.reason)
         total["matched"] += result.matched
         total["changed"] += result.changed
         total["more"] = result.more
@@ -849,7 +890,9 @@ def _jobs_call(client: DuetimeClient, args: argparse.Namespace) -> Any:
     if action == "bulk":
         return _bulk(client, args)
     if action == "create":
-        return client.create_job(_spec_from_args(args), idempotency_key=args.idempotency_key).raw
+        return client.create_job(
+            _spec_from_args(args), idempotency_key=args.idempotency_key, reason=args.reason
+        ).raw
     if action == "update":
         patch = _spec_from_args(args, patch=True)
         target = patch.get("target")
@@ -858,14 +901,16 @@ def _jobs_call(client: DuetimeClient, args: argparse.Namespace) -> Any:
             # PATCH replaces the target whole: start from the job's own (its header values come
             # back as the "<redacted>" placeholder, which the API keeps as they are).
             patch["target"] = {**client.get_job(args.job_id).raw["target"], **target}
-        return client.update_job(args.job_id, patch).raw
+        return client.update_job(args.job_id, patch, reason=args.reason).raw
     if action == "get":
         return client.get_job(args.job_id).raw
+    if action == "pause":
+        return client.pause_job(args.job_id, note=args.note, until=args.until, reason=args.reason).raw
     if action in _JOB_ACTIONS:
-        return getattr(client, f"{action}_job")(args.job_id).raw
+        return getattr(client, f"{action}_job")(args.job_id, reason=args.reason).raw
     if action == "backfill":
-        return client.backfill_job(args.job_id, args.start, args.end).raw
-    if action in ("list", "runs"):
+        return client.backfill_job(args.job_id, args.start, args.end, reason=args.reason).raw
+    if action in ("list", "runs", "changes"):
         if args.all and args.cursor is not None:
             raise _JobsUsage("--all starts at the first page; leave out --cursor")
         if action == "list":
@@ -882,6 +927,11 @@ def _jobs_call(client: DuetimeClient, args: argparse.Namespace) -> Any:
                 labels=labels,
                 name_prefix=args.name_prefix,
             ).raw
+        if action == "changes":
+            if args.all:
+                changes = client.iter_changes(args.job_id, page_size=args.limit)
+                return {"items": [change.raw for change in changes], "next_cursor": None}
+            return client.changes(args.job_id, limit=args.limit, cursor=args.cursor).raw
         if args.all:
             runs = client.iter_runs(args.job_id, page_size=args.limit)
             return {"items": [run.raw for run in runs], "next_cursor": None}
@@ -972,11 +1022,14 @@ _TABLE_COLUMNS: Final = {
     "job": ("id", "name", "state", "next_run_at", "schedule", "target"),
     "run": ("job_id", "scheduled_for", "attempt", "outcome", "status_code", "started_at", "error"),
     "occurrence": ("at", "wall_time", "due_at"),
+    "change": ("seq", "at", "action", "actor", "spec_version", "reason", "diff"),
 }
 _CELL_MAX: Final = 48
 
 
 def _row_kind(row: Mapping[str, Any]) -> str | None:
+    if "seq" in row and "action" in row:
+        return "change"
     if "state" in row and "schedule" in row:
         return "job"
     if "outcome" in row and "attempt" in row:
@@ -1010,6 +1063,16 @@ def _grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def _change_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A change record for a person: who as one word (the key's id, or duetime), the diff as the
+    fields it changed (``-o json`` has the values)."""
+    actor = row.get("actor") or {}
+    who = actor.get("key_id") or actor.get("type")
+    diff = row.get("diff") or {}
+    fields = "(whole spec)" if "" in diff else " ".join(diff) or None
+    return {**row, "actor": who, "diff": fields}
+
+
 def render_table(answer: Any) -> str:
     """A page (``items``), a preview (``occurrences``) or a list as rows and columns; a single
     object (a job, a backfill, a bulk answer) as field/value lines. ``-o json`` stays the format
@@ -1035,6 +1098,8 @@ def render_table(answer: Any) -> str:
     if len(dicts) != len(rows):
         return "\n".join(_cell(r) for r in rows) + footer
     kind = _row_kind(dicts[0])
+    if kind == "change":
+        dicts = [_change_row(r) for r in dicts]
     if kind is not None:
         header = [c for c in _TABLE_COLUMNS[kind] if any(c in r for r in dicts)]
     else:

@@ -46,6 +46,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "BulkResult",
+    "Change",
     "ClientRequestError",
     "ConflictError",
     "CronScheduleSpec",
@@ -86,6 +87,9 @@ URL_ENV: Final = "DUETIME_URL"
 API_KEY_ENV: Final = "DUETIME_API_KEY"
 RETRIED_STATUSES: Final = frozenset({429, 503})
 USER_AGENT: Final = "duetime-client/1"
+#: The header that carries a change's reason (printable, at most 500 characters): every call that
+#: changes a job takes ``reason=``, and the job's change history (``changes()``) keeps it.
+REASON_HEADER: Final = "Duetime-Reason"
 
 T = TypeVar("T")
 
@@ -312,6 +316,10 @@ def _opt_time(value: Any) -> datetime | None:
     return None if value is None else _time(value)
 
 
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 @dataclass(frozen=True, slots=True)
 class Run:
     """One attempt of one occurrence (or a skipped occurrence); ``raw`` is the JSON as received."""
@@ -325,6 +333,8 @@ class Run:
     error: str | None
     lateness_ms: int | None
     raw: dict[str, Any] = field(repr=False, compare=False)
+    # The job's spec_version the run ran under (None from a server without change history).
+    spec_version: int | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Run:
@@ -338,6 +348,7 @@ class Run:
             error=data.get("error"),
             lateness_ms=data.get("lateness_ms"),
             raw=dict(data),
+            spec_version=_opt_int(data.get("spec_version")),
         )
 
 
@@ -369,6 +380,10 @@ class Job:
     pause_after_failures: int | None = None
     # The job's stable spread window (seconds): every occurrence is due at a fixed offset in it.
     spread_s: int = 0
+    # 1 at create, one more per change of the spec (None from a server without change history).
+    spec_version: int | None = None
+    # While paused: {"at", "note", "until", "actor": {"type", "key_id"}}; None otherwise.
+    paused: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Job:
@@ -398,6 +413,40 @@ class Job:
                 None if data.get("pause_after_failures") is None else int(data["pause_after_failures"])
             ),
             spread_s=int(data.get("spread_s", 0)),
+            spec_version=_opt_int(data.get("spec_version")),
+            paused=None if data.get("paused") is None else dict(data["paused"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One record of a job's change history: who changed it (``actor_type`` "owner" with the API
+    key's id, or "duetime"), what (``action``), why (``reason``), the job's ``spec_version`` after
+    it, and how the spec moved (``diff``: JSON Pointer -> ``{"from", "to"}``, secrets redacted)."""
+
+    seq: int
+    at: datetime
+    actor_type: str
+    key_id: str | None
+    action: str
+    reason: str | None
+    spec_version: int
+    diff: dict[str, Any]
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Change:
+        actor = data.get("actor") or {}
+        return cls(
+            seq=int(data["seq"]),
+            at=_time(data["at"]),
+            actor_type=str(actor.get("type")),
+            key_id=actor.get("key_id"),
+            action=str(data["action"]),
+            reason=data.get("reason"),
+            spec_version=int(data["spec_version"]),
+            diff=dict(data.get("diff") or {}),
+            raw=dict(data),
         )
 
 
@@ -537,6 +586,10 @@ def _run_page(data: Mapping[str, Any]) -> Page[Run]:
     return Page([Run.from_json(r) for r in data["items"]], data.get("next_cursor"), dict(data))
 
 
+def _change_page(data: Mapping[str, Any]) -> Page[Change]:
+    return Page([Change.from_json(c) for c in data["items"]], data.get("next_cursor"), dict(data))
+
+
 # --- operations: one description per /v1 call, shared by both clients ------------------------------
 
 
@@ -561,6 +614,23 @@ def _job_path(job_id: str, suffix: str = "") -> str:
 def _name_path(name: str) -> str:
     # A name may hold "/" and ":"; they are sent as they are (the server takes %2F too).
     return "/v1/jobs/by-name/" + urllib.parse.quote(name, safe="/:")
+
+
+def _reason(reason: str | None, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The headers of a call that changes a job: ``headers`` and, when given, its reason."""
+    out = dict(headers or {})
+    if reason is not None:
+        out[REASON_HEADER] = reason
+    return out
+
+
+def _pause_body(note: str | None, until: datetime | str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if note is not None:
+        body["note"] = note
+    if until is not None:
+        body["until"] = _rfc3339(until)
+    return body
 
 
 def _label_query(labels: Mapping[str, str] | None) -> list[str]:
@@ -591,8 +661,10 @@ class Operations:
     """
 
     @staticmethod
-    def create_job(spec: Mapping[str, Any], idempotency_key: str | None = None) -> Operation[Job]:
-        headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+    def create_job(
+        spec: Mapping[str, Any], idempotency_key: str | None = None, reason: str | None = None
+    ) -> Operation[Job]:
+        headers = _reason(reason, {} if idempotency_key is None else {"Idempotency-Key": idempotency_key})
         return Operation(
             "POST",
             "/v1/jobs",
@@ -625,45 +697,107 @@ class Operations:
         return Operation("GET", _name_path(name), Job.from_json, idempotent=True)
 
     @staticmethod
-    def put_job_by_name(name: str, spec: Mapping[str, Any]) -> Operation[Job]:
+    def put_job_by_name(name: str, spec: Mapping[str, Any], reason: str | None = None) -> Operation[Job]:
         """Create or update the named job; the same PUT twice is the PUT once, so it may be resent."""
         return Operation(
-            "PUT", _name_path(name), Job.from_json, body=dict(spec), has_body=True, idempotent=True
+            "PUT",
+            _name_path(name),
+            Job.from_json,
+            body=dict(spec),
+            has_body=True,
+            headers=_reason(reason),
+            idempotent=True,
         )
 
     @staticmethod
     def bulk_action(
-        action: Literal["pause", "resume", "cancel"], labels: Mapping[str, str], state: str | None = None
+        action: Literal["pause", "resume", "cancel"],
+        labels: Mapping[str, str],
+        state: str | None = None,
+        reason: str | None = None,
+        pause: Mapping[str, Any] | None = None,
     ) -> Operation[BulkResult]:
-        body: dict[str, Any] = {"labels": dict(labels)}
+        """``pause``: a bulk pause's ``note`` and ``until`` (see ``pause_job``)."""
+        body: dict[str, Any] = {"labels": dict(labels), **(pause or {})}
         if state is not None:
             body["state"] = state
-        return Operation("POST", f"/v1/jobs/bulk/{action}", BulkResult.from_json, body=body, has_body=True)
-
-    @staticmethod
-    def update_job(job_id: str, patch: Mapping[str, Any]) -> Operation[Job]:
         return Operation(
-            "PATCH", _job_path(job_id), Job.from_json, body=dict(patch), has_body=True, idempotent=True
+            "POST",
+            f"/v1/jobs/bulk/{action}",
+            BulkResult.from_json,
+            body=body,
+            has_body=True,
+            headers=_reason(reason),
         )
 
     @staticmethod
-    def cancel_job(job_id: str) -> Operation[Job]:
-        return Operation("DELETE", _job_path(job_id), Job.from_json, idempotent=True)
+    def update_job(job_id: str, patch: Mapping[str, Any], reason: str | None = None) -> Operation[Job]:
+        return Operation(
+            "PATCH",
+            _job_path(job_id),
+            Job.from_json,
+            body=dict(patch),
+            has_body=True,
+            headers=_reason(reason),
+            idempotent=True,
+        )
 
     @staticmethod
-    def job_action(job_id: str, action: Literal["pause", "resume", "trigger", "replay"]) -> Operation[Job]:
-        return Operation("POST", _job_path(job_id, "/" + action), Job.from_json)
+    def cancel_job(job_id: str, reason: str | None = None) -> Operation[Job]:
+        return Operation("DELETE", _job_path(job_id), Job.from_json, headers=_reason(reason), idempotent=True)
 
     @staticmethod
-    def backfill_job(job_id: str, start: datetime | str, end: datetime | str) -> Operation[Backfill]:
+    def job_action(
+        job_id: str, action: Literal["pause", "resume", "trigger", "replay"], reason: str | None = None
+    ) -> Operation[Job]:
+        return Operation("POST", _job_path(job_id, "/" + action), Job.from_json, headers=_reason(reason))
+
+    @staticmethod
+    def pause_job(
+        job_id: str,
+        note: str | None = None,
+        until: datetime | str | None = None,
+        reason: str | None = None,
+    ) -> Operation[Job]:
+        """Without ``note`` and ``until`` as ``job_action(job_id, "pause")``; with them, the body
+        ``{"note", "until"}``: the note is shown while paused, and the server resumes the job at
+        ``until`` by itself."""
+        body = _pause_body(note, until)
+        return Operation(
+            "POST",
+            _job_path(job_id, "/pause"),
+            Job.from_json,
+            body=body or None,
+            has_body=bool(body),
+            headers=_reason(reason),
+        )
+
+    @staticmethod
+    def backfill_job(
+        job_id: str, start: datetime | str, end: datetime | str, reason: str | None = None
+    ) -> Operation[Backfill]:
         """Not idempotent (a second call queues the occurrences again), so never resent."""
         body = {"from": _rfc3339(start), "to": _rfc3339(end)}
-        return Operation("POST", _job_path(job_id, "/backfill"), Backfill.from_json, body=body, has_body=True)
+        return Operation(
+            "POST",
+            _job_path(job_id, "/backfill"),
+            Backfill.from_json,
+            body=body,
+            has_body=True,
+            headers=_reason(reason),
+        )
 
     @staticmethod
     def list_runs(job_id: str, limit: int | None = None, cursor: str | None = None) -> Operation[Page[Run]]:
         query = _query(limit=limit, cursor=cursor)
         return Operation("GET", _job_path(job_id, "/runs"), _run_page, query=query, idempotent=True)
+
+    @staticmethod
+    def list_changes(
+        job_id: str, limit: int | None = None, cursor: str | None = None
+    ) -> Operation[Page[Change]]:
+        query = _query(limit=limit, cursor=cursor)
+        return Operation("GET", _job_path(job_id, "/changes"), _change_page, query=query, idempotent=True)
 
     @staticmethod
     def preview_schedule(
@@ -902,7 +1036,13 @@ class DuetimeClient(_Base):
         conn = self._connection()
         try:
             # No redirect is followed (http.client follows none): a 3xx would carry the key elsewhere.
-            conn.request(op.method, path, body=self._body_for(op), headers=self._headers_for(op))
+            headers: dict[str, str | bytes] = {
+                # http.client would send a str as Latin-1 (or fail): a reason goes as UTF-8 bytes,
+                # as aiohttp sends it and the server reads it.
+                k: (v if v.isascii() else v.encode())
+                for k, v in self._headers_for(op).items()
+            }
+            conn.request(op.method, path, body=self._body_for(op), headers=headers)
             response = conn.getresponse()
             body = response.read()
         except TimeoutError as exc:
@@ -921,8 +1061,15 @@ class DuetimeClient(_Base):
 
     # The calls, one per /v1 endpoint.
 
-    def create_job(self, spec: JobSpec | Mapping[str, Any], *, idempotency_key: str | None = None) -> Job:
-        return self.send(Operations.create_job(spec, idempotency_key))
+    def create_job(
+        self,
+        spec: JobSpec | Mapping[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        reason: str | None = None,
+    ) -> Job:
+        """``reason`` (here and on every call that changes a job): why, kept in its change history."""
+        return self.send(Operations.create_job(spec, idempotency_key, reason))
 
     def get_job(self, job_id: str) -> Job:
         return self.send(Operations.get_job(job_id))
@@ -956,39 +1103,65 @@ class DuetimeClient(_Base):
     def get_job_by_name(self, name: str) -> Job:
         return self.send(Operations.get_job_by_name(name))
 
-    def put_job_by_name(self, name: str, spec: JobSpec | Mapping[str, Any]) -> Job:
-        return self.send(Operations.put_job_by_name(name, spec))
+    def put_job_by_name(
+        self, name: str, spec: JobSpec | Mapping[str, Any], *, reason: str | None = None
+    ) -> Job:
+        return self.send(Operations.put_job_by_name(name, spec, reason))
 
-    def bulk_pause(self, labels: Mapping[str, str], *, state: str | None = None) -> BulkResult:
-        return self.send(Operations.bulk_action("pause", labels, state))
+    def bulk_pause(
+        self,
+        labels: Mapping[str, str],
+        *,
+        state: str | None = None,
+        note: str | None = None,
+        until: datetime | str | None = None,
+        reason: str | None = None,
+    ) -> BulkResult:
+        """Pause every scheduled job carrying ``labels``; ``note`` and ``until`` as for ``pause_job``."""
+        return self.send(Operations.bulk_action("pause", labels, state, reason, _pause_body(note, until)))
 
-    def bulk_resume(self, labels: Mapping[str, str], *, state: str | None = None) -> BulkResult:
-        return self.send(Operations.bulk_action("resume", labels, state))
+    def bulk_resume(
+        self, labels: Mapping[str, str], *, state: str | None = None, reason: str | None = None
+    ) -> BulkResult:
+        return self.send(Operations.bulk_action("resume", labels, state, reason))
 
-    def bulk_cancel(self, labels: Mapping[str, str], *, state: str | None = None) -> BulkResult:
-        return self.send(Operations.bulk_action("cancel", labels, state))
+    def bulk_cancel(
+        self, labels: Mapping[str, str], *, state: str | None = None, reason: str | None = None
+    ) -> BulkResult:
+        return self.send(Operations.bulk_action("cancel", labels, state, reason))
 
-    def update_job(self, job_id: str, patch: Mapping[str, Any]) -> Job:
-        return self.send(Operations.update_job(job_id, patch))
+    def update_job(self, job_id: str, patch: Mapping[str, Any], *, reason: str | None = None) -> Job:
+        return self.send(Operations.update_job(job_id, patch, reason))
 
-    def cancel_job(self, job_id: str) -> Job:
-        return self.send(Operations.cancel_job(job_id))
+    def cancel_job(self, job_id: str, *, reason: str | None = None) -> Job:
+        return self.send(Operations.cancel_job(job_id, reason))
 
-    def pause_job(self, job_id: str) -> Job:
-        return self.send(Operations.job_action(job_id, "pause"))
+    def pause_job(
+        self,
+        job_id: str,
+        *,
+        note: str | None = None,
+        until: datetime | str | None = None,
+        reason: str | None = None,
+    ) -> Job:
+        """Pause the job: ``note`` is shown in its ``paused`` while paused, and at ``until`` (an
+        aware datetime or RFC 3339) the server resumes it by itself."""
+        return self.send(Operations.pause_job(job_id, note, until, reason))
 
-    def resume_job(self, job_id: str) -> Job:
-        return self.send(Operations.job_action(job_id, "resume"))
+    def resume_job(self, job_id: str, *, reason: str | None = None) -> Job:
+        return self.send(Operations.job_action(job_id, "resume", reason))
 
-    def trigger_job(self, job_id: str) -> Job:
-        return self.send(Operations.job_action(job_id, "trigger"))
+    def trigger_job(self, job_id: str, *, reason: str | None = None) -> Job:
+        return self.send(Operations.job_action(job_id, "trigger", reason))
 
-    def replay_job(self, job_id: str) -> Job:
-        return self.send(Operations.job_action(job_id, "replay"))
+    def replay_job(self, job_id: str, *, reason: str | None = None) -> Job:
+        return self.send(Operations.job_action(job_id, "replay", reason))
 
-    def backfill_job(self, job_id: str, start: datetime | str, end: datetime | str) -> Backfill:
+    def backfill_job(
+        self, job_id: str, start: datetime | str, end: datetime | str, *, reason: str | None = None
+    ) -> Backfill:
         """Run every occurrence of a recurring job in [start, end) again (see docs/api.md)."""
-        return self.send(Operations.backfill_job(job_id, start, end))
+        return self.send(Operations.backfill_job(job_id, start, end, reason))
 
     def list_runs(self, job_id: str, *, limit: int | None = None, cursor: str | None = None) -> Page[Run]:
         return self.send(Operations.list_runs(job_id, limit, cursor))
@@ -996,6 +1169,14 @@ class DuetimeClient(_Base):
     def iter_runs(self, job_id: str, *, page_size: int | None = None) -> Iterator[Run]:
         """The job's whole history, newest first."""
         return _pages(lambda cursor: self.list_runs(job_id, limit=page_size, cursor=cursor))
+
+    def changes(self, job_id: str, *, limit: int | None = None, cursor: str | None = None) -> Page[Change]:
+        """A page of the job's change history, newest first (``iter_changes`` walks all of it)."""
+        return self.send(Operations.list_changes(job_id, limit, cursor))
+
+    def iter_changes(self, job_id: str, *, page_size: int | None = None) -> Iterator[Change]:
+        """The job's whole change history, newest first."""
+        return _pages(lambda cursor: self.changes(job_id, limit=page_size, cursor=cursor))
 
     def preview_schedule(
         self,
@@ -1114,9 +1295,13 @@ class AsyncDuetimeClient(_Base):
             raise DuetimeConnectionError(f"cannot reach {self.url}: {exc}", url=url) from exc
 
     async def create_job(
-        self, spec: JobSpec | Mapping[str, Any], *, idempotency_key: str | None = None
+        self,
+        spec: JobSpec | Mapping[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        reason: str | None = None,
     ) -> Job:
-        return await self.send(Operations.create_job(spec, idempotency_key))
+        return await self.send(Operations.create_job(spec, idempotency_key, reason))
 
     async def get_job(self, job_id: str) -> Job:
         return await self.send(Operations.get_job(job_id))
@@ -1150,39 +1335,67 @@ class AsyncDuetimeClient(_Base):
     async def get_job_by_name(self, name: str) -> Job:
         return await self.send(Operations.get_job_by_name(name))
 
-    async def put_job_by_name(self, name: str, spec: JobSpec | Mapping[str, Any]) -> Job:
-        return await self.send(Operations.put_job_by_name(name, spec))
+    async def put_job_by_name(
+        self, name: str, spec: JobSpec | Mapping[str, Any], *, reason: str | None = None
+    ) -> Job:
+        return await self.send(Operations.put_job_by_name(name, spec, reason))
 
-    async def bulk_pause(self, labels: Mapping[str, str], *, state: str | None = None) -> BulkResult:
-        return await self.send(Operations.bulk_action("pause", labels, state))
+    async def bulk_pause(
+        self,
+        labels: Mapping[str, str],
+        *,
+        state: str | None = None,
+        note: str | None = None,
+        until: datetime | str | None = None,
+        reason: str | None = None,
+    ) -> BulkResult:
+        """Pause every scheduled job carrying ``labels``; ``note`` and ``until`` as for ``pause_job``."""
+        return await self.send(
+            Operations.bulk_action("pause", labels, state, reason, _pause_body(note, until))
+        )
 
-    async def bulk_resume(self, labels: Mapping[str, str], *, state: str | None = None) -> BulkResult:
-        return await self.send(Operations.bulk_action("resume", labels, state))
+    async def bulk_resume(
+        self, labels: Mapping[str, str], *, state: str | None = None, reason: str | None = None
+    ) -> BulkResult:
+        return await self.send(Operations.bulk_action("resume", labels, state, reason))
 
-    async def bulk_cancel(self, labels: Mapping[str, str], *, state: str | None = None) -> BulkResult:
-        return await self.send(Operations.bulk_action("cancel", labels, state))
+    async def bulk_cancel(
+        self, labels: Mapping[str, str], *, state: str | None = None, reason: str | None = None
+    ) -> BulkResult:
+        return await self.send(Operations.bulk_action("cancel", labels, state, reason))
 
-    async def update_job(self, job_id: str, patch: Mapping[str, Any]) -> Job:
-        return await self.send(Operations.update_job(job_id, patch))
+    async def update_job(self, job_id: str, patch: Mapping[str, Any], *, reason: str | None = None) -> Job:
+        return await self.send(Operations.update_job(job_id, patch, reason))
 
-    async def cancel_job(self, job_id: str) -> Job:
-        return await self.send(Operations.cancel_job(job_id))
+    async def cancel_job(self, job_id: str, *, reason: str | None = None) -> Job:
+        return await self.send(Operations.cancel_job(job_id, reason))
 
-    async def pause_job(self, job_id: str) -> Job:
-        return await self.send(Operations.job_action(job_id, "pause"))
+    async def pause_job(
+        self,
+        job_id: str,
+        *,
+        note: str | None = None,
+        until: datetime | str | None = None,
+        reason: str | None = None,
+    ) -> Job:
+        """Pause the job: ``note`` is shown in its ``paused`` while paused, and at ``until`` (an
+        aware datetime or RFC 3339) the server resumes it by itself."""
+        return await self.send(Operations.pause_job(job_id, note, until, reason))
 
-    async def resume_job(self, job_id: str) -> Job:
-        return await self.send(Operations.job_action(job_id, "resume"))
+    async def resume_job(self, job_id: str, *, reason: str | None = None) -> Job:
+        return await self.send(Operations.job_action(job_id, "resume", reason))
 
-    async def trigger_job(self, job_id: str) -> Job:
-        return await self.send(Operations.job_action(job_id, "trigger"))
+    async def trigger_job(self, job_id: str, *, reason: str | None = None) -> Job:
+        return await self.send(Operations.job_action(job_id, "trigger", reason))
 
-    async def replay_job(self, job_id: str) -> Job:
-        return await self.send(Operations.job_action(job_id, "replay"))
+    async def replay_job(self, job_id: str, *, reason: str | None = None) -> Job:
+        return await self.send(Operations.job_action(job_id, "replay", reason))
 
-    async def backfill_job(self, job_id: str, start: datetime | str, end: datetime | str) -> Backfill:
+    async def backfill_job(
+        self, job_id: str, start: datetime | str, end: datetime | str, *, reason: str | None = None
+    ) -> Backfill:
         """Run every occurrence of a recurring job in [start, end) again (see docs/api.md)."""
-        return await self.send(Operations.backfill_job(job_id, start, end))
+        return await self.send(Operations.backfill_job(job_id, start, end, reason))
 
     async def list_runs(
         self, job_id: str, *, limit: int | None = None, cursor: str | None = None
@@ -1192,6 +1405,16 @@ class AsyncDuetimeClient(_Base):
     def iter_runs(self, job_id: str, *, page_size: int | None = None) -> AsyncIterator[Run]:
         """The job's whole history, newest first."""
         return _async_pages(lambda cursor: self.list_runs(job_id, limit=page_size, cursor=cursor))
+
+    async def changes(
+        self, job_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> Page[Change]:
+        """A page of the job's change history, newest first (``iter_changes`` walks all of it)."""
+        return await self.send(Operations.list_changes(job_id, limit, cursor))
+
+    def iter_changes(self, job_id: str, *, page_size: int | None = None) -> AsyncIterator[Change]:
+        """The job's whole change history, newest first."""
+        return _async_pages(lambda cursor: self.changes(job_id, limit=page_size, cursor=cursor))
 
     async def preview_schedule(
         self,

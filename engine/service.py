@@ -54,6 +54,9 @@ class EngineConfig:
     # own (which the claim loop then claims like any due row); and how often each shard looks.
     overlap_horizon_s: float = 2.0
     overlap_interval_s: float = 0.5
+    # Pauses with an "until": how often each shard looks for those that ended (their jobs are
+    # resumed then, and claimed right after: an ended pause is at most this late).
+    pause_end_interval_s: float = 1.0
 
 
 class Engine:
@@ -330,6 +333,7 @@ class Engine:
         cfg = self.config
         wake = self._wakeups[shard]
         next_overlap_scan = 0.0
+        next_pause_scan = 0.0
         answer_lost = False
         failing = False
         backoff = Backoff(cfg.poll_interval_s, max(cfg.poll_interval_s, 2.0))
@@ -338,6 +342,9 @@ class Engine:
             if not failing and time.monotonic() >= next_overlap_scan:
                 next_overlap_scan = time.monotonic() + cfg.overlap_interval_s
                 await self._split_overlapping(shard)
+            if not failing and time.monotonic() >= next_pause_scan:
+                next_pause_scan = time.monotonic() + cfg.pause_end_interval_s
+                await self._end_pauses(shard)
             try:
                 if answer_lost:
                     rows = await self._take_back(shard)
@@ -425,6 +432,17 @@ class Engine:
                     break
         except Exception:
             log.exception("overlap scan on shard %d failed; the next round retries", shard)
+
+    async def _end_pauses(self, shard: int) -> None:
+        """Before claiming: jobs whose pause ended (``until``) are resumed, once whichever engines
+        look, and the claim right after takes those that are due (their misfire policy applies)."""
+        try:
+            while (n := await self._store.end_pauses(shard, limit=500)) > 0:
+                metrics.PAUSES_ENDED.inc(n)
+                if n < 500:
+                    break
+        except Exception:
+            log.exception("the look for ended pauses on shard %d failed; the next round retries", shard)
 
     def _claim_slack_s(self) -> float:
         """How much longer than a lease a claim made now should last: the time the fencer's

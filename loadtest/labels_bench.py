@@ -46,6 +46,9 @@ def _batch(labels: dict[str, str], n: int = 500) -> list[list[Any]]:
         [0] * n,
         [now] * n,
         [None] * n,
+        [None] * n,  # the change records' key ids, reasons and diffs (migration 0018)
+        [None] * n,
+        [json.dumps({"": {"from": None, "to": spec}})] * n,
     ]
 
 

@@ -91,6 +91,10 @@ OVERLAP_SPLITS = Counter(
     "duetime_overlap_splits_total",
     "Occurrences of overlap=allow jobs started in a row of their own because the previous run was in flight",
 )
+PAUSES_ENDED = Counter(
+    "duetime_pauses_ended_total",
+    "Jobs resumed by Duetime because their pause's until came (auto_resume)",
+)
 OLDEST_UNCLAIMED_DUE = Gauge(
     "duetime_oldest_unclaimed_due_seconds",
     "Age of the oldest due row of the shard that no engine has claimed (0 = none waits)",

@@ -16,7 +16,8 @@ row's own text can reuse its parse at the completion. A 13th field (the parent o
 row) is optional: messages of older engines lack it. So are the three after it, the run's context
 as the fence read it (``FencedRun.job_created_at``, ``last_success_for``, ``folded_from``, each µs
 since the epoch or nil): a message without them decodes with none, and a worker of the release
-before reads the fields it knows and ignores these.
+before reads the fields it knows and ignores these. The 17th, as optional, is the spec version as
+the API counts it (``FencedRun.spec_revision``, migration 0018), which the target is told.
 
 **Run bundle** (format 2): runs of one shard that one engine published together, in one message:
 ``[2, publisher, run, run, ...]``, each run the fields of format 1 after the publisher. In a burst a
@@ -225,6 +226,7 @@ def _fields(run: FencedRun) -> list[Any]:
         _us_or_none(run.job_created_at),
         _us_or_none(run.last_success_for),
         _us_or_none(run.folded_from),
+        run.spec_revision,
     ]
 
 
@@ -293,6 +295,7 @@ def _run_of(fields: list[Any]) -> FencedRun:
         job_created_at=_time_or_none(fields, 11),
         last_success_for=_time_or_none(fields, 12),
         folded_from=_time_or_none(fields, 13),
+        spec_revision=int(fields[14]) if len(fields) > 14 and fields[14] is not None else None,
     )
 
 

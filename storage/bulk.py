@@ -3,8 +3,9 @@
 Registering a million jobs through the API takes longer than the burst it is meant to set up, so
 the benchmarks write rows straight into storage, exactly as ``PostgresStore.create_job`` would
 have written them (same columns, same id scheme, same initial plan), but in one COPY per chunk.
-Never used on the request path: it skips idempotency keys and the NOTIFY hint (engines find the
-rows at their next poll).
+Never used on the request path: it skips idempotency keys, the jobs' change records (a seeded
+job's history of changes starts empty) and the NOTIFY hint (engines find the rows at their next
+poll).
 """
 
 from __future__ import annotations

@@ -66,6 +66,9 @@ class LockedRow(NamedTuple):
     fenced_attempt: int | None
     fenced_version: int | None
     fenced_kind: str | None
+    # The API's spec_version, and what the fence found of it (migration 0018: ran_under).
+    spec_revision: int
+    fenced_revision: int | None
 
     def plan(self) -> RowPlan:
         """The scheduling columns as the core's ``RowPlan``."""
@@ -234,6 +237,15 @@ def _running(row: LockedRow) -> FencedRun:
     )
 
 
+def ran_under(row: LockedRow) -> int:
+    """The spec_version (the API's: ``spec_revision``, migration 0018) the attempt of a row read by
+    ``lock_for_completion`` ran under: what its fence recorded under this lease, so a PATCH during
+    the call does not move it; the row's own for a run fenced by a process of an earlier release."""
+    if row.fenced_revision is not None and row.fenced_token == row.lease_token:
+        return row.fenced_revision
+    return row.spec_revision
+
+
 def locked_spec(text: str, rep: AttemptReport | None) -> JobSpec:
     """The spec of a row read by ``lock_for_completion`` (``text``, as the row holds it): the
     attempt's own parsed spec when the text is unchanged since its fence, otherwise decoded."""
@@ -346,6 +358,7 @@ class CompletionBatch:
             status_code=verdict.status_code,
             error=history_error(spec, rep, due, now),
             lateness_ms=lateness_ms(rep, due),
+            spec_version=ran_under(row),
         )
         last = self._history(row, run, rep.lease_token)
         current = row.plan()
@@ -507,6 +520,7 @@ class CompletionBatch:
                     finished_at=now,
                     outcome=Outcome.SKIPPED,
                     error=error,
+                    spec_version=row.spec_revision,
                 ),
                 row.lease_token,
             )

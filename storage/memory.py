@@ -28,11 +28,33 @@ from typing import Any
 
 from duetime.core import codec, jitter, misfire
 from duetime.core.backfill import plan_backfill, require_room
+from duetime.core.changes import (
+    AUTO_PAUSE_REASON,
+    AUTO_RESUME_REASON,
+    UNNAMED,
+    ActorType,
+    Change,
+    ChangeAction,
+    ChangeBy,
+    creation_diff,
+    spec_diff,
+)
 from duetime.core.errors import InvalidRequest, NotFound, StorageUnavailable
 from duetime.core.failures import FailureEvent
 from duetime.core.ids import SHARDS, new_job_id, shard_of
 from duetime.core.lifecycle import OwnerStep, RowPlan, initial_plan, owner_step, split_point, update_step
-from duetime.core.model import Job, JobSpec, JobState, Overlap, Phase, Run, TargetState
+from duetime.core.model import (
+    PLAIN_PAUSE,
+    Job,
+    JobSpec,
+    JobState,
+    Overlap,
+    Paused,
+    PauseRequest,
+    Phase,
+    Run,
+    TargetState,
+)
 from duetime.core.runpath import (
     AttemptReport,
     Claim,
@@ -81,11 +103,14 @@ from duetime.storage.ports import (
 from duetime.storage.registry_rules import (
     BULK_TARGET,
     bulk_states,
+    change_cursor,
     check_trigger_step,
+    encode_change_cursor,
     encode_cursor,
     encode_owner_runs_cursor,
     hash_key,
     job_cursor,
+    key_prefix,
     name_taken,
     owner_runs_cursor,
     refuse_apply,
@@ -153,6 +178,11 @@ class _Row:
     last_success_for: datetime | None = None
     folded_from: datetime | None = None
     folded_into: datetime | None = None
+    # The API's spec_version (migration 0018), and what the fence found of it.
+    spec_revision: int = 1
+    fenced_revision: int | None = None
+    # What the pause of a paused job said (migration 0020); None while not paused.
+    pause: Paused | None = None
 
     def locked(self) -> LockedRow:
         """The row as ``lock_for_completion`` reads it (the spec as its text)."""
@@ -183,6 +213,8 @@ class _Row:
             fenced_attempt=self.fenced_attempt,
             fenced_version=self.fenced_version,
             fenced_kind=self.fenced_kind,
+            spec_revision=self.spec_revision,
+            fenced_revision=self.fenced_revision,
         )
 
     def plan(self) -> RowPlan:
@@ -208,6 +240,8 @@ class _Row:
             created_at=self.created_at,
             updated_at=self.updated_at,
             last_run=codec.run_from_json(self.last_run) if self.last_run else None,
+            spec_version=self.spec_revision,
+            paused=self.pause if self.state == JobState.PAUSED else None,
         )
 
     def give_back_claim(self) -> None:
@@ -367,6 +401,7 @@ class MemoryStore:
         self._notify_horizon = timedelta(seconds=notify_horizon_s)
         self._jobs: dict[uuid.UUID, _Row] = {}
         self._runs: list[_HistoryRow] = []
+        self._changes: dict[uuid.UUID, list[Change]] = {}  # job_changes, by job, oldest first
         self._next_run_id = 1
         self._idempotency: dict[tuple[str, str], _IdempotencyKey] = {}
         self._owners: dict[str, str] = {}
@@ -426,10 +461,40 @@ class MemoryStore:
         self._runs.append(_HistoryRow(self._next_run_id, job_id, shard, run, token))
         self._next_run_id += 1
 
+    def _record(
+        self,
+        row: _Row,
+        action: ChangeAction,
+        by: ChangeBy,
+        diff: dict[str, Any] | None = None,
+        *,
+        actor: ActorType = ActorType.OWNER,
+        at: datetime | None = None,
+    ) -> None:
+        """record_changes for one job (storage/sql/changes.sql), after its row was written."""
+        records = self._changes.setdefault(row.job_id, [])
+        records.append(
+            Change(
+                seq=len(records) + 1,
+                at=self._now() if at is None else at,
+                actor=actor,
+                key_id=by.key_id,
+                action=action,
+                reason=by.reason,
+                spec_version=row.spec_revision,
+                diff=json.loads(json.dumps(diff or {})),
+            )
+        )
+
     # ------------------------------------------------------------------ registry
 
     async def create_job(
-        self, owner: str, spec: JobSpec, *, idempotency: IdempotencyRequest | None = None
+        self,
+        owner: str,
+        spec: JobSpec,
+        *,
+        idempotency: IdempotencyRequest | None = None,
+        by: ChangeBy = UNNAMED,
     ) -> tuple[Job, bool]:
         self._check()
         now = self._now()
@@ -470,6 +535,7 @@ class MemoryStore:
             split_at=split_point(spec, plan),
         )
         self._jobs[job_id] = row
+        self._record(row, ChangeAction.CREATE, by, creation_diff(row.spec), at=now)
         self._due_soon(shard, plan, now)
         if idempotency is None:
             # As the PostgreSQL store answers a batched insert: the spec as given.
@@ -536,6 +602,8 @@ class MemoryStore:
         revoke: bool,
         spec: dict[str, Any] | None = None,
         spec_version: int | None = None,
+        pause: PauseRequest = PLAIN_PAUSE,
+        by: ChangeBy = UNNAMED,
     ) -> Job:
         if spec is not None:
             row.spec = spec
@@ -543,6 +611,10 @@ class MemoryStore:
             row.spec_version = spec_version
         if row.state == JobState.PAUSED and plan.state is JobState.SCHEDULED:
             row.consecutive_failures = 0  # a resume starts the failure count over (write_job)
+        if plan.state is not JobState.PAUSED:
+            row.pause = None  # write_job: cleared when the job leaves paused, kept while it stays
+        elif row.state != JobState.PAUSED:
+            row.pause = Paused(self._now(), pause.note, pause.until, ActorType.OWNER, by.key_id)
         row.state = plan.state.value
         row.next_run_at = plan.next_run_at
         row.scheduled_for = plan.scheduled_for
@@ -572,7 +644,9 @@ class MemoryStore:
             raise NotFound(f"no job named {name!r}", ident=name)
         return holder.job()
 
-    async def apply_job(self, owner: str, spec: JobSpec, *, expected_id: str | None) -> tuple[Job, bool]:
+    async def apply_job(
+        self, owner: str, spec: JobSpec, *, expected_id: str | None, by: ChangeBy = UNNAMED
+    ) -> tuple[Job, bool]:
         self._check()
         name = spec.name
         if name is None:
@@ -581,11 +655,11 @@ class MemoryStore:
         if (None if holder is None else str(holder.job_id)) != expected_id:
             raise NameHolderChanged(name)
         if holder is None:
-            return (await self.create_job(owner, spec))[0], True
+            return (await self.create_job(owner, spec, by=by))[0], True
         if codec.spec_to_json(codec.spec_from_json(holder.spec)) == codec.spec_to_json(spec):
             return holder.job(), False  # nothing to change: nothing is written
         refuse_apply(JobState(holder.state), holder.job_id, name)
-        return await self.update_job(owner, holder.job_id, spec), False
+        return self._update(owner, holder.job_id, spec, by, ChangeAction.REPLACE), False
 
     async def bulk_action(
         self,
@@ -595,6 +669,8 @@ class MemoryStore:
         *,
         state: JobState | None,
         max_jobs: int,
+        by: ChangeBy = UNNAMED,
+        pause: PauseRequest = PLAIN_PAUSE,
     ) -> BulkResult:
         self._check()
         states = {s.value for s in bulk_states(action, state)}
@@ -613,15 +689,20 @@ class MemoryStore:
         target = BULK_TARGET[action]
         for row in chosen:
             if target is JobState.CANCELLED:
-                await self.cancel_job(owner, row.job_id)
+                await self.cancel_job(owner, row.job_id, by=by)
             elif target is JobState.PAUSED:
-                await self.pause_job(owner, row.job_id)
+                await self.pause_job(owner, row.job_id, by=by, pause=pause)
             else:
-                await self.resume_job(owner, row.job_id)
+                await self.resume_job(owner, row.job_id, by=by)
         return BulkResult(matched=len(chosen), changed=len(chosen), more=len(found) > max_jobs)
 
-    async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
+    async def update_job(
+        self, owner: str, job_id: uuid.UUID, spec: JobSpec, *, by: ChangeBy = UNNAMED
+    ) -> Job:
         self._check()
+        return self._update(owner, job_id, spec, by, ChangeAction.UPDATE)
+
+    def _update(self, owner: str, job_id: uuid.UUID, spec: JobSpec, by: ChangeBy, what: ChangeAction) -> Job:
         new_json = codec.spec_to_json(spec)
         row = self._owned(owner, job_id)
         if spec.name is not None and spec.name != row.spec.get("name"):
@@ -632,22 +713,27 @@ class MemoryStore:
         changed = timing_changed(old, new_json)
         step = update_step(job_id, spec, row.plan(), timing_changed=changed, now=self._now())
         version = row.spec_version + 1 if changed else row.spec_version
+        diff = spec_diff(codec.spec_to_json(codec.spec_from_json(old)), new_json)
+        revision = row.spec_revision + 1 if diff else row.spec_revision
         if new_json != old:
             for child in self._children(job_id):
                 child.spec = {**_copy(new_json), "schedule": child.spec["schedule"]}
+                child.spec_revision = revision
                 child.updated_at = self._now()
         if changed:
             for child in self._children(job_id):
                 if child.backfill_seq is None and child.phase != "running":
                     del self._jobs[child.job_id]
-        return self._write(
-            row, spec=_copy(new_json), spec_version=version, plan=step.plan, revoke=step.revoke
-        )
+        row.spec_revision = revision
+        job = self._write(row, spec=_copy(new_json), spec_version=version, plan=step.plan, revoke=step.revoke)
+        if diff:
+            self._record(row, what, by, diff)
+        return job
 
     def _step(self, action: OwnerAction, row: _Row) -> OwnerStep | None:
         return owner_step(action, row.plan(), now=self._now(), idle=row.phase == Phase.IDLE)
 
-    async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job:
+    async def cancel_job(self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED) -> Job:
         self._check()
         row = self._owned(owner, job_id)
         step = self._step(OwnerAction.CANCEL, row)
@@ -657,43 +743,65 @@ class MemoryStore:
         for child in self._children(job_id):
             if child.phase == "idle":
                 del self._jobs[child.job_id]
-        return self._write(row, plan=step.plan, revoke=step.revoke)
+        job = self._write(row, plan=step.plan, revoke=step.revoke)
+        self._record(row, ChangeAction.CANCEL, by)
+        return job
 
-    async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        return self._cascaded(owner, job_id, OwnerAction.PAUSE)
+    async def pause_job(
+        self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED, pause: PauseRequest = PLAIN_PAUSE
+    ) -> Job:
+        return self._cascaded(owner, job_id, OwnerAction.PAUSE, by, pause)
 
-    async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        return self._cascaded(owner, job_id, OwnerAction.RESUME)
+    async def resume_job(self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED) -> Job:
+        return self._cascaded(owner, job_id, OwnerAction.RESUME, by)
 
-    def _cascaded(self, owner: str, job_id: uuid.UUID, what: OwnerAction) -> Job:
+    def _cascaded(
+        self,
+        owner: str,
+        job_id: uuid.UUID,
+        what: OwnerAction,
+        by: ChangeBy,
+        pause: PauseRequest = PLAIN_PAUSE,
+    ) -> Job:
         self._check()
         row = self._owned(owner, job_id)
         step = self._step(what, row)
         if step is None:
             return row.job()
         self._cascade_state(job_id, step.plan.state)
-        return self._write(row, plan=step.plan, revoke=step.revoke)
+        job = self._write(row, plan=step.plan, revoke=step.revoke, pause=pause, by=by)
+        self._record(row, ChangeAction(what.value), by)
+        return job
 
-    async def trigger_job(self, owner: str, job_id: uuid.UUID, *, max_pending: int = 0) -> Job:
+    async def trigger_job(
+        self, owner: str, job_id: uuid.UUID, *, max_pending: int = 0, by: ChangeBy = UNNAMED
+    ) -> Job:
         self._check()
         row = self._owned(owner, job_id)
         step = self._step(OwnerAction.TRIGGER, row)
         assert step is not None, "trigger is never a no-op"
         check_trigger_step(row.plan(), step.plan, max_pending)
-        return self._write(row, plan=step.plan, revoke=step.revoke)
+        job = self._write(row, plan=step.plan, revoke=step.revoke)
+        self._record(row, ChangeAction.TRIGGER, by)
+        return job
 
-    async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        return self._row_only(owner, job_id, OwnerAction.REPLAY)
-
-    def _row_only(self, owner: str, job_id: uuid.UUID, what: OwnerAction) -> Job:
+    async def replay_job(self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED) -> Job:
         self._check()
         row = self._owned(owner, job_id)
-        step = self._step(what, row)
-        assert step is not None, f"{what.value} is never a no-op"
-        return self._write(row, plan=step.plan, revoke=step.revoke)
+        step = self._step(OwnerAction.REPLAY, row)
+        assert step is not None, "replay is never a no-op"
+        job = self._write(row, plan=step.plan, revoke=step.revoke)
+        self._record(row, ChangeAction.REPLAY, by)
+        return job
 
     async def replay_occurrence(
-        self, owner: str, job_id: uuid.UUID, scheduled_for: datetime, *, max_pending: int = 0
+        self,
+        owner: str,
+        job_id: uuid.UUID,
+        scheduled_for: datetime,
+        *,
+        max_pending: int = 0,
+        by: ChangeBy = UNNAMED,
     ) -> Job:
         self._check()
         row = self._owned(owner, job_id)
@@ -717,6 +825,7 @@ class MemoryStore:
         last_seq = max((c.backfill_seq or 0 for c in children), default=0)
         plan = replay_plan(codec.spec_from_json(row.spec), len(children), last_seq, now, max_pending)
         self._insert_occurrence(row, plan.due_at, scheduled_for, seq=plan.seq, now=now)
+        self._record(row, ChangeAction.REPLAY, by)
         self._wake([row.shard])
         return row.job()
 
@@ -729,6 +838,7 @@ class MemoryStore:
         *,
         max_occurrences: int,
         pace_per_s: float,
+        by: ChangeBy = UNNAMED,
     ) -> Backfill:
         self._check()
         now = self._now()
@@ -751,6 +861,7 @@ class MemoryStore:
             seq = max((c.backfill_seq or 0 for c in children), default=0)
             for i, r in enumerate(runs, start=1):
                 self._insert_occurrence(row, r.due_at, r.scheduled_for, seq=seq + i, now=now)
+            self._record(row, ChangeAction.BACKFILL, by)
             self._wake([row.shard])
         return Backfill(
             queued=len(runs),
@@ -776,6 +887,7 @@ class MemoryStore:
             spec_version=parent.spec_version,
             parent_id=parent.job_id,
             backfill_seq=seq,
+            spec_revision=parent.spec_revision,
         )
 
     async def list_owner_runs(
@@ -824,6 +936,17 @@ class MemoryStore:
         next_cursor = encode_cursor(page[-1].run_id.to_bytes(8, "big")) if len(rows) > limit else None
         return Page([h.run for h in page], next_cursor)
 
+    async def list_changes(
+        self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None
+    ) -> Page[Change]:
+        self._check()
+        before = change_cursor(cursor)
+        self._owned(owner, job_id)
+        rows = [c for c in reversed(self._changes.get(job_id, [])) if c.seq < before][: limit + 1]
+        page = rows[:limit]
+        next_cursor = encode_change_cursor(page[-1].seq) if len(rows) > limit else None
+        return Page(page, next_cursor)
+
     async def count_active_jobs(self, owner: str) -> int:
         self._check()
         return sum(
@@ -852,7 +975,7 @@ class MemoryStore:
 
         api_key = "dt_" + secrets.token_urlsafe(24)
         self._owners.setdefault(owner, new_signing_secret())
-        self._keys[hash_key(api_key)] = _ApiKey(api_key[:10], owner)
+        self._keys[hash_key(api_key)] = _ApiKey(key_prefix(api_key), owner)
         return api_key, self._owners[owner]
 
     async def revoke_api_key(self, api_key_or_prefix: str) -> int:
@@ -978,6 +1101,7 @@ class MemoryStore:
             row.fenced_token, row.fenced_for = row.lease_token, item.scheduled_for
             row.fenced_due, row.fenced_attempt = row.next_run_at, row.attempt
             row.fenced_version, row.fenced_kind = row.spec_version, row.run_kind
+            row.fenced_revision = row.spec_revision
             text = _spec_text(row.spec)
             job = row if row.parent_id is None else self._jobs.get(row.parent_id, row)  # job_context
             out.append(
@@ -995,6 +1119,7 @@ class MemoryStore:
                     job_created_at=job.created_at,
                     last_success_for=job.last_success_for,
                     folded_from=row.folded_from if row.folded_into == row.scheduled_for else None,
+                    spec_revision=row.spec_revision,
                 )
             )
         return out
@@ -1147,6 +1272,9 @@ class MemoryStore:
                 row.split_at = None
                 row.give_back_claim()
                 row.updated_at = self._now()
+                row.pause = Paused(self._now(), None, None, ActorType.DUETIME, None)
+                reason = AUTO_PAUSE_REASON % row.consecutive_failures
+                self._record(row, ChangeAction.AUTO_PAUSE, ChangeBy(reason=reason), actor=ActorType.DUETIME)
         writer.paused = writes.paused
         for event in writes.events:
             self._events[self._next_event_seq] = _EventRow(
@@ -1358,6 +1486,38 @@ class MemoryStore:
             nxt.next_run_at = now
             released += 1
         return released
+
+    async def end_pauses(self, shard: int, *, limit: int) -> int:
+        """As storage/postgres/pauses.py: the owner's resume of each job whose pause ended, with
+        its auto_resume record by Duetime."""
+        self._check()
+        now = self._now()
+        ended = sorted(
+            (
+                r
+                for r in self._jobs.values()
+                if r.shard == shard
+                and r.parent_id is None
+                and r.state == JobState.PAUSED
+                and r.pause is not None
+                and r.pause.until is not None
+                and r.pause.until <= now
+            ),
+            key=lambda r: (r.pause.until if r.pause is not None else None) or now,
+        )[:limit]
+        resumed = 0
+        for row in ended:
+            assert row.pause is not None and row.pause.until is not None
+            until = row.pause.until
+            step = self._step(OwnerAction.RESUME, row)
+            if step is None:
+                continue
+            self._cascade_state(row.job_id, step.plan.state)
+            self._write(row, plan=step.plan, revoke=step.revoke)
+            reason = AUTO_RESUME_REASON.format(until=codec.format_time(until))
+            self._record(row, ChangeAction.AUTO_RESUME, ChangeBy(reason=reason), actor=ActorType.DUETIME)
+            resumed += 1
+        return resumed
 
     async def purge_idempotency_keys(self, older_than_s: float) -> None:
         self._check()

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, Literal, Protocol, TypeVar
 
+from duetime.core.changes import UNNAMED, Change, ChangeBy
 from duetime.core.dealing import Member
-from duetime.core.model import Job, JobSpec, JobState, Run, Target, TargetState
+from duetime.core.model import PLAIN_PAUSE, Job, JobSpec, JobState, PauseRequest, Run, Target, TargetState
 
 # The run path's records are the core's vocabulary (core/runpath.py); they cross this port as
 # they are, and are re-exported here for the callers that name them by the port.
@@ -168,13 +169,22 @@ class ApiKeyInfo:
 
 
 class Registry(Protocol):
-    """What the API needs. Every call is scoped by owner: another owner's job is NotFound."""
+    """What the API needs. Every call is scoped by owner: another owner's job is NotFound.
+
+    Every call that changes a job writes its change record (core/changes.py) in the transaction of
+    the change, naming ``by`` (the API key's id and the call's reason); a call that changes
+    nothing (a pause of a paused job, a PUT or PATCH that alters no field) writes none."""
 
     async def create_job(
-        self, owner: str, spec: JobSpec, *, idempotency: IdempotencyRequest | None = None
+        self,
+        owner: str,
+        spec: JobSpec,
+        *,
+        idempotency: IdempotencyRequest | None = None,
+        by: ChangeBy = UNNAMED,
     ) -> tuple[Job, bool]:
-        """Returns (job, created). Same key + same body: the original job and False.
-        Same key + different body: ``InvalidRequest(code="idempotency_key_reused")``."""
+        """Returns (job, created). Same key + same body: the original job and False (and no
+        second record). Same key + different body: ``InvalidRequest(code="idempotency_key_reused")``."""
         ...
 
     async def get_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
@@ -198,12 +208,15 @@ class Registry(Protocol):
         """The job (not cancelled) that holds this name; NotFound when none does."""
         ...
 
-    async def apply_job(self, owner: str, spec: JobSpec, *, expected_id: str | None) -> tuple[Job, bool]:
+    async def apply_job(
+        self, owner: str, spec: JobSpec, *, expected_id: str | None, by: ChangeBy = UNNAMED
+    ) -> tuple[Job, bool]:
         """PUT by name (``spec.name`` is set): create the job when no job holds the name (True),
         else make the holder match ``spec`` as a PATCH of every field would (False); a spec equal
         to the holder's writes nothing. ``expected_id`` is the holder the caller built ``spec``
         against (None: none); another one raises ``NameHolderChanged``. A name another job holds
-        makes a create or a rename answer ``Conflict(code="name_taken")``."""
+        makes a create or a rename answer ``Conflict(code="name_taken")``. Recorded as
+        ``create`` or ``replace``."""
         ...
 
     async def bulk_action(
@@ -214,29 +227,41 @@ class Registry(Protocol):
         *,
         state: JobState | None,
         max_jobs: int,
+        by: ChangeBy = UNNAMED,
+        pause: PauseRequest = PLAIN_PAUSE,
     ) -> BulkResult:
         """Pause, resume or cancel up to ``max_jobs`` of the owner's jobs that carry every label
         (and are in ``state``, if given) and that the action would change, each under the same
-        rules as the single-job call."""
+        rules as the single-job call, with a change record each (written a batch at a time). A
+        pause says ``pause`` (its note and until) for every job it pauses."""
         ...
 
-    async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
+    async def update_job(
+        self, owner: str, job_id: uuid.UUID, spec: JobSpec, *, by: ChangeBy = UNNAMED
+    ) -> Job:
         """Replace the spec (the API merged the PATCH); recompute next_run_at on a schedule change.
         Conflict on a cancelled or completed job."""
         ...
 
-    async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
+    async def cancel_job(self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED) -> Job: ...
 
-    async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
+    async def pause_job(
+        self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED, pause: PauseRequest = PLAIN_PAUSE
+    ) -> Job:
+        """Pause a scheduled job, keeping what ``pause`` says (a note; a time to resume at) and who
+        paused it (``by``), shown while it is paused. A paused job is left as it is (no-op)."""
+        ...
 
-    async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
+    async def resume_job(self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED) -> Job: ...
 
-    async def trigger_job(self, owner: str, job_id: uuid.UUID, *, max_pending: int = 0) -> Job:
+    async def trigger_job(
+        self, owner: str, job_id: uuid.UUID, *, max_pending: int = 0, by: ChangeBy = UNNAMED
+    ) -> Job:
         """Queue one extra run now, besides the schedule. Conflict unless the job is scheduled, and
         (``too_many_triggers``) when ``max_pending`` (> 0) triggers already wait."""
         ...
 
-    async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job: ...
+    async def replay_job(self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED) -> Job: ...
 
     async def backfill_job(
         self,
@@ -247,12 +272,20 @@ class Registry(Protocol):
         *,
         max_occurrences: int,
         pace_per_s: float,
+        by: ChangeBy = UNNAMED,
     ) -> Backfill:
-        """Queue a run of every occurrence of a recurring job in [start, end) (see core.backfill)."""
+        """Queue a run of every occurrence of a recurring job in [start, end) (see core.backfill);
+        recorded when it queued any."""
         ...
 
     async def replay_occurrence(
-        self, owner: str, job_id: uuid.UUID, scheduled_for: datetime, *, max_pending: int = 0
+        self,
+        owner: str,
+        job_id: uuid.UUID,
+        scheduled_for: datetime,
+        *,
+        max_pending: int = 0,
+        by: ChangeBy = UNNAMED,
     ) -> Job:
         """Run one failed occurrence of a recurring job once more, in a row of its own (its own
         ``scheduled_for``, so its own Idempotency-Key), as a backfilled run: now under ``overlap:
@@ -265,6 +298,12 @@ class Registry(Protocol):
     async def list_runs(
         self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None
     ) -> Page[Run]: ...
+
+    async def list_changes(
+        self, owner: str, job_id: uuid.UUID, *, limit: int, cursor: str | None
+    ) -> Page[Change]:
+        """The job's change records, newest (highest ``seq``) first."""
+        ...
 
     async def list_owner_runs(
         self,
@@ -418,6 +457,13 @@ class RunStore(Protocol):
     async def complete_drained_jobs(self, shard: int) -> int: ...
 
     async def release_stalled_backfills(self, shard: int) -> int: ...
+
+    async def end_pauses(self, shard: int, *, limit: int) -> int:
+        """Resume up to ``limit`` jobs of ``shard`` whose pause's ``until`` has come, as an owner's
+        resume does (their missed occurrences then follow their misfire policy), each with its
+        ``auto_resume`` change record; returns how many. Safe to call from every engine serving
+        the shard at once: a job is resumed once."""
+        ...
 
     async def purge_idempotency_keys(self, older_than_s: float) -> None: ...
 

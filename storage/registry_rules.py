@@ -35,6 +35,13 @@ def hash_key(api_key: str) -> bytes:
     return hashlib.sha256(api_key.encode()).digest()
 
 
+def key_prefix(api_key: str) -> str:
+    """What is kept of a key besides its hash, and names it: ``dt_`` and 7 random characters.
+    ``duetime keys list`` shows it, ``keys revoke`` takes it, and a change record names the key
+    that made the change by it (its ``key_id``)."""
+    return api_key[:10]
+
+
 def encode_cursor(value: bytes) -> str:
     return base64.urlsafe_b64encode(value).decode().rstrip("=")
 
@@ -95,6 +102,22 @@ def timing_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     missing from a spec stored before it existed reads as its default, so an update that only
     adds ``spread_s: 0`` to an old job changes nothing."""
     return any(old.get(name, default) != new.get(name, default) for name, default in _TIMING_FIELDS)
+
+
+#: The cursor of a first page of a job's changes (listed newest first, before the cursor).
+MAX_CHANGE_SEQ = (1 << 31) - 1
+
+
+def change_cursor(cursor: str | None) -> int:
+    """The change ``seq`` a page of a job's changes starts before."""
+    before = int.from_bytes(decode_cursor(cursor, 4), "big") if cursor else MAX_CHANGE_SEQ
+    if before > MAX_CHANGE_SEQ:  # seq is an int4: a larger one is forged, never issued
+        raise InvalidRequest(_BAD_CURSOR, code="invalid_cursor", field="cursor")
+    return before
+
+
+def encode_change_cursor(seq: int) -> str:
+    return encode_cursor(seq.to_bytes(4, "big"))
 
 
 def name_taken(name: str, holder: uuid.UUID | str) -> Conflict:

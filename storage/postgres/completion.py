@@ -16,6 +16,7 @@ from typing import Any, Final, TypeVar
 import asyncpg
 
 from duetime.core import codec
+from duetime.core.changes import AUTO_PAUSE_REASON, UNNAMED, ActorType, ChangeAction
 from duetime.core.failures import FailureEvent
 from duetime.core.lifecycle import RowPlan, after_attempt, ends_one_off, split_point
 from duetime.core.model import JobState, Outcome
@@ -36,6 +37,7 @@ from duetime.storage.completion_rules import (
     skippable,
 )
 from duetime.storage.ports import CompletionStats
+from duetime.storage.postgres.changes import record_changes
 from duetime.storage.postgres.pools import StoreBase, translated, utcnow
 from duetime.storage.queries import Q
 
@@ -79,7 +81,7 @@ def _plan_arrays(plans: Sequence[PlanWrite]) -> list[list[Any]]:
 
 
 def _history_arrays(runs: Sequence[HistoryWrite]) -> list[list[Any]]:
-    """``insert_runs``' parameters, $1..$11 in order."""
+    """``insert_runs``' parameters, $1..$12 in order."""
     return [
         [h.job_id for h in runs],
         [h.shard for h in runs],
@@ -92,6 +94,7 @@ def _history_arrays(runs: Sequence[HistoryWrite]) -> list[list[Any]]:
         [h.run.error for h in runs],
         [h.run.lateness_ms for h in runs],
         [h.fencing_token for h in runs],
+        [h.run.spec_version for h in runs],
     ]
 
 
@@ -451,8 +454,17 @@ class BatchWriter(CompletionBatch):
                     [c.failing for _, c in writes.counts],
                 )
             if writes.paused:
-                await conn.execute(Q["pause_failing_jobs"], writes.paused)
+                paused = await conn.fetch(Q["pause_failing_jobs"], writes.paused)
                 self.paused = writes.paused
+                if paused:  # their auto_pause records, by Duetime, the count as the reason
+                    await record_changes(
+                        conn,
+                        [r["job_id"] for r in paused],
+                        ChangeAction.AUTO_PAUSE,
+                        UNNAMED,
+                        actor=ActorType.DUETIME,
+                        reasons=[AUTO_PAUSE_REASON % r["consecutive_failures"] for r in paused],
+                    )
             if writes.events:
                 await conn.execute(Q["insert_failure_events"], *_event_arrays(writes.events))
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from duetime.core import codec
+from duetime.core.changes import UNNAMED, ChangeAction, ChangeBy, creation_diff
 from duetime.core.errors import InvalidRequest, NotFound
 from duetime.core.ids import SHARDS, new_job_id, shard_of
 from duetime.core.lifecycle import initial_plan, split_point
@@ -109,10 +110,15 @@ class NamesPart(RegistryPart):
         return job_from_row(min(rows, key=lambda r: (r["created_at"], r["job_id"])))
 
     async def create_job(
-        self, owner: str, spec: JobSpec, *, idempotency: IdempotencyRequest | None = None
+        self,
+        owner: str,
+        spec: JobSpec,
+        *,
+        idempotency: IdempotencyRequest | None = None,
+        by: ChangeBy = UNNAMED,
     ) -> tuple[Job, bool]:
         if spec.name is None:
-            return await super().create_job(owner, spec, idempotency=idempotency)
+            return await super().create_job(owner, spec, idempotency=idempotency, by=by)
         key_shard = (
             None if idempotency is None else zlib.crc32(f"{owner}\x00{idempotency.key}".encode()) % SHARDS
         )
@@ -129,7 +135,7 @@ class NamesPart(RegistryPart):
                 await conn.execute(
                     Q["insert_idempotency_key"], owner, idempotency.key, idempotency.body_hash, job_id
                 )
-            job = await self._insert_named(guard, owner, spec, job_id)
+            job = await self._insert_named(guard, owner, spec, job_id, by)
         return job, True
 
     @staticmethod
@@ -148,40 +154,48 @@ class NamesPart(RegistryPart):
             raise NotFound("the job this key created no longer exists", ident=str(existing["job_id"]))
         return job_from_row(row)
 
-    async def _insert_named(self, guard: _Guard, owner: str, spec: JobSpec, job_id: uuid.UUID) -> Job:
+    async def _insert_named(
+        self, guard: _Guard, owner: str, spec: JobSpec, job_id: uuid.UUID, by: ChangeBy
+    ) -> Job:
         now = utcnow()
         plan = initial_plan(job_id, spec, now)
         shard = shard_of(job_id)
+        spec_json = codec.spec_to_json(spec)
         row = await guard.conn.fetchrow(
             Q["insert_job"],
             job_id,
             shard,
             owner,
-            codec.spec_to_json(spec),
+            spec_json,
             plan.state.value,
             plan.next_run_at,
             plan.scheduled_for,
             plan.attempt,
             now,
             split_point(spec, plan),
+            by.key_id,
+            by.reason,
+            creation_diff(spec_json),
         )
         guard.wake.append((shard, plan))
         return job_from_row(row)
 
-    async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
+    async def update_job(
+        self, owner: str, job_id: uuid.UUID, spec: JobSpec, *, by: ChangeBy = UNNAMED
+    ) -> Job:
         if spec.name is not None:
             current = await self.get_job(owner, job_id)
             if current.spec.name != spec.name:
-                return await self._rename(owner, job_id, spec)
-        return await super().update_job(owner, job_id, spec)
+                return await self._rename(owner, job_id, spec, by)
+        return await super().update_job(owner, job_id, spec, by=by)
 
-    async def _rename(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
+    async def _rename(self, owner: str, job_id: uuid.UUID, spec: JobSpec, by: ChangeBy) -> Job:
         assert spec.name is not None
         async with self._name_guard(owner, spec.name, lambda _holder: shard_of(job_id)) as guard:
             if guard.holder is not None and guard.holder["job_id"] != job_id:
                 raise name_taken(spec.name, guard.holder["job_id"])
             action = await self._lock_on(guard, owner, job_id)
-            job = await self._update_locked(action, job_id, spec)
+            job = await self._update_locked(action, job_id, spec, by, ChangeAction.UPDATE)
             if action.wake is not None:
                 guard.wake.append((action.row["shard"], action.wake))
             return job
@@ -192,7 +206,9 @@ class NamesPart(RegistryPart):
             raise NotFound(f"no job {job_id}", ident=str(job_id))
         return _Action(guard.conn, row)
 
-    async def apply_job(self, owner: str, spec: JobSpec, *, expected_id: str | None) -> tuple[Job, bool]:
+    async def apply_job(
+        self, owner: str, spec: JobSpec, *, expected_id: str | None, by: ChangeBy = UNNAMED
+    ) -> tuple[Job, bool]:
         name = spec.name
         if name is None:
             raise ValueError("apply_job needs a named spec")
@@ -206,14 +222,14 @@ class NamesPart(RegistryPart):
             if (None if holder is None else str(holder["job_id"])) != expected_id:
                 raise NameHolderChanged(name)
             if holder is None:
-                return await self._insert_named(guard, owner, spec, job_id), True
+                return await self._insert_named(guard, owner, spec, job_id, by), True
             action = await self._lock_on(guard, owner, holder["job_id"])
             row = action.row
             new_json = codec.spec_to_json(spec)
             if codec.spec_to_json(codec.spec_from_json(row["spec"])) == new_json:
                 return job_from_row(row), False  # nothing to change: nothing is written
             refuse_apply(JobState(row["state"]), row["job_id"], name)
-            job = await self._update_locked(action, row["job_id"], spec)
+            job = await self._update_locked(action, row["job_id"], spec, by, ChangeAction.REPLACE)
             if action.wake is not None:
                 guard.wake.append((row["shard"], action.wake))
             return job, False

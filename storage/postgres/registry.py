@@ -16,14 +16,17 @@ import asyncpg
 
 from duetime.core import codec
 from duetime.core.backfill import plan_backfill, require_room
+from duetime.core.changes import UNNAMED, ChangeAction, ChangeBy, creation_diff, spec_diff
 from duetime.core.errors import InvalidRequest, NotFound
 from duetime.core.ids import SHARDS, new_job_id, shard_of
 from duetime.core.lifecycle import OwnerStep, RowPlan, initial_plan, owner_step, split_point, update_step
-from duetime.core.model import Job, JobSpec, JobState, Overlap, Phase, Run
+from duetime.core.model import PLAIN_PAUSE, Job, JobSpec, JobState, Overlap, PauseRequest, Phase, Run
 from duetime.core.states import OwnerAction, owner_move
 from duetime.storage.base import Backfill, IdempotencyRequest, Page
 from duetime.storage.ports import OwnerRun
+from duetime.storage.postgres.changes import record_changes
 from duetime.storage.postgres.inserts import InsertBatcher
+from duetime.storage.postgres.pauses import add_pause_ends
 from duetime.storage.postgres.pools import StoreBase, contention_retried, translated, utcnow
 from duetime.storage.postgres.rows import job_from_row, plan_of, run_from_row
 from duetime.storage.queries import Q
@@ -33,6 +36,7 @@ from duetime.storage.registry_rules import (
     encode_owner_runs_cursor,
     hash_key,
     job_cursor,
+    key_prefix,
     owner_runs_cursor,
     replay_plan,
     require_failed_occurrence,
@@ -56,7 +60,12 @@ class RegistryPart(StoreBase):
     _inserters: dict[str, InsertBatcher]
 
     async def create_job(
-        self, owner: str, spec: JobSpec, *, idempotency: IdempotencyRequest | None = None
+        self,
+        owner: str,
+        spec: JobSpec,
+        *,
+        idempotency: IdempotencyRequest | None = None,
+        by: ChangeBy = UNNAMED,
     ) -> tuple[Job, bool]:
         now = utcnow()
         if idempotency is not None:
@@ -66,17 +75,21 @@ class RegistryPart(StoreBase):
             job_id = new_job_id()
             shard = shard_of(job_id)
         plan = initial_plan(job_id, spec, now)
+        spec_json = codec.spec_to_json(spec)
         args = (
             job_id,
             shard,
             owner,
-            codec.spec_to_json(spec),
+            spec_json,
             plan.state.value,
             plan.next_run_at,
             plan.scheduled_for,
             plan.attempt,
             now,
             split_point(spec, plan),
+            by.key_id,
+            by.reason,
+            creation_diff(spec_json),
         )
         if idempotency is None:
             await self._inserters[self.shard_map.dsn_for(shard)].insert(args)
@@ -167,9 +180,14 @@ class RegistryPart(StoreBase):
         *,
         spec: dict[str, Any] | None = None,
         spec_version: int | None = None,
+        revision: int | None = None,
         plan: RowPlan,
         revoke: bool,
+        pause: PauseRequest = PLAIN_PAUSE,
+        by: ChangeBy = UNNAMED,
     ) -> Job:
+        """Write the row as ``plan`` says; a write that pauses the job keeps what ``pause`` says
+        and who paused it (``by``)."""
         row = action.row
         out = await action.conn.fetchrow(
             Q["write_job"],
@@ -187,80 +205,118 @@ class RegistryPart(StoreBase):
             revoke,
             split_point(codec.spec_from_json(spec if spec is not None else row["spec"]), plan),
             plan.handed_upto,
+            revision if revision is not None else row["spec_revision"],
+            pause.note,
+            pause.until,
+            by.key_id,
         )
         action.wake = plan
         return job_from_row(out)
 
     @contention_retried
-    async def update_job(self, owner: str, job_id: uuid.UUID, spec: JobSpec) -> Job:
+    async def update_job(
+        self, owner: str, job_id: uuid.UUID, spec: JobSpec, *, by: ChangeBy = UNNAMED
+    ) -> Job:
         async with self._locked(owner, job_id) as action:
-            return await self._update_locked(action, job_id, spec)
+            return await self._update_locked(action, job_id, spec, by, ChangeAction.UPDATE)
 
-    async def _update_locked(self, action: _Action, job_id: uuid.UUID, spec: JobSpec) -> Job:
+    async def _update_locked(
+        self, action: _Action, job_id: uuid.UUID, spec: JobSpec, by: ChangeBy, what: ChangeAction
+    ) -> Job:
         """The update of a row already locked in ``action`` (also the PUT by name's, which locks
-        it under the name's lock)."""
+        it under the name's lock), recorded as ``what`` when it alters the spec."""
         new_json = codec.spec_to_json(spec)
         row = action.row
         old = row["spec"]
         changed = timing_changed(old, new_json)
         step = update_step(job_id, spec, plan_of(row), timing_changed=changed, now=utcnow())
         version = row["spec_version"] + 1 if changed else row["spec_version"]
+        # Against the stored spec as the API shows it: a row written by an older release lacks
+        # fields added since, which are no change.
+        diff = spec_diff(codec.spec_to_json(codec.spec_from_json(old)), new_json)
+        revision = row["spec_revision"] + 1 if diff else row["spec_revision"]
         if new_json != old:
-            await action.conn.execute(Q["cascade_spec"], job_id, new_json)
+            await action.conn.execute(Q["cascade_spec"], job_id, new_json, revision)
         if changed:
             await action.conn.execute(Q["drop_split_occurrences"], job_id)
-        return await self._write(
-            action, spec=new_json, spec_version=version, plan=step.plan, revoke=step.revoke
+        job = await self._write(
+            action, spec=new_json, spec_version=version, revision=revision, plan=step.plan, revoke=step.revoke
         )
+        if diff:
+            await record_changes(action.conn, [job_id], what, by, diff)
+        return job
 
     @contention_retried
-    async def cancel_job(self, owner: str, job_id: uuid.UUID) -> Job:
+    async def cancel_job(self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED) -> Job:
         async with self._locked(owner, job_id) as action:
             step = self._step(OwnerAction.CANCEL, action.row)
             if step is None:
                 return job_from_row(action.row)
             await action.conn.fetch(Q["cascade_state"], job_id, step.plan.state.value)
             await action.conn.execute(Q["drop_idle_occurrences"], job_id)
-            return await self._write(action, plan=step.plan, revoke=step.revoke)
+            job = await self._write(action, plan=step.plan, revoke=step.revoke)
+            await record_changes(action.conn, [job_id], ChangeAction.CANCEL, by)
+            return job
 
     @contention_retried
-    async def pause_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        return await self._cascaded(owner, job_id, OwnerAction.PAUSE)
+    async def pause_job(
+        self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED, pause: PauseRequest = PLAIN_PAUSE
+    ) -> Job:
+        return await self._cascaded(owner, job_id, OwnerAction.PAUSE, by, pause)
 
     @contention_retried
-    async def resume_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        return await self._cascaded(owner, job_id, OwnerAction.RESUME)
+    async def resume_job(self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED) -> Job:
+        return await self._cascaded(owner, job_id, OwnerAction.RESUME, by)
 
-    async def _cascaded(self, owner: str, job_id: uuid.UUID, what: OwnerAction) -> Job:
+    async def _cascaded(
+        self,
+        owner: str,
+        job_id: uuid.UUID,
+        what: OwnerAction,
+        by: ChangeBy,
+        pause: PauseRequest = PLAIN_PAUSE,
+    ) -> Job:
         """Pause or resume: the job's row and, in the same transaction, its occurrence rows."""
         async with self._locked(owner, job_id) as action:
             step = self._step(what, action.row)
             if step is None:
                 return job_from_row(action.row)
             await action.conn.fetch(Q["cascade_state"], job_id, step.plan.state.value)
-            return await self._write(action, plan=step.plan, revoke=step.revoke)
+            job = await self._write(action, plan=step.plan, revoke=step.revoke, pause=pause, by=by)
+            if step.plan.state is JobState.PAUSED:
+                await add_pause_ends(action.conn, pause.until, [job_id], [action.row["shard"]])
+            await record_changes(action.conn, [job_id], ChangeAction(what.value), by)
+            return job
 
     @contention_retried
-    async def trigger_job(self, owner: str, job_id: uuid.UUID, *, max_pending: int = 0) -> Job:
+    async def trigger_job(
+        self, owner: str, job_id: uuid.UUID, *, max_pending: int = 0, by: ChangeBy = UNNAMED
+    ) -> Job:
         async with self._locked(owner, job_id) as action:
             step = self._step(OwnerAction.TRIGGER, action.row)
             assert step is not None, "trigger is never a no-op"
             check_trigger_step(plan_of(action.row), step.plan, max_pending)
-            return await self._write(action, plan=step.plan, revoke=step.revoke)
+            job = await self._write(action, plan=step.plan, revoke=step.revoke)
+            await record_changes(action.conn, [job_id], ChangeAction.TRIGGER, by)
+            return job
 
     @contention_retried
-    async def replay_job(self, owner: str, job_id: uuid.UUID) -> Job:
-        return await self._row_only(owner, job_id, OwnerAction.REPLAY)
-
-    async def _row_only(self, owner: str, job_id: uuid.UUID, what: OwnerAction) -> Job:
-        """Trigger or replay: only the job's own row changes."""
+    async def replay_job(self, owner: str, job_id: uuid.UUID, *, by: ChangeBy = UNNAMED) -> Job:
         async with self._locked(owner, job_id) as action:
-            step = self._step(what, action.row)
-            assert step is not None, f"{what.value} is never a no-op"
-            return await self._write(action, plan=step.plan, revoke=step.revoke)
+            step = self._step(OwnerAction.REPLAY, action.row)
+            assert step is not None, "replay is never a no-op"
+            job = await self._write(action, plan=step.plan, revoke=step.revoke)
+            await record_changes(action.conn, [job_id], ChangeAction.REPLAY, by)
+            return job
 
     async def replay_occurrence(
-        self, owner: str, job_id: uuid.UUID, scheduled_for: datetime, *, max_pending: int = 0
+        self,
+        owner: str,
+        job_id: uuid.UUID,
+        scheduled_for: datetime,
+        *,
+        max_pending: int = 0,
+        by: ChangeBy = UNNAMED,
     ) -> Job:
         now = utcnow()
         async with self._locked(owner, job_id) as action:
@@ -290,6 +346,7 @@ class RegistryPart(StoreBase):
                 [job_id],
                 [plan.seq],
             )
+            await record_changes(conn, [job_id], ChangeAction.REPLAY, by)
             action.wake = RowPlan(state=JobState.SCHEDULED, next_run_at=now, scheduled_for=None, attempt=0)
             return job_from_row(row)
 
@@ -303,6 +360,7 @@ class RegistryPart(StoreBase):
         *,
         max_occurrences: int,
         pace_per_s: float,
+        by: ChangeBy = UNNAMED,
     ) -> Backfill:
         now = utcnow()
         async with self._locked(owner, job_id) as action:
@@ -335,6 +393,7 @@ class RegistryPart(StoreBase):
                     [job_id] * n,
                     list(range(seq + 1, seq + 1 + n)),
                 )
+                await record_changes(conn, [job_id], ChangeAction.BACKFILL, by)
                 action.wake = RowPlan(
                     state=JobState.SCHEDULED, next_run_at=now, scheduled_for=None, attempt=0
                 )
@@ -407,7 +466,7 @@ class RegistryPart(StoreBase):
         api_key = "dt_" + secrets.token_urlsafe(24)  # 192 random bits
         async with translated(), self.home_pool.acquire() as conn, conn.transaction():
             await conn.execute(Q["insert_owner"], owner, new_signing_secret())
-            await conn.execute(Q["insert_api_key"], hash_key(api_key), api_key[:10], owner)
+            await conn.execute(Q["insert_api_key"], hash_key(api_key), key_prefix(api_key), owner)
             secret: str = await conn.fetchval(Q["signing_secret"], owner)
         return api_key, secret
 

@@ -47,8 +47,8 @@ class RetentionPart(StoreBase):
         self, dsn: str, *, before: datetime, limit: int
     ) -> FinishedJobsSweep | None:
         """Up to ``limit`` jobs finished before ``before``, with their history (``limit`` rows per
-        statement), Idempotency-Keys and occurrence rows. Returns the jobs and history rows
-        deleted, or None when another process holds this database's maintenance lock.
+        statement), Idempotency-Keys, change records and occurrence rows. Returns the jobs and
+        history rows deleted, or None when another process holds this database's maintenance lock.
 
         The lock is held for the whole batch, not only while its jobs are chosen: otherwise a
         second engine chose the same jobs while the first deleted their history, found them gone
@@ -85,6 +85,7 @@ async def _finished_batch(conn: asyncpg.Connection, before: datetime, limit: int
             return FinishedJobsSweep(jobs=0, history=history)
         history += _count(await conn.execute(Q["retention_all_runs_of_jobs"], locked))
         await conn.execute(Q["retention_keys_of_jobs"], locked)
+        await conn.execute(Q["retention_changes_of_jobs"], locked)
         await conn.execute(Q["retention_occurrences_of_jobs"], locked)
         jobs = _count(await conn.execute(Q["retention_delete_jobs"], locked))
     return FinishedJobsSweep(jobs=jobs, history=history)

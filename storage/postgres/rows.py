@@ -6,7 +6,7 @@ import asyncpg
 
 from duetime.core import codec
 from duetime.core.lifecycle import RowPlan
-from duetime.core.model import Job, JobState, Outcome, Run
+from duetime.core.model import ActorType, Job, JobState, Outcome, Paused, Run
 from duetime.core.states import ACTIVE_STATES
 
 
@@ -23,6 +23,19 @@ def plan_of(row: asyncpg.Record) -> RowPlan:
     )
 
 
+def paused_of(row: asyncpg.Record) -> Paused | None:
+    """The Job's ``paused`` object while it is paused (migration 0020), else None."""
+    if row["state"] != JobState.PAUSED:
+        return None
+    return Paused(
+        at=row["paused_at"],
+        note=row["pause_note"],
+        until=row["paused_until"],
+        actor=ActorType(row["paused_by"] or ActorType.OWNER),
+        key_id=row["paused_key_id"],
+    )
+
+
 def job_from_row(row: asyncpg.Record) -> Job:
     last = row["last_run"]
     return Job(
@@ -35,6 +48,8 @@ def job_from_row(row: asyncpg.Record) -> Job:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         last_run=codec.run_from_json(last) if last else None,
+        spec_version=row["spec_revision"],
+        paused=paused_of(row),
     )
 
 
@@ -48,4 +63,5 @@ def run_from_row(row: asyncpg.Record) -> Run:
         status_code=row["status_code"],
         error=row["error"],
         lateness_ms=row["lateness_ms"],
+        spec_version=row["spec_version"],
     )

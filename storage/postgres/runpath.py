@@ -56,7 +56,7 @@ class RunPathPart(StoreBase):
 
                 rows = await retried(fence)
                 # Each row unpacked in the statement's RETURNING order into FencedRun's field
-                # order: a run of a burst is 14 values, and 14 lookups by name cost more than the
+                # order: a run of a burst is 15 values, and 15 lookups by name cost more than the
                 # columns' decoding (loadtest.fence_bench).
                 fenced = [
                     FencedRun(
@@ -73,6 +73,7 @@ class RunPathPart(StoreBase):
                         created,
                         succeeded,
                         folded,
+                        revision,
                     )
                     for (
                         job,
@@ -89,6 +90,7 @@ class RunPathPart(StoreBase):
                         created,
                         succeeded,
                         folded,
+                        revision,
                     ) in rows
                 ]
                 parents = {r.parent_id for r in fenced if r.parent_id is not None}

@@ -18,11 +18,14 @@ from typing import Final
 import asyncpg
 
 from duetime.core import codec
+from duetime.core.changes import UNNAMED, ChangeAction, ChangeBy
 from duetime.core.errors import Conflict
 from duetime.core.lifecycle import RowPlan, owner_step, split_point
-from duetime.core.model import Job, JobState, Phase
+from duetime.core.model import PLAIN_PAUSE, Job, JobState, PauseRequest, Phase
 from duetime.core.states import OwnerAction
 from duetime.storage.ports import BulkAction, BulkResult, Page
+from duetime.storage.postgres.changes import record_changes
+from duetime.storage.postgres.pauses import add_pause_ends
 from duetime.storage.postgres.pools import translated, utcnow
 from duetime.storage.postgres.registry import RegistryPart
 from duetime.storage.postgres.rows import job_from_row, plan_of
@@ -103,6 +106,8 @@ class SelectionPart(RegistryPart):
         *,
         state: JobState | None,
         max_jobs: int,
+        by: ChangeBy = UNNAMED,
+        pause: PauseRequest = PLAIN_PAUSE,
     ) -> BulkResult:
         states = bulk_states(action, state)
         if not states:
@@ -133,14 +138,24 @@ class SelectionPart(RegistryPart):
                 matched += len(ids)
                 remaining -= len(ids)
                 for start in range(0, len(ids), BULK_BATCH):
-                    changed += await self._bulk_batch(pool, owner, action, ids[start : start + BULK_BATCH])
+                    changed += await self._bulk_batch(
+                        pool, owner, action, ids[start : start + BULK_BATCH], by=by, pause=pause
+                    )
         return BulkResult(matched=matched, changed=changed, more=more)
 
     async def _bulk_batch(
-        self, pool: asyncpg.Pool, owner: str, action: BulkAction, ids: list[uuid.UUID]
+        self,
+        pool: asyncpg.Pool,
+        owner: str,
+        action: BulkAction,
+        ids: list[uuid.UUID],
+        *,
+        by: ChangeBy,
+        pause: PauseRequest,
     ) -> int:
         """One transaction: lock the rows, keep those the action still applies to (a row may have
-        changed since it was selected), write their new state in one statement."""
+        changed since it was selected), write their new state in one statement and their change
+        records in another."""
         target = BULK_TARGET[action]
         applies = BULK_APPLIES[action]
         what = OwnerAction(action)
@@ -179,7 +194,20 @@ class SelectionPart(RegistryPart):
             await conn.execute(Q["bulk_cascade_state"], todo_ids, target.value)
             if action == "cancel":
                 await conn.execute(Q["bulk_drop_idle_occurrences"], todo_ids)
-            await conn.execute(Q["bulk_write_state"], todo_ids, target.value, splits, revoke, owner)
+            await conn.execute(
+                Q["bulk_write_state"],
+                todo_ids,
+                target.value,
+                splits,
+                revoke,
+                owner,
+                pause.note,
+                pause.until,
+                by.key_id,
+            )
+            await record_changes(conn, todo_ids, ChangeAction(action), by)
+            if action == "pause":
+                await add_pause_ends(conn, pause.until, todo_ids, [r["shard"] for r in todo])
         if action == "resume":
             for shard, plan in wake:
                 self._hints.due_soon(shard, plan, now)

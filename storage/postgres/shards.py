@@ -38,9 +38,16 @@ _MOVE_TABLES: tuple[tuple[str, str, tuple[str, ...] | None], ...] = (
             "error",
             "lateness_ms",
             "fencing_token",
+            "spec_version",
         ),
     ),
     ("idempotency_keys", "copy_out_idempotency_keys", ("owner", "key", "body_hash", "job_id", "created_at")),
+    (
+        "job_changes",
+        "copy_out_changes",
+        ("job_id", "seq", "shard", "at", "actor", "key_id", "action", "reason", "spec_version", "diff"),
+    ),
+    ("pause_ends", "copy_out_pause_ends", ("shard", "until", "job_id")),
 )
 
 
@@ -147,6 +154,8 @@ async def move_shard(
                         progress("committing the copy at the target")
                     progress("deleting the shard's rows at the source")
                     await src.execute(Q["delete_shard_idempotency_keys"], shard)
+                    await src.execute(Q["delete_shard_changes"], shard)
+                    await src.execute(Q["delete_shard_pause_ends"], shard)
                     await src.execute(Q["delete_shard_runs"], shard)
                     await src.execute(Q["delete_shard_jobs"], shard)
             finally:

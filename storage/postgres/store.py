@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import asyncpg
 
+from duetime.storage.postgres.changes import ChangesPart
 from duetime.storage.postgres.completion import CompletionPart
 from duetime.storage.postgres.due_age import DueAgePart
 from duetime.storage.postgres.events import EventsPart
@@ -22,6 +23,7 @@ from duetime.storage.postgres.keys import KeysPart
 from duetime.storage.postgres.maintenance import MaintenancePart
 from duetime.storage.postgres.membership import MembershipPart
 from duetime.storage.postgres.names import NamesPart
+from duetime.storage.postgres.pauses import PausesPart
 from duetime.storage.postgres.pools import open_pools
 from duetime.storage.postgres.queue_leases import QueueLeasePart
 from duetime.storage.postgres.retention import RetentionPart
@@ -48,6 +50,8 @@ class PostgresStore(
     ServerKeysPart,
     MembershipPart,
     DueAgePart,
+    ChangesPart,
+    PausesPart,
 ):
     """Registry + run store (and the outbox, flow control, membership, retention and due age) on
     asyncpg pools, one pool per distinct database in the shard map."""

@@ -11,11 +11,13 @@
 -- $2: the jobs whose failure count an occurrence row of the batch may change (core/failures.py),
 -- locked here with the rest, in the one job id order every writer of these rows locks in.
 -- The fenced_* columns (migration 0013): the attempt a running row's fence started, which an
--- expiry finishes when its holder is gone (completion.py, _running).
+-- expiry finishes when its holder is gone (completion.py, _running); fenced_revision and
+-- spec_revision (0018): the spec version a history row records (completion.py, _ran_under).
 SELECT job_id, shard, owner, spec::text AS spec, spec_version, state, phase, lease_token,
        scheduled_for, next_run_at, attempt, run_kind, resume_at, pending_triggers, parent_id,
        handed_upto, split_at, backfill_seq, consecutive_failures, failing,
-       fenced_token, fenced_for, fenced_due, fenced_attempt, fenced_version, fenced_kind
+       fenced_token, fenced_for, fenced_due, fenced_attempt, fenced_version, fenced_kind,
+       spec_revision, fenced_revision
 FROM jobs WHERE job_id = ANY($1::uuid[] || $2::uuid[])
 ORDER BY job_id
 FOR UPDATE;
@@ -48,9 +50,10 @@ WHERE j.job_id = u.job_id;
 
 -- name: insert_runs
 INSERT INTO runs (job_id, shard, scheduled_for, attempt, started_at, finished_at, outcome,
-                  status_code, error, lateness_ms, fencing_token)
+                  status_code, error, lateness_ms, fencing_token, spec_version)
 SELECT * FROM unnest($1::uuid[], $2::smallint[], $3::timestamptz[], $4::int[], $5::timestamptz[],
-                     $6::timestamptz[], $7::text[], $8::int[], $9::text[], $10::bigint[], $11::bigint[]);
+                     $6::timestamptz[], $7::text[], $8::int[], $9::text[], $10::bigint[], $11::bigint[],
+                     $12::int[]);
 
 -- name: delete_occurrences
 DELETE FROM jobs WHERE job_id = ANY($1::uuid[]) AND parent_id IS NOT NULL;
@@ -60,10 +63,10 @@ DELETE FROM jobs WHERE job_id = ANY($1::uuid[]) AND parent_id IS NOT NULL;
 -- copied from its job's row. Under overlap=allow ($4 null) all are due now; under skip and
 -- buffer_one they wait in line after whatever backfill of the job already waits ($4 is their
 -- place in the line) and release_next_backfill lets the first one go after the commit. Each runs
--- under its job's spec version, as insert_occurrences' rows do.
-INSERT INTO jobs (job_id, shard, owner, spec, spec_version, state, next_run_at, scheduled_for, attempt,
-                  parent_id, backfill_seq)
-SELECT u.j, p.shard, p.owner, p.spec, p.spec_version, 'scheduled',
+-- under its job's spec version, as insert_occurrences' rows do (both counters: 0018).
+INSERT INTO jobs (job_id, shard, owner, spec, spec_version, spec_revision, state, next_run_at,
+                  scheduled_for, attempt, parent_id, backfill_seq)
+SELECT u.j, p.shard, p.owner, p.spec, p.spec_version, p.spec_revision, 'scheduled',
        CASE WHEN u.q IS NULL THEN now() END, u.sf, 0, p.job_id,
        CASE WHEN u.q IS NOT NULL THEN
            (SELECT COALESCE(max(c.backfill_seq), 0) FROM jobs c WHERE c.parent_id = p.job_id) + u.q
@@ -123,15 +126,21 @@ WHERE j.job_id = u.job_id;
 -- name: pause_failing_jobs
 -- pause_after_failures reached: the job pauses as an owner's pause does (write_job): no
 -- overlap split point, a claimed row's lease given back (its fence then fails), no claim while
--- paused. Its occurrence rows follow after the commit (cascade_failure_pause).
+-- paused. Its occurrence rows follow after the commit (cascade_failure_pause). Answers the jobs
+-- it paused with their count (apply_failure_counts wrote it just before), for their auto_pause
+-- records (record_changes, in the same transaction).
 UPDATE jobs SET
     state = 'paused',
     split_at = NULL,
+    -- The Job's "paused" object (0020): by Duetime, no note, until a resume.
+    paused_at = now(), pause_note = NULL, paused_until = NULL, paused_by = 'duetime',
+    paused_key_id = NULL,
     phase = CASE WHEN phase = 'claimed' THEN 'idle' ELSE phase END,
     claimed_by = CASE WHEN phase = 'claimed' THEN NULL ELSE claimed_by END,
     leased_until = CASE WHEN phase = 'claimed' THEN NULL ELSE leased_until END,
     updated_at = now()
-WHERE job_id = ANY($1::uuid[]) AND state = 'scheduled';
+WHERE job_id = ANY($1::uuid[]) AND state = 'scheduled'
+RETURNING job_id, consecutive_failures;
 
 -- name: cascade_failure_pause
 -- A job paused for failing: its occurrence rows follow, as cascade_state does for an owner's
@@ -173,6 +182,9 @@ SELECT * FROM unnest($1::text[], $2::uuid[], $3::smallint[], $4::text[], $5::tex
 -- is the job's last success unless a later one is kept already (migration 0019).
 WITH locked AS MATERIALIZED (
     SELECT job_id, lease_token, spec_version, scheduled_for, attempt, spec->>'overlap' AS overlap,
+           -- The spec_version the API shows that the attempt ran under (completion.py, _ran_under).
+           CASE WHEN fenced_token = lease_token AND fenced_revision IS NOT NULL THEN fenced_revision
+                ELSE spec_revision END AS ran_under,
            (phase = 'running' AND state = 'scheduled' AND parent_id IS NULL AND run_kind = 'scheduled'
             AND resume_at IS NULL AND handed_upto IS NULL AND cardinality(pending_triggers) = 0
             AND consecutive_failures = 0 AND NOT failing) AS plain
@@ -186,7 +198,7 @@ done AS (
         state = u.state, next_run_at = u.next_run_at, scheduled_for = u.next_for,
         attempt = u.next_attempt, split_at = u.split_at, handed_upto = u.handed_upto,
         phase = 'idle', claimed_by = NULL, taken_by = NULL, leased_until = NULL, run_until = NULL,
-        last_run = u.last_run::jsonb,
+        last_run = u.last_run::jsonb || jsonb_build_object('spec_version', l.ran_under),
         last_success_for = GREATEST(j.last_success_for, u.ran_for),
         updated_at = now()
     FROM locked l
@@ -202,14 +214,14 @@ done AS (
       AND l.spec_version = u.spec_version AND l.scheduled_for = u.ran_for
       AND l.attempt = u.attempt - 1 AND (u.overlap IS NULL OR l.overlap = u.overlap)
     RETURNING j.job_id, j.shard, u.ran_for, u.attempt, u.started_at, u.finished_at, u.status_code,
-              u.error, u.lateness_ms, u.token
+              u.error, u.lateness_ms, u.token, l.ran_under
 ),
 done_once AS (
     UPDATE jobs j SET
         state = 'completed', next_run_at = NULL, attempt = u.attempt, split_at = NULL,
         handed_upto = NULL, phase = 'idle', claimed_by = NULL, taken_by = NULL, leased_until = NULL,
         run_until = NULL,
-        last_run = u.last_run::jsonb,
+        last_run = u.last_run::jsonb || jsonb_build_object('spec_version', l.ran_under),
         last_success_for = GREATEST(j.last_success_for, u.ran_for),
         updated_at = now()
     FROM locked l
@@ -222,16 +234,16 @@ done_once AS (
       AND l.spec_version = u.spec_version AND l.scheduled_for = u.ran_for
       AND l.attempt = u.attempt - 1
     RETURNING j.job_id, j.shard, u.ran_for, u.attempt, u.started_at, u.finished_at, u.status_code,
-              u.error, u.lateness_ms, u.token
+              u.error, u.lateness_ms, u.token, l.ran_under
 ),
 finished AS (
     SELECT * FROM done UNION ALL SELECT * FROM done_once
 ),
 history AS (
     INSERT INTO runs (job_id, shard, scheduled_for, attempt, started_at, finished_at, outcome,
-                      status_code, error, lateness_ms, fencing_token)
+                      status_code, error, lateness_ms, fencing_token, spec_version)
     SELECT job_id, shard, ran_for, attempt, started_at, finished_at, 'succeeded', status_code, error,
-           lateness_ms, token
+           lateness_ms, token, ran_under
     FROM finished
 )
 SELECT ARRAY(SELECT o.job_id FROM unnest($3::uuid[] || $21::uuid[]) o(job_id)

@@ -3,19 +3,34 @@
 -- Loaded by name by storage/queries.py; names are unique across storage/sql/*.sql.
 
 -- name: insert_job
-INSERT INTO jobs (job_id, shard, owner, spec, state, next_run_at, scheduled_for, attempt, created_at, updated_at,
-                  split_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10)
-RETURNING *;
+-- A create, with its change record (seq 1, spec_version 1: migration 0018) in the same statement.
+-- $11 key id, $12 reason, $13 the diff (the whole spec, secrets redacted: core/changes.py).
+WITH created AS (
+    INSERT INTO jobs (job_id, shard, owner, spec, state, next_run_at, scheduled_for, attempt, created_at,
+                      updated_at, split_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10)
+    RETURNING *
+), recorded AS (
+    INSERT INTO job_changes (job_id, seq, shard, at, actor, key_id, action, reason, spec_version, diff)
+    SELECT job_id, 1, shard, created_at, 'owner', $11, 'create', $12, 1, $13 FROM created
+)
+SELECT * FROM created;
 
 -- name: insert_jobs
 -- Many creates in one statement: concurrent POSTs on one database are coalesced by the store.
-INSERT INTO jobs (job_id, shard, owner, spec, state, next_run_at, scheduled_for, attempt, created_at, updated_at,
-                  split_at)
-SELECT j, s, o, sp, st, n, sf, a, c, c, sa
-FROM unnest($1::uuid[], $2::smallint[], $3::text[], $4::jsonb[], $5::text[], $6::timestamptz[],
-            $7::timestamptz[], $8::int[], $9::timestamptz[], $10::timestamptz[])
-     AS u(j, s, o, sp, st, n, sf, a, c, sa);
+-- Each with its change record, as insert_job: $11 key ids, $12 reasons, $13 diffs.
+WITH created AS (
+    INSERT INTO jobs (job_id, shard, owner, spec, state, next_run_at, scheduled_for, attempt, created_at,
+                      updated_at, split_at)
+    SELECT j, s, o, sp, st, n, sf, a, c, c, sa
+    FROM unnest($1::uuid[], $2::smallint[], $3::text[], $4::jsonb[], $5::text[], $6::timestamptz[],
+                $7::timestamptz[], $8::int[], $9::timestamptz[], $10::timestamptz[])
+         AS u(j, s, o, sp, st, n, sf, a, c, sa)
+)
+INSERT INTO job_changes (job_id, seq, shard, at, actor, key_id, action, reason, spec_version, diff)
+SELECT j, 1, s, c, 'owner', k, 'create', r, 1, d
+FROM unnest($1::uuid[], $2::smallint[], $9::timestamptz[], $11::text[], $12::text[], $13::jsonb[])
+     AS u(j, s, c, k, r, d);
 
 -- name: insert_idempotency_key
 INSERT INTO idempotency_keys (owner, key, body_hash, job_id)
@@ -90,8 +105,16 @@ LIMIT $4;
 
 -- name: write_job
 -- One owner action's result: the lifecycle, the plan, and (when revoke) the lease given back.
+-- $15: the spec's version as the API shows it (spec_revision, 0018). $16..$18: what a pause says
+-- (note, until, the key's id; 0020), kept while the job stays paused and cleared when it leaves
+-- paused (a PATCH of a paused job keeps them, a resume or cancel clears them).
 UPDATE jobs SET
-    spec = $3, spec_version = $4, state = $5, next_run_at = $6, scheduled_for = $7,
+    paused_at = CASE WHEN $5 <> 'paused' THEN NULL WHEN state = 'paused' THEN paused_at ELSE now() END,
+    pause_note = CASE WHEN $5 <> 'paused' THEN NULL WHEN state = 'paused' THEN pause_note ELSE $16 END,
+    paused_until = CASE WHEN $5 <> 'paused' THEN NULL WHEN state = 'paused' THEN paused_until ELSE $17 END,
+    paused_by = CASE WHEN $5 <> 'paused' THEN NULL WHEN state = 'paused' THEN paused_by ELSE 'owner' END,
+    paused_key_id = CASE WHEN $5 <> 'paused' THEN NULL WHEN state = 'paused' THEN paused_key_id ELSE $18 END,
+    spec = $3, spec_version = $4, spec_revision = $15, state = $5, next_run_at = $6, scheduled_for = $7,
     attempt = $8, run_kind = $9, resume_at = $10, pending_triggers = $11,
     split_at = $13, handed_upto = $14,
     -- A resume (paused -> scheduled) starts the failure count over (pause_after_failures).
@@ -155,10 +178,11 @@ SELECT signing_secret FROM owners WHERE owner = $1;
 -- name: insert_occurrences
 -- Occurrence rows: one occurrence of a recurring job, in a row of its own (overlap=allow, or a
 -- backfill). next_run_at is null for a backfilled run that waits for the one before it. The row
--- runs under its job's spec version (a target is told it: Duetime-Spec-Version).
-INSERT INTO jobs (job_id, shard, owner, spec, spec_version, state, next_run_at, scheduled_for, attempt,
-                  parent_id, backfill_seq)
-SELECT u.j, u.s, u.o, u.sp, p.spec_version, 'scheduled', u.n, u.sf, 0, u.p, u.q
+-- runs under its job's spec version, both counters (spec_revision: 0018; a target is told it:
+-- Duetime-Spec-Version).
+INSERT INTO jobs (job_id, shard, owner, spec, spec_version, spec_revision, state, next_run_at,
+                  scheduled_for, attempt, parent_id, backfill_seq)
+SELECT u.j, u.s, u.o, u.sp, p.spec_version, p.spec_revision, 'scheduled', u.n, u.sf, 0, u.p, u.q
 FROM unnest($1::uuid[], $2::smallint[], $3::text[], $4::jsonb[], $5::timestamptz[],
             $6::timestamptz[], $7::uuid[], $8::bigint[]) AS u(j, s, o, sp, n, sf, p, q)
 JOIN jobs p ON p.job_id = u.p;
@@ -182,7 +206,9 @@ RETURNING shard;
 
 -- name: cascade_spec
 -- A PATCH reaches the occurrence rows too (target, payload, retry); their schedule is their own.
-UPDATE jobs SET spec = jsonb_set($2::jsonb, '{schedule}', spec->'schedule'), updated_at = now()
+-- Their spec_revision follows the job's ($3): what their runs ran under.
+UPDATE jobs SET spec = jsonb_set($2::jsonb, '{schedule}', spec->'schedule'), spec_revision = $3,
+                updated_at = now()
 WHERE parent_id = $1;
 
 -- name: drop_idle_occurrences

@@ -61,6 +61,10 @@ DELETE FROM runs WHERE run_id IN (
     SELECT run_id FROM runs WHERE job_id = ANY($1::uuid[]) LIMIT $2
 );
 
+-- name: retention_changes_of_jobs
+-- A job's change history lives as long as the job (migration 0018).
+DELETE FROM job_changes WHERE job_id = ANY($1::uuid[]);
+
 -- name: retention_keys_of_jobs
 DELETE FROM idempotency_keys WHERE job_id = ANY($1::uuid[]);
 

@@ -84,7 +84,8 @@ RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.next_run_at, j.scheduled_
 -- The fenced_* columns keep what this returns that an owner's edit can change while the row
 -- runs (its occurrence, due time, attempt, spec version, run kind) under this lease's token:
 -- an expiry then finishes the attempt that was fenced, not the row as a PATCH left it
--- (migration 0013, lock_for_completion).
+-- (migration 0013, lock_for_completion). fenced_revision (0018): the spec_version the API shows
+-- that the run runs under, which its history row records.
 -- $4: each occurrence as µs since the epoch (a bigint: exact, and cheaper for the node to send
 -- than a timestamptz), turned back in whole seconds and the µs left over, each exact as a float8:
 -- "us * interval '1 microsecond'" goes through a float8 too and lost µs past the year 2255
@@ -111,6 +112,7 @@ UPDATE jobs j SET
     run_until = now() + make_interval(secs => $3),
     fenced_token = j.lease_token, fenced_for = l.scheduled_for, fenced_due = j.next_run_at,
     fenced_attempt = j.attempt, fenced_version = j.spec_version, fenced_kind = j.run_kind,
+    fenced_revision = j.spec_revision,
     folded_from = CASE WHEN l.scheduled_for > l.was_for
                        THEN CASE WHEN l.folded_into = l.was_for THEN l.folded_from ELSE l.was_for END
                        ELSE l.folded_from END,
@@ -121,7 +123,7 @@ WHERE (SELECT count(*) FROM locked) >= 0  -- the gate: all of the batch locked f
   AND l.lease_token = l.token AND l.phase = 'claimed' AND l.state = 'scheduled'
 RETURNING j.job_id, j.shard, j.owner, j.lease_token, j.scheduled_for, j.next_run_at, j.attempt,
     j.spec::text AS spec, j.spec_version, j.run_kind, j.parent_id, j.created_at, j.last_success_for,
-    CASE WHEN j.folded_into = j.scheduled_for THEN j.folded_from END AS folded_from;
+    CASE WHEN j.folded_into = j.scheduled_for THEN j.folded_from END AS folded_from, j.spec_revision;
 
 -- name: job_context
 -- The run context of occurrence rows the fence returned (overlap=allow, backfill, catch-up): their

@@ -74,8 +74,14 @@ SELECT count(*) FROM (
 -- name: bulk_write_state
 -- What pause ($4 revoke: true), resume (false) and cancel (true) write for each row, as
 -- write_job does for one: the new state, a cancel's next run and triggers cleared, the
--- overlap split point recomputed, and a claimed row's lease given back when revoking.
+-- overlap split point recomputed, and a claimed row's lease given back when revoking. A pause
+-- keeps what it says ($6 note, $7 until, $8 the key's id; 0020), a resume or cancel clears it.
 UPDATE jobs j SET
+    paused_at = CASE WHEN $2 = 'paused' THEN now() END,
+    pause_note = CASE WHEN $2 = 'paused' THEN $6::text END,
+    paused_until = CASE WHEN $2 = 'paused' THEN $7::timestamptz END,
+    paused_by = CASE WHEN $2 = 'paused' THEN 'owner' END,
+    paused_key_id = CASE WHEN $2 = 'paused' THEN $8::text END,
     state = $2,
     next_run_at = CASE WHEN $2 = 'cancelled' THEN NULL ELSE j.next_run_at END,
     pending_triggers = CASE WHEN $2 = 'cancelled' THEN '{}'::timestamptz[] ELSE j.pending_triggers END,

@@ -129,6 +129,9 @@ async def test_a_shard_moves_between_primaries_and_its_jobs_still_fire_once(
         runs_before = await _count(old_store, a, "SELECT count(*) FROM runs WHERE shard = $1")
         jobs_before = await _count(old_store, a, "SELECT count(*) FROM jobs WHERE shard = $1")
         assert runs_before >= 6 and jobs_before == 33
+        # Each job's change history (its create) moves with it (migration 0018).
+        changes_before = await _count(old_store, a, "SELECT count(*) FROM job_changes WHERE shard = $1")
+        assert changes_before == 33
 
         # 2. Move.
         done = _move(old_map, MOVED, b)
@@ -138,6 +141,10 @@ async def test_a_shard_moves_between_primaries_and_its_jobs_still_fire_once(
         assert await _count(old_store, a, "SELECT count(*) FROM runs WHERE shard = $1") == 0
         assert await _count(old_store, b, "SELECT count(*) FROM jobs WHERE shard = $1") == jobs_before
         assert await _count(old_store, b, "SELECT count(*) FROM runs WHERE shard = $1") == runs_before
+        assert await _count(old_store, a, "SELECT count(*) FROM job_changes WHERE shard = $1") == 0
+        assert (
+            await _count(old_store, b, "SELECT count(*) FROM job_changes WHERE shard = $1") == changes_before
+        )
 
         # 3. Switch the map and restart.
         assert await cluster.procs["others"].terminate() == 0
@@ -157,6 +164,8 @@ async def test_a_shard_moves_between_primaries_and_its_jobs_still_fire_once(
                 idempotency=IdempotencyRequest(key, hashlib.sha256(key.encode()).digest()),
             )
             assert (again.id, created) == (crons[0], False)
+            [record] = (await new_store.list_changes(owner, uuid.UUID(crons[0]), limit=10, cursor=None)).items
+            assert (record.seq, record.action.value) == (1, "create")
             deadline = asyncio.get_running_loop().time() + 60
             while True:
                 arrivals = Arrivals.of(await receiver_process.dump())

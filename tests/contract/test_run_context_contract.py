@@ -6,11 +6,12 @@ becomes are tests/processes/test_run_context.py's."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 
 from duetime.core.ids import shard_of
 from duetime.core.model import Outcome, Overlap
-from duetime.core.runpath import Claim, FencedRun, FenceRequest, Skip
+from duetime.core.runpath import Claim, FencedRun, FenceRequest, RunContext, Skip
 from tests.contract.conftest import Store, cron, engine_id, new_owner, now
 from tests.contract.test_runstore_contract import (
     RETRY_AT_ONCE,
@@ -161,3 +162,20 @@ async def test_occurrence_rows_carry_their_jobs_context_and_spec_version(store: 
     for run in backfilled:
         assert run.last_success_for == max(backlog), "the occurrence rows' successes are the job's"
         assert run.spec.version == triggered.spec.version
+
+
+async def test_the_run_is_told_the_spec_version_the_api_shows(store: Store) -> None:
+    """Duetime-Spec-Version is the job's spec_version as its Job, Runs and change history show
+    it (migration 0018): a change of the payload alone is a new version to the owner, though the
+    run path's own counter (spec.version) moves only with the timing."""
+    o = new_owner()
+    job, _ = await store.create_job(o, cron("* * * * * *", overlap=Overlap.SKIP))
+    jid = uuid.UUID(job.id)
+    edited = await store.update_job(o, jid, replace(job.spec, payload={"v": 2}))
+    assert edited.spec_version == 2
+    run = await _next_run(store, jid)
+    assert (run.spec_version, run.spec.version) == (2, 1)
+    assert RunContext.of(run, run.spec.parsed).spec_version == 2
+    await store.complete_runs([report(run, Outcome.SUCCEEDED)])
+    [ran] = (await store.list_runs(o, jid, limit=10, cursor=None)).items
+    assert ran.spec_version == run.spec_version

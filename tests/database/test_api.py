@@ -514,6 +514,7 @@ async def test_runs_are_listed_newest_first_across_pages(
         "status_code": 200,
         "error": None,
         "lateness_ms": 40,
+        "spec_version": 1,
     }
     assert items[1]["outcome"] == "failed" and items[1]["error"] == "HTTP 500"
 
@@ -529,6 +530,7 @@ JOB_CALLS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "/trigger", None),
     ("POST", "/replay", None),
     ("GET", "/runs", None),
+    ("GET", "/changes", None),
     ("GET", "/preview", None),
     ("POST", "/backfill", {"from": "2025-01-01T00:00:00Z", "to": "2025-01-02T00:00:00Z"}),
 ]
@@ -548,8 +550,10 @@ async def test_another_owners_job_answers_404_like_a_missing_one(
         assert SECRET not in await resp.text()
         answers.append((error["code"], error.get("field"), error["message"].replace(job_id, "<id>")))
     assert len(set(answers)) == 1, answers
-    # ... and nothing happened to alice's job
+    # ... and nothing happened to alice's job, nor to its change history
     assert await (await client.get(f"/v1/jobs/{job['id']}", headers=alice)).json() == job
+    changes = await (await client.get(f"/v1/jobs/{job['id']}/changes", headers=alice)).json()
+    assert [c["action"] for c in changes["items"]] == ["create"]
     listed = await (await client.get("/v1/jobs", headers=mallory)).json()
     assert listed["items"] == []
 

@@ -4,7 +4,7 @@ The contract (api-v1.md, "Additions: limits found by the second probe"): every m
 on every list, is 422 ``invalid_cursor``, never 5xx; cursors reveal no counter shared between
 owners. Before, a cursor of ``GET /v1/runs`` was base64 of a run id, a sequence every owner's runs
 draw from. Each case runs on the four lists: ``/v1/jobs``, ``/v1/jobs/{id}/runs``, ``/v1/runs``
-and ``/v1/targets``.
+``/v1/targets``, and ``/v1/jobs/{id}/changes`` (issue 30).
 """
 
 from __future__ import annotations
@@ -41,11 +41,17 @@ LONG_HOST = "h3" + "x" * 758 + ":443"
 class Owner:
     name: str
     headers: dict[str, str]
-    job_id: str  # a job with ITEMS runs in its history
+    job_id: str  # a job with ITEMS runs in its history, and ITEMS change records
     run_ids: list[int]  # those runs' ids, oldest first
 
     def lists(self) -> list[str]:
-        return ["/v1/jobs", f"/v1/jobs/{self.job_id}/runs", "/v1/runs", "/v1/targets"]
+        return [
+            "/v1/jobs",
+            f"/v1/jobs/{self.job_id}/runs",
+            "/v1/runs",
+            "/v1/targets",
+            f"/v1/jobs/{self.job_id}/changes",
+        ]
 
 
 async def new_owner(client: Client, store: PostgresStore, db: asyncpg.Connection) -> Owner:
@@ -60,6 +66,8 @@ async def new_owner(client: Client, store: PostgresStore, db: asyncpg.Connection
         assert resp.status == 201, await resp.text()
         ids.append((await resp.json())["id"])
     job_id = uuid.UUID(ids[0])
+    for action in ("pause", "resume") * ((ITEMS - 1) // 2):  # the create and these: ITEMS records
+        assert (await client.post(f"/v1/jobs/{job_id}/{action}", headers=headers)).status == 200
     base = datetime(2026, 1, 1, tzinfo=UTC)
     run_ids = []
     for i in range(ITEMS):
@@ -114,6 +122,8 @@ async def _refused(client: Client, path: str, headers: dict[str, str], cursor: s
 
 
 def _key(item: dict[str, Any]) -> Any:
+    if "seq" in item:  # a change record
+        return item["seq"]
     return item.get("id") or item.get("host") or (item.get("job_id"), item["scheduled_for"])
 
 

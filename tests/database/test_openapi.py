@@ -70,7 +70,7 @@ def test_every_v1_route_is_described_and_nothing_else(
         (path, method) for path, item in document["paths"].items() for method in item if method in METHODS
     }
     assert routed == described
-    assert len(routed) == 20
+    assert len(routed) == 21  # GET /v1/jobs/{job_id}/changes (issue 30) is the 21st
 
 
 def test_every_operation_declares_auth_errors_and_its_own_answers(document: dict[str, Any]) -> None:
@@ -94,7 +94,7 @@ def test_every_operation_declares_auth_errors_and_its_own_answers(document: dict
                 schema = answer["content"]["application/json"]["schema"]
                 if int(status) >= 400:
                     assert schema == {"$ref": "#/components/schemas/Error"}, (path, method, status)
-    assert len(operation_ids) == 20
+    assert len(operation_ids) == 21
     ops = document["paths"]
     assert set(ops["/v1/jobs"]["post"]["responses"]) >= {"200", "201"}
     assert "202" in ops["/v1/jobs/{job_id}/trigger"]["post"]["responses"]
@@ -144,6 +144,7 @@ async def test_live_answers_conform_to_the_schemas(
     job_schema, page_schema = _schema_validator(document, "Job"), _schema_validator(document, "JobPage")
     spec_schema = _schema_validator(document, "JobSpec")
     error_schema, run_page = _schema_validator(document, "Error"), _schema_validator(document, "RunPage")
+    change_page = _schema_validator(document, "ChangePage")
     for spec in specs:
         spec_schema.validate(spec)
         resp = await client.post("/v1/jobs", json=spec, headers=headers)
@@ -154,6 +155,9 @@ async def test_live_answers_conform_to_the_schemas(
         job_schema.validate(paused)
         runs = await (await client.get(f"/v1/jobs/{job['id']}/runs", headers=headers)).json()
         run_page.validate(runs)
+        changes = await (await client.get(f"/v1/jobs/{job['id']}/changes", headers=headers)).json()
+        change_page.validate(changes)
+        assert [c["action"] for c in changes["items"]] == ["pause", "create"]
     page_schema.validate(await (await client.get("/v1/jobs?limit=1", headers=headers)).json())
     until = datetime(2030, 1, 1, tzinfo=UTC)
     await store.report_target_health(
@@ -185,6 +189,25 @@ async def test_live_answers_conform_to_the_schemas(
     assert not job_schema.is_valid({**job, "target": {**job["target"], "flow": {"key": "k"}}})
     assert not spec_schema.is_valid({**specs[2], "target": {**specs[2]["target"], "flow": {"key": ""}}})
     assert not error_schema.is_valid({"error": {"code": "Not Snake", "message": "x"}})
+
+
+def test_every_call_that_changes_a_job_takes_a_reason(document: dict[str, Any]) -> None:
+    """Duetime-Reason (issue 30) on every changing call and on nothing else, each with its 422."""
+    taking = set()
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            names = {p["name"] for p in operation.get("parameters", [])}
+            if "Duetime-Reason" in names:
+                taking.add((path, method))
+                assert "422" in operation["responses"], (path, method)
+    assert taking == {
+        ("/v1/jobs", "post"),
+        ("/v1/jobs/{job_id}", "patch"),
+        ("/v1/jobs/{job_id}", "delete"),
+        ("/v1/jobs/by-name/{name}", "put"),
+        *((f"/v1/jobs/{{job_id}}/{a}", "post") for a in ("pause", "resume", "trigger", "backfill", "replay")),
+        *((f"/v1/jobs/bulk/{a}", "post") for a in ("pause", "resume", "cancel")),
+    }
 
 
 def test_every_operation_lists_every_status_it_can_answer(document: dict[str, Any]) -> None:

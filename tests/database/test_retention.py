@@ -17,6 +17,7 @@ from duetime.core.model import TargetState
 from duetime.engine.retention import RetentionConfig, RetentionService
 from duetime.storage.ports import FinishedJobsSweep, TargetHealthReport
 from duetime.storage.postgres import PostgresStore
+from duetime.storage.queries import Q
 from duetime.storage.shardmap import ShardMap
 from duetime.storage.target_rules import PURGE_S
 
@@ -71,6 +72,11 @@ async def _runs(conn: asyncpg.Connection, job_id: uuid.UUID, finished: list[date
     )
 
 
+async def _change(conn: asyncpg.Connection, job_id: uuid.UUID) -> None:
+    """A change record of ``job_id``, as an owner's call writes one (storage/sql/changes.sql)."""
+    await conn.execute(Q["record_changes"], [job_id], "owner", None, "pause", [None], "{}")
+
+
 def _service(store: PostgresStore, **overrides: float) -> RetentionService:
     cfg = {"run_retention_s": 30 * DAY, "finished_job_retention_s": 30 * DAY, "batch": 7, "pause_s": 0.0}
     cfg.update(overrides)
@@ -95,6 +101,10 @@ async def test_deletes_what_is_old_and_nothing_young(fresh: tuple[str, PostgresS
         occurrence = await _job(conn, "o", "cancelled", OLD, parent=gone["cancelled"])
         kept = {s: await _job(conn, "o", s, YOUNG) for s in ("completed", "cancelled", "dead")}
         paused_old = await _job(conn, "o", "paused", OLD)
+        # Change records (0018) live as long as their job: each of these jobs has two.
+        for job in [*gone.values(), *kept.values(), live]:
+            for _ in range(2):
+                await _change(conn, job)
 
         report = await _service(store).run_round()
 
@@ -105,6 +115,8 @@ async def test_deletes_what_is_old_and_nothing_young(fresh: tuple[str, PostgresS
         assert {r["job_id"] for r in left} == {live}
         assert sorted(r["finished_at"] for r in left) == [YOUNG + timedelta(minutes=i) for i in range(25)]
         assert await conn.fetchval("SELECT count(*) FROM idempotency_keys") == 0
+        changed = await conn.fetch("SELECT job_id, count(*) AS n FROM job_changes GROUP BY job_id")
+        assert {r["job_id"]: r["n"] for r in changed} == {j: 2 for j in [live, *kept.values()]}
         assert report.jobs == 3
         assert report.runs == 40 + 6
         # A second round finds nothing; the API answers 404 for a deleted job.

@@ -130,6 +130,7 @@ def _with_context(run: FencedRun) -> FencedRun:
         job_created_at=T - timedelta(days=3, microseconds=7),
         last_success_for=T - timedelta(hours=1),
         folded_from=T - timedelta(hours=5),
+        spec_revision=4,
     )
 
 
@@ -153,9 +154,16 @@ def test_a_message_of_an_engine_before_the_run_context_decodes_without_it() -> N
     release's messages by the fields it knows."""
     run = _with_context(_run(uuid.uuid4()))
     fields = msgpack.unpackb(wire.encode_message(run, "old"), raw=False)
-    assert len(fields) == 16
+    assert len(fields) == 17
     [got] = wire.decode_runs(msgpack.packb(fields[:13], use_bin_type=True)).runs
-    assert got.run == replace(run, job_created_at=None, last_success_for=None, folded_from=None)
+    assert got.run == replace(
+        run, job_created_at=None, last_success_for=None, folded_from=None, spec_revision=None
+    )
+    # Without the API's spec version (an engine before 0018's), a run says the run path's own.
+    assert got.run.spec_version == run.spec.version
+    [with_context] = wire.decode_runs(msgpack.packb(fields[:16], use_bin_type=True)).runs
+    assert with_context.run == replace(run, spec_revision=None)
+    assert run.spec_version == 4
     bundle = msgpack.unpackb(wire.encode_runs([run, run], "old"), raw=False)
     old_bundle = [*bundle[:2], *(one[:11] for one in bundle[2:])]
     got_runs = wire.decode_runs(msgpack.packb(old_bundle, use_bin_type=True)).runs
