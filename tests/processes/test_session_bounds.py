@@ -148,6 +148,8 @@ class _Blackhole:
         self.dropping = False
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
+        self._serving: set[asyncio.Task[None]] = set()
+        self._closed = False
         self.port = 0
 
     async def start(self) -> None:
@@ -155,23 +157,41 @@ class _Blackhole:
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target_port)
-        self._writers += [writer, up_writer]
+        task = asyncio.current_task()
+        assert task is not None
+        self._serving.add(task)
+        self._writers.append(writer)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target_port)
+            self._writers.append(up_writer)
+            if self._closed:  # closed while this one connected upstream (asyncpg's cancel request)
+                writer.close()
+                up_writer.close()
+                return
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(ConnectionError, OSError):
-                while data := await src.read(65536):
-                    if not self.dropping:
-                        dst.write(data)
-                        await dst.drain()
+            async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+                with contextlib.suppress(ConnectionError, OSError):
+                    while data := await src.read(65536):
+                        if not self.dropping:
+                            dst.write(data)
+                            await dst.drain()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        finally:
+            self._serving.discard(task)
 
     async def close(self) -> None:
-        for w in self._writers:
-            w.close()
+        """Close both ends of every connection and wait for the handlers to end: a handler that
+        was still connecting upstream at the close (asyncpg's cancel request for the timed-out
+        statement) used to pipe on forever, and a later test failed on its unclosed sockets when
+        the collector found them."""
+        self._closed = True
         if self._server is not None:
             self._server.close()
+        for w in self._writers:
+            w.close()
+        if self._serving:
+            await asyncio.wait(self._serving, timeout=10)
 
 
 async def test_a_primary_cut_off_without_a_reset_is_given_up_on(pg_dsn: str) -> None:
