@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -52,6 +54,56 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             wanted.add("slow")
         for mark in sorted(wanted):
             item.add_marker(mark)
+    _tell_apart(items)
+
+
+def _tell_apart(items: list[pytest.Item]) -> None:
+    """Give the tests that share an id one of their own, made of their name.
+
+    Schemathesis's cases (tests/database/test_api_fuzz.py, one per operation) are all named
+    ``test_fuzz_api[OPERATION]`` but, with pytest 9.2, all have the id ``...::test_fuzz_api``:
+    pytest-xdist deals tests out by id and so ran the first operation alone, silently."""
+    ids = Counter(item.nodeid for item in items)
+    for item in items:
+        if ids[item.nodeid] > 1 and item.name != item.nodeid.rpartition("::")[2]:
+            own = f"{item.nodeid.rpartition('::')[0]}::{item.name}"
+            node_id = getattr(item, "_id", None)  # pytest 9.2's NodeId; a string before
+            if node_id is not None and hasattr(node_id, "parse"):
+                item._id = type(node_id).parse(own)
+            else:
+                setattr(item, "_nodeid", own)  # noqa: B010 - not an attribute of Item that mypy knows
+
+
+# Run on several workers (pytest-xdist, `-n N`, as scripts/test.sh does), the suite is dealt out
+# in units that each run on one worker, one test after another: a test module (its module-scoped
+# databases and processes are made once, and its tests, written to run in order, still do), or a
+# whole folder of ONE_AT_A_TIME. The cluster cases each drive bursts of thousands of runs through
+# seven processes, two PostgreSQL servers and NATS on two cores: two at once starve each other's
+# leases and heartbeats (a rolling restart doubled runs so), so they run one after the other while
+# the other workers take the rest of the suite.
+ONE_AT_A_TIME = ("cluster",)
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit a test is dealt in: its folder for those of ONE_AT_A_TIME, else its module."""
+    module = nodeid.split("::", 1)[0]
+    parts = module.split("/")
+    if len(parts) > 2 and parts[-3] == "tests" and parts[-2] in ONE_AT_A_TIME:
+        return "/".join(parts[:-1])
+    return module
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: unknown (and unused) without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Deal the suite by ``unit_of``, whatever ``--dist`` says (its own ``loadgroup`` cannot be
+    used: pytest 9.2 no longer reads the test ids that xdist 3.8 rewrites for it)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return ByUnit(config, log)
 
 
 ADMIN_DSN = os.environ.get("DUETIME_TEST_PG", "postgresql://root@127.0.0.1:5432/postgres")
