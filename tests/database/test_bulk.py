@@ -280,7 +280,9 @@ async def test_the_fence_the_take_and_a_running_runs_heartbeats_are_hot_updates(
     (jobs_leases' key): 0 of 500 updates were HOT, each wrote six index entries (~24 us of a
     fence's ~33 us per row, docs/performance.md). A HOT update also needs room on the row's page
     (fillfactor 80, and the claim's dead versions pruned): 72-84 % of these small rows found it
-    here, 98 % of the benchmark's (loadtest.fence_bench); the test asks for more than half."""
+    here, 98 % of the benchmark's (loadtest.fence_bench). Migrations 0018-0020 widened the row
+    the fence writes (fenced_revision, folded_from, folded_into): 48-49 % find room now, so the
+    test asks for more than 40 % (none at all is what a written index column gives)."""
     dsn = fresh_dsns[0]
     await _seed_burst(dsn, "erin", 2000)
     await analyze_jobs([dsn])
@@ -303,7 +305,7 @@ async def test_the_fence_the_take_and_a_running_runs_heartbeats_are_hot_updates(
         await store.close()
     for name, (returned, updated, hot) in seen.items():
         assert returned == updated == 500, (name, returned, updated)
-        assert hot > 250, f"{name}: {hot} of {updated} updates were HOT"
+        assert hot > 200, f"{name}: {hot} of {updated} updates were HOT"
 
 
 async def test_run_path_statements_stay_linear_on_a_small_table(fresh_dsns: list[str]) -> None:
